@@ -1,0 +1,47 @@
+# aaas — see README.md. Every target installs what it needs (Go modules,
+# Debian packages via apt-get, tools built once into the cache below).
+SHELL := /bin/bash
+include versions.env
+
+TOOLS_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/aaas/tools
+STATICCHECK := $(TOOLS_CACHE)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
+BIN := bin
+CMDS := edge lifecycle sweeper devstack
+GOTEST_FLAGS ?=
+export AAAS_TOOLS_CACHE := $(TOOLS_CACHE)
+
+.PHONY: all build test lint bench run tools clean
+
+all: build
+
+## build: compile every command into ./bin
+build:
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 go build -trimpath -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+
+## tools: etcd, chromium, kube-apiserver, kube-controller-manager, agent-sandbox, staticcheck (cached)
+tools:
+	@hack/tools.sh all
+
+## test: every package, race detector on, integration tests included
+test: tools build lint
+	go test -race -count=1 -timeout 40m $(GOTEST_FLAGS) ./...
+
+## lint: go vet, gofmt, staticcheck
+lint: tools
+	go vet ./...
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(STATICCHECK) ./...
+
+## bench: Go benchmarks and the wrk proxy benchmark (docs/BENCHMARKS.md)
+bench: tools build
+	@hack/tools.sh debian wrk
+	go test -run '^$$' -bench . -benchmem -count=1 ./...
+
+## run: the whole system on this machine (embedded NATS, local control plane)
+run: tools build
+	$(BIN)/devstack
+
+clean:
+	rm -rf $(BIN) .run

@@ -1,0 +1,28 @@
+// Command devstack runs the whole aaas system on this machine (`make run`).
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/aaas-project/aaas/internal/devstack"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	err := devstack.Run(ctx, devstack.Options{
+		StateDir: ".run",
+		NATSPort: 4222,
+		Out:      os.Stdout,
+		Log:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "devstack:", err)
+		os.Exit(1)
+	}
+}

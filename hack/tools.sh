@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Installs what the tests and `make run` need, once per version, into a cache
+# outside the repository (so a fresh clone in CI reuses it):
+#   debian: etcd-server (Debian's etcd 3.4 serves kube-apiserver fine) and
+#           chromium for the browser tests, via apt-get when missing;
+#   go:     kube-apiserver and kube-controller-manager from k8s.io/kubernetes,
+#           agent-sandbox-controller, staticcheck; built from Go modules.
+# Usage: hack/tools.sh [debian|go|all] [extra debian packages...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=../versions.env
+. ./versions.env
+
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/aaas/tools"
+what="${1:-all}"
+shift || true
+
+debian() {
+  local missing=()
+  for p in etcd-server chromium "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  echo "tools: installing Debian packages: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# build DIR MODULE_DIR PKG... builds into a temp dir and renames it into
+# place, so an interrupted build never looks finished.
+build() {
+  local dir="$1" mod="$2"
+  shift 2
+  [ -d "$dir" ] && return 0
+  echo "tools: building $(basename "$dir") (first time only; several minutes)"
+  local tmp="$dir.tmp.$$"
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
+  (cd "$mod" && GOBIN="$tmp" CGO_ENABLED=0 go install -trimpath -ldflags="-s -w" "$@")
+  mv "$tmp" "$dir"
+}
+
+gotools() {
+  build "$CACHE/kubernetes-$KUBERNETES_VERSION" hack/tools/kubernetes \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+  build "$CACHE/agent-sandbox-$AGENT_SANDBOX_VERSION" hack/tools/agent-sandbox \
+    sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller
+  build "$CACHE/staticcheck-$STATICCHECK_VERSION" hack/tools/staticcheck \
+    honnef.co/go/tools/cmd/staticcheck
+}
+
+case "$what" in
+  debian) debian "$@" ;;
+  go) gotools ;;
+  all) debian "$@"; gotools ;;
+  *) echo "usage: $0 [debian|go|all] [packages...]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,77 @@
+package config
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/kv"
+)
+
+// Common holds the settings every process shares.
+type Common struct {
+	// NATSURL is NATS_URL: one or more comma-separated server URLs.
+	NATSURL string
+	// NATSCreds is NATS_CREDS: an optional credentials file.
+	NATSCreds string
+	// InstanceID is INSTANCE_ID, this replica's name in beacons, leases and
+	// audit events; defaults to the host name plus a random suffix.
+	InstanceID string
+	// MetricsAddr is METRICS_ADDR, where /metrics is served ("" disables).
+	MetricsAddr string
+	// LogLevel is LOG_LEVEL: debug, info, warn or error.
+	LogLevel slog.Level
+	// Streams and Buckets size NATS state; STREAM_REPLICAS sets both
+	// replica counts, AUDIT_MAX_AGE the audit retention.
+	Streams events.StreamsConfig
+	Buckets kv.BucketsConfig
+}
+
+var instanceRE = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
+
+// LoadCommon reads the shared variables. defaultMetrics is the process's
+// default METRICS_ADDR.
+func LoadCommon(e *Env, defaultMetrics string) Common {
+	c := Common{
+		NATSURL:     e.String("NATS_URL", "nats://127.0.0.1:4222"),
+		NATSCreds:   e.String("NATS_CREDS", ""),
+		InstanceID:  e.String("INSTANCE_ID", defaultInstanceID()),
+		MetricsAddr: e.String("METRICS_ADDR", defaultMetrics),
+		Streams:     events.DefaultStreamsConfig(),
+		Buckets:     kv.DefaultBucketsConfig(),
+	}
+	if !instanceRE.MatchString(c.InstanceID) {
+		e.Fail("INSTANCE_ID", "%q must be 1-64 letters, digits, '-' or '_'", c.InstanceID)
+	}
+	if err := c.LogLevel.UnmarshalText([]byte(e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"))); err != nil {
+		e.Fail("LOG_LEVEL", "%v", err)
+	}
+	replicas := e.Int("STREAM_REPLICAS", 1, 1, 5)
+	c.Streams.Replicas, c.Buckets.Replicas = replicas, replicas
+	c.Streams.AuditMaxAge = e.Duration("AUDIT_MAX_AGE", c.Streams.AuditMaxAge, time.Hour, 10*365*24*time.Hour)
+	return c
+}
+
+func defaultInstanceID() string {
+	host, _ := os.Hostname()
+	host = strings.Map(func(r rune) rune {
+		if r == '.' {
+			return '-'
+		}
+		return r
+	}, host)
+	if len(host) > 48 {
+		host = host[:48]
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	if host == "" {
+		return hex.EncodeToString(b)
+	}
+	return host + "-" + hex.EncodeToString(b)
+}

@@ -1,0 +1,67 @@
+package config_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aaas-project/aaas/internal/config"
+)
+
+func TestDurationsAcceptGoSyntaxAndSeconds(t *testing.T) {
+	e := config.FromMap(map[string]string{"A": "90s", "B": "900", "C": "1.5"})
+	if d := e.Duration("A", 0, 0, time.Hour); d != 90*time.Second {
+		t.Errorf("A = %s", d)
+	}
+	if d := e.Duration("B", 0, 0, time.Hour); d != 15*time.Minute {
+		t.Errorf("B = %s", d)
+	}
+	if d := e.Duration("C", 0, 0, time.Hour); d != 1500*time.Millisecond {
+		t.Errorf("C = %s", d)
+	}
+	if d := e.Duration("UNSET", time.Minute, 0, time.Hour); d != time.Minute {
+		t.Errorf("default = %s", d)
+	}
+	if err := e.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestEveryBadVariableIsNamed(t *testing.T) {
+	e := config.FromMap(map[string]string{
+		"STREAM_REPLICAS": "9",
+		"LOG_LEVEL":       "loud",
+		"AUDIT_MAX_AGE":   "soon",
+		"INSTANCE_ID":     "a.b",
+	})
+	_, err := config.LoadSweeper(e)
+	if err == nil {
+		t.Fatal("bad configuration accepted")
+	}
+	for _, name := range []string{"STREAM_REPLICAS", "LOG_LEVEL", "AUDIT_MAX_AGE", "INSTANCE_ID"} {
+		if !strings.Contains(err.Error(), name+":") {
+			t.Errorf("error does not name %s: %v", name, err)
+		}
+	}
+}
+
+func TestSecretsAreNotEchoed(t *testing.T) {
+	e := config.FromMap(map[string]string{"N": "hunter2"})
+	e.Int("N", 0, 0, 1)
+	if err := e.Err(); err == nil || !strings.Contains(err.Error(), "N:") {
+		t.Fatalf("err = %v", err)
+	}
+	if got := e.Secret("N"); got != "hunter2" {
+		t.Fatalf("secret = %q", got)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := config.LoadLifecycle(config.FromMap(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NATSURL != "nats://127.0.0.1:4222" || c.Streams.Replicas != 1 || c.InstanceID == "" {
+		t.Fatalf("defaults = %+v", c.Common)
+	}
+}

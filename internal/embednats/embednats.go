@@ -1,0 +1,207 @@
+// Package embednats runs a real NATS server with JetStream inside the
+// process: single node for `make run` and tests, or a cluster of nodes on
+// loopback for failover tests.
+package embednats
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Options configures one node.
+type Options struct {
+	// Dir holds the JetStream store.
+	Dir string
+	// Host and Port to listen on; Port 0 picks a free port.
+	Host string
+	Port int
+	Name string
+	// ClusterName, ClusterPort and Routes join the node to a cluster.
+	ClusterName string
+	ClusterPort int
+	Routes      []string
+	// Debug turns on the server's own logging.
+	Debug bool
+}
+
+// Server is a running embedded node.
+type Server struct {
+	*server.Server
+	opts Options
+}
+
+// Start runs a node and waits until it accepts clients.
+func Start(o Options) (*Server, error) {
+	if o.Host == "" {
+		o.Host = "127.0.0.1"
+	}
+	if o.Port == 0 {
+		p, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		o.Port = p
+	}
+	if o.Name == "" {
+		o.Name = fmt.Sprintf("aaas-%d", o.Port)
+	}
+	so := &server.Options{
+		ServerName: o.Name,
+		Host:       o.Host,
+		Port:       o.Port,
+		JetStream:  true,
+		StoreDir:   filepath.Join(o.Dir, "jetstream"),
+		NoSigs:     true,
+		NoLog:      !o.Debug,
+		// Keep cluster elections snappy on loopback.
+		JetStreamMaxMemory: 256 << 20,
+		JetStreamMaxStore:  4 << 30,
+	}
+	if o.ClusterName != "" {
+		so.Cluster = server.ClusterOpts{Name: o.ClusterName, Host: o.Host, Port: o.ClusterPort}
+		for _, r := range o.Routes {
+			u, err := url.Parse(r)
+			if err != nil {
+				return nil, fmt.Errorf("route %q: %w", r, err)
+			}
+			so.Routes = append(so.Routes, u)
+		}
+	}
+	s, err := server.NewServer(so)
+	if err != nil {
+		return nil, fmt.Errorf("nats server %s: %w", o.Name, err)
+	}
+	if o.Debug {
+		s.ConfigureLogger()
+	}
+	go s.Start()
+	if !s.ReadyForConnections(30 * time.Second) {
+		s.Shutdown()
+		return nil, fmt.Errorf("nats server %s: not ready after 30s", o.Name)
+	}
+	return &Server{Server: s, opts: o}, nil
+}
+
+// URL is the client URL.
+func (s *Server) URL() string { return fmt.Sprintf("nats://%s:%d", s.opts.Host, s.opts.Port) }
+
+// Stop shuts the node down and waits until it has.
+func (s *Server) Stop() {
+	s.Shutdown()
+	s.WaitForShutdown()
+}
+
+// Cluster is a set of nodes routed to each other on loopback.
+type Cluster struct {
+	Nodes []*Server
+	opts  []Options
+}
+
+// StartCluster runs n nodes with JetStream stores under dir.
+func StartCluster(dir string, n int) (*Cluster, error) {
+	c := &Cluster{}
+	var routes []string
+	for i := 0; i < n; i++ {
+		cp, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		cport, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		c.opts = append(c.opts, Options{
+			Dir: filepath.Join(dir, fmt.Sprintf("n%d", i)), Port: cp, Name: fmt.Sprintf("n%d", i),
+			ClusterName: "aaas", ClusterPort: cport,
+		})
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", cport))
+	}
+	c.Nodes = make([]*Server, n)
+	errs := make(chan error, n)
+	for i := range c.opts {
+		c.opts[i].Routes = routes
+		go func(i int) {
+			s, err := Start(c.opts[i])
+			c.Nodes[i] = s
+			errs <- err
+		}(i)
+	}
+	for range c.opts {
+		if err := <-errs; err != nil {
+			c.Shutdown()
+			return nil, err
+		}
+	}
+	return c, c.waitJetStream(30 * time.Second)
+}
+
+func (c *Cluster) waitJetStream(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		ready := true
+		for _, s := range c.Nodes {
+			if s != nil && !s.JetStreamIsCurrent() {
+				ready = false
+			}
+		}
+		if ready {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("jetstream cluster not current after %s", timeout)
+}
+
+// URLs is a comma-separated client URL list of the running nodes.
+func (c *Cluster) URLs() string {
+	var us []string
+	for i, s := range c.Nodes {
+		if s != nil {
+			us = append(us, s.URL())
+		} else {
+			us = append(us, fmt.Sprintf("nats://127.0.0.1:%d", c.opts[i].Port))
+		}
+	}
+	return strings.Join(us, ",")
+}
+
+// Stop takes node i down.
+func (c *Cluster) Stop(i int) {
+	if c.Nodes[i] != nil {
+		c.Nodes[i].Stop()
+		c.Nodes[i] = nil
+	}
+}
+
+// Restart brings node i back with its store and ports.
+func (c *Cluster) Restart(i int) error {
+	s, err := Start(c.opts[i])
+	if err != nil {
+		return err
+	}
+	c.Nodes[i] = s
+	return c.waitJetStream(30 * time.Second)
+}
+
+// Shutdown stops every node.
+func (c *Cluster) Shutdown() {
+	for i := range c.Nodes {
+		c.Stop(i)
+	}
+}
+
+// FreePort asks the kernel for an unused TCP port on loopback.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,59 @@
+// Package natstest starts real embedded NATS servers for tests, with
+// cleanup registered on the test.
+package natstest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/aaas-project/aaas/internal/embednats"
+)
+
+// Start runs a single node with JetStream in a temp dir.
+func Start(t testing.TB) *embednats.Server {
+	t.Helper()
+	s, err := embednats.Start(embednats.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// StartCluster runs n routed nodes.
+func StartCluster(t testing.TB, n int) *embednats.Cluster {
+	t.Helper()
+	c, err := embednats.StartCluster(t.TempDir(), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Shutdown)
+	return c
+}
+
+// Connect returns a client connection and a JetStream context for url.
+func Connect(t testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	opts = append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+// Context is a test-scoped context with a deadline.
+func Context(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -1,0 +1,227 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// permanentError marks a handler failure that no retry can fix.
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string { return e.err.Error() }
+func (e permanentError) Unwrap() error { return e.err }
+
+// Permanent marks err as not worth retrying: the message is terminated and
+// recorded instead of redelivered.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// IsPermanent reports whether err was marked Permanent.
+func IsPermanent(err error) bool {
+	var p permanentError
+	return errors.As(err, &p)
+}
+
+// ConsumerConfig describes a durable, explicitly acknowledged consumer.
+type ConsumerConfig struct {
+	Stream         string
+	Durable        string
+	FilterSubjects []string
+	// MaxDeliver bounds deliveries; the last failed one is recorded.
+	MaxDeliver int
+	// AckWait is how long a worker may hold a message without progress
+	// before the server hands it to another worker. Long handlers keep it
+	// alive with progress signals.
+	AckWait time.Duration
+	// Backoff is the delay before redelivery after the nth failure (the last
+	// value repeats). It applies both to explicit naks and, through the
+	// consumer's BackOff, to deliveries that were never acknowledged.
+	Backoff []time.Duration
+	// Workers handle messages concurrently.
+	Workers int
+}
+
+func (c ConsumerConfig) withDefaults() ConsumerConfig {
+	if c.MaxDeliver <= 0 {
+		c.MaxDeliver = 5
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = 30 * time.Second
+	}
+	if len(c.Backoff) == 0 {
+		c.Backoff = []time.Duration{time.Second, 5 * time.Second, 30 * time.Second}
+	}
+	if c.Workers <= 0 {
+		c.Workers = 1
+	}
+	return c
+}
+
+func (c ConsumerConfig) backoff(delivered uint64) time.Duration {
+	i := int(delivered) - 1
+	if i >= len(c.Backoff) {
+		i = len(c.Backoff) - 1
+	}
+	if i < 0 {
+		i = 0
+	}
+	return c.Backoff[i]
+}
+
+// Delivery is one message handed to a Handler.
+type Delivery struct {
+	Subject   string
+	Data      []byte
+	Delivered uint64 // 1 on first delivery
+	StreamSeq uint64
+	Last      bool // this is the final delivery MaxDeliver allows
+}
+
+// Handler processes one delivery. nil acknowledges it; an error marked
+// Permanent terminates it; any other error retries it with backoff.
+type Handler func(ctx context.Context, d Delivery) error
+
+// Exhausted is told about a message that will never be handled: its last
+// delivery failed or its failure was permanent.
+type Exhausted func(d Delivery, err error)
+
+// EnsureConsumer creates or updates the durable consumer.
+func EnsureConsumer(ctx context.Context, js jetstream.JetStream, c ConsumerConfig) (jetstream.Consumer, error) {
+	c = c.withDefaults()
+	// The server's BackOff list must have fewer entries than MaxDeliver.
+	bo := c.Backoff
+	if len(bo) >= c.MaxDeliver {
+		bo = bo[:c.MaxDeliver-1]
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, c.Stream, jetstream.ConsumerConfig{
+		Durable:        c.Durable,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        c.AckWait,
+		MaxDeliver:     c.MaxDeliver,
+		BackOff:        bo,
+		FilterSubjects: c.FilterSubjects,
+		MaxAckPending:  c.Workers * 4,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ensure consumer %s on %s: %w", c.Durable, c.Stream, err)
+	}
+	return cons, nil
+}
+
+// Consume runs handler on the consumer's messages with c.Workers workers
+// until ctx ends. Each message is acknowledged only after handler returns
+// nil, and while handler runs the server is told it is still in progress, so
+// a slow handler is not mistaken for a dead one. A message that fails on its
+// last delivery, or permanently, goes to exhausted and is then terminated:
+// nothing disappears without a record.
+func Consume(ctx context.Context, js jetstream.JetStream, c ConsumerConfig, handler Handler, exhausted Exhausted, log *slog.Logger) error {
+	c = c.withDefaults()
+	cons, err := EnsureConsumer(ctx, js, c)
+	if err != nil {
+		return err
+	}
+	iter, err := cons.Messages(jetstream.PullMaxMessages(c.Workers))
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", c.Durable, err)
+	}
+	go func() { <-ctx.Done(); iter.Stop() }()
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	slots := make(chan struct{}, c.Workers)
+	for {
+		msg, err := iter.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+				return nil
+			}
+			log.Warn("consumer fetch failed", "consumer", c.Durable, "err", err)
+			continue
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			// Not acknowledged: the server redelivers it to another worker.
+			return nil
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			handleOne(ctx, c, msg, handler, exhausted, log)
+		}()
+	}
+}
+
+func handleOne(ctx context.Context, c ConsumerConfig, msg jetstream.Msg, handler Handler, exhausted Exhausted, log *slog.Logger) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		log.Error("message without metadata", "subject", msg.Subject(), "err", err)
+		_ = msg.Term()
+		return
+	}
+	d := Delivery{
+		Subject:   msg.Subject(),
+		Data:      msg.Data(),
+		Delivered: meta.NumDelivered,
+		StreamSeq: meta.Sequence.Stream,
+		Last:      int(meta.NumDelivered) >= c.MaxDeliver,
+	}
+
+	hctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(c.AckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				_ = msg.InProgress()
+			}
+		}
+	}()
+	err = handler(hctx, d)
+	close(done)
+	cancel()
+
+	switch {
+	case err == nil:
+		// DoubleAck waits for the server to confirm, so "acked" means the
+		// command will not come back.
+		actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if aerr := msg.DoubleAck(actx); aerr != nil {
+			log.Warn("ack not confirmed; the command may be redelivered", "subject", d.Subject, "seq", d.StreamSeq, "err", aerr)
+		}
+		acancel()
+	case ctx.Err() != nil:
+		// Shutting down: leave it for another worker without counting a
+		// failure against it beyond this delivery.
+		_ = msg.Nak()
+	case IsPermanent(err) || d.Last:
+		exhausted(d, err)
+		_ = msg.TermWithReason(truncate(err.Error(), 200))
+	default:
+		delay := c.backoff(d.Delivered)
+		log.Info("command will be retried", "subject", d.Subject, "delivered", d.Delivered, "retry_in", delay, "err", err)
+		_ = msg.NakWithDelay(delay)
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}

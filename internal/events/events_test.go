@@ -1,0 +1,418 @@
+package events_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/testutil"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+func setup(t *testing.T) (string, jetstream.JetStream) {
+	t.Helper()
+	s := natstest.Start(t)
+	_, js := natstest.Connect(t, s.URL())
+	if err := events.EnsureStreams(natstest.Context(t, 10*time.Second), js, events.DefaultStreamsConfig()); err != nil {
+		t.Fatal(err)
+	}
+	return s.URL(), js
+}
+
+func TestEnsureStreamsIsIdempotentAndUpdates(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 10*time.Second)
+	cfg := events.DefaultStreamsConfig()
+	cfg.AuditMaxAge = 48 * time.Hour
+	if err := events.EnsureStreams(ctx, js, cfg); err != nil {
+		t.Fatalf("second ensure: %v", err)
+	}
+	s, err := js.Stream(ctx, events.StreamAudit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CachedInfo().Config.MaxAge; got != 48*time.Hour {
+		t.Fatalf("audit max age = %s, want the updated 48h", got)
+	}
+	cmd, _ := js.Stream(ctx, events.StreamCommands)
+	if cmd.CachedInfo().Config.Retention != jetstream.WorkQueuePolicy {
+		t.Fatal("commands stream is not a work queue")
+	}
+	act, _ := js.Stream(ctx, events.StreamActivity)
+	if act.CachedInfo().Config.MaxMsgsPerSubject != 1 {
+		t.Fatal("activity stream does not keep only the last message per subject")
+	}
+}
+
+func TestDuplicateCommandIsDeliveredOnce(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 20*time.Second)
+	pub := events.NewPublisher(js, "edge-a", quiet)
+	pub2 := events.NewPublisher(js, "edge-b", quiet)
+
+	// Two edges that saw the same state ask for the same wake.
+	if dup, err := pub.Command(ctx, events.NewWake("bob", 7)); err != nil || dup {
+		t.Fatalf("first publish: dup=%v err=%v", dup, err)
+	}
+	if dup, err := pub2.Command(ctx, events.NewWake("bob", 7)); err != nil || !dup {
+		t.Fatalf("second publish: dup=%v err=%v, want a collapsed duplicate", dup, err)
+	}
+	// A wake after a later state change is a new command.
+	if dup, err := pub.Command(ctx, events.NewWake("bob", 9)); err != nil || dup {
+		t.Fatalf("wake at a new revision: dup=%v err=%v", dup, err)
+	}
+
+	var mu sync.Mutex
+	var got []string
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		_ = events.Consume(cctx, js, events.ConsumerConfig{Stream: events.StreamCommands, Durable: "w"}, func(_ context.Context, d events.Delivery) error {
+			c, err := events.Decode[events.Command](d.Data)
+			if err != nil {
+				return events.Permanent(err)
+			}
+			mu.Lock()
+			got = append(got, c.ID)
+			mu.Unlock()
+			return nil
+		}, func(events.Delivery, error) {}, quiet)
+	}()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(got) < 2 {
+			return fmt.Errorf("got %v", got)
+		}
+		return nil
+	})
+	// Give a stray duplicate every chance to show up: the stream must be empty.
+	testutil.Eventually(t, 5*time.Second, func() error {
+		s, _ := js.Stream(ctx, events.StreamCommands)
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.Msgs != 0 {
+			return fmt.Errorf("%d messages still queued", info.State.Msgs)
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 2 || got[0] != "wake.bob.7" || got[1] != "wake.bob.9" {
+		t.Fatalf("deliveries = %v, want exactly wake.bob.7 then wake.bob.9", got)
+	}
+}
+
+func TestWorkQueueHandsEachCommandToExactlyOneOfThreeConsumers(t *testing.T) {
+	url, js := setup(t)
+	ctx := natstest.Context(t, 30*time.Second)
+	const n = 90
+	pub := events.NewPublisher(js, "edge", quiet)
+	for i := 0; i < n; i++ {
+		if _, err := pub.Command(ctx, events.NewDelete(fmt.Sprintf("u%d", i), fmt.Sprintf("r%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var mu sync.Mutex
+	seen := map[string]int{}
+	perWorker := map[int]int{}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for w := 0; w < 3; w++ {
+		_, wjs := natstest.Connect(t, url) // a separate process in spirit: own connection
+		go func(w int) {
+			_ = events.Consume(cctx, wjs, events.ConsumerConfig{Stream: events.StreamCommands, Durable: "lifecycle", Workers: 2}, func(_ context.Context, d events.Delivery) error {
+				time.Sleep(2 * time.Millisecond) // let the others pull too
+				mu.Lock()
+				seen[d.Subject]++
+				perWorker[w]++
+				mu.Unlock()
+				return nil
+			}, func(events.Delivery, error) {}, quiet)
+		}(w)
+	}
+	testutil.Eventually(t, 20*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seen) != n {
+			return fmt.Errorf("%d of %d commands handled", len(seen), n)
+		}
+		return nil
+	})
+	cancel()
+	mu.Lock()
+	defer mu.Unlock()
+	for subj, c := range seen {
+		if c != 1 {
+			t.Errorf("%s handled %d times", subj, c)
+		}
+	}
+	busy := 0
+	for _, c := range perWorker {
+		if c > 0 {
+			busy++
+		}
+	}
+	if busy < 2 {
+		t.Errorf("work was not shared: per consumer %v", perWorker)
+	}
+}
+
+func TestUnackedCommandIsRedeliveredToAnotherConsumerAndExhaustionIsRecorded(t *testing.T) {
+	url, js := setup(t)
+	ctx := natstest.Context(t, 30*time.Second)
+	cfg := events.ConsumerConfig{
+		Stream: events.StreamCommands, Durable: "lifecycle",
+		MaxDeliver: 3, AckWait: 500 * time.Millisecond,
+		Backoff: []time.Duration{100 * time.Millisecond},
+	}
+	if _, err := events.EnsureConsumer(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	pub := events.NewPublisher(js, "edge", quiet)
+	if _, err := pub.Command(ctx, events.NewDelete("carol", "req-1")); err != nil {
+		t.Fatal(err)
+	}
+
+	// Worker A takes the command and dies without acknowledging it.
+	anc, ajs := natstest.Connect(t, url)
+	acons, err := ajs.Consumer(ctx, events.StreamCommands, "lifecycle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := acons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var taken int
+	for range batch.Messages() {
+		taken++
+	}
+	if taken != 1 {
+		t.Fatalf("worker A took %d messages", taken)
+	}
+	anc.Close()
+
+	// Worker B gets it again, fails every time, and the last failure is
+	// recorded before the command is dropped.
+	var mu sync.Mutex
+	var deliveries []uint64
+	var exhausted []error
+	_, bjs := natstest.Connect(t, url)
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		_ = events.Consume(cctx, bjs, cfg, func(_ context.Context, d events.Delivery) error {
+			mu.Lock()
+			deliveries = append(deliveries, d.Delivered)
+			mu.Unlock()
+			return errors.New("kubernetes unavailable")
+		}, func(d events.Delivery, err error) {
+			mu.Lock()
+			exhausted = append(exhausted, err)
+			mu.Unlock()
+		}, quiet)
+	}()
+	testutil.Eventually(t, 15*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(exhausted) != 1 {
+			return fmt.Errorf("deliveries %v, exhausted %v", deliveries, exhausted)
+		}
+		return nil
+	})
+	mu.Lock()
+	if len(deliveries) != 2 || deliveries[0] != 2 || deliveries[1] != 3 {
+		t.Fatalf("worker B saw deliveries %v, want [2 3]", deliveries)
+	}
+	if !strings.Contains(exhausted[0].Error(), "kubernetes unavailable") {
+		t.Fatalf("exhaustion recorded %v", exhausted[0])
+	}
+	mu.Unlock()
+	// The terminated command is gone from the work queue.
+	testutil.Eventually(t, 5*time.Second, func() error {
+		s, _ := js.Stream(ctx, events.StreamCommands)
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.Msgs != 0 {
+			return fmt.Errorf("%d messages left", info.State.Msgs)
+		}
+		return nil
+	})
+}
+
+func TestCommandWhoseWorkersAllCrashLeavesAnAuditRecord(t *testing.T) {
+	url, js := setup(t)
+	ctx := natstest.Context(t, 30*time.Second)
+	cfg := events.ConsumerConfig{Stream: events.StreamCommands, Durable: "lifecycle", MaxDeliver: 2, AckWait: 300 * time.Millisecond, Backoff: []time.Duration{50 * time.Millisecond}}
+	if _, err := events.EnsureConsumer(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	pub := events.NewPublisher(js, "edge", quiet)
+	if _, err := pub.Command(ctx, events.NewDelete("dave", "req-2")); err != nil {
+		t.Fatal(err)
+	}
+	// Two workers each take it and crash; nobody ever acks or terminates it.
+	for i := 0; i < 2; i++ {
+		nc, wjs := natstest.Connect(t, url)
+		cons, err := wjs.Consumer(ctx, events.StreamCommands, "lifecycle")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for range b.Messages() {
+			n++
+		}
+		if n != 1 {
+			t.Fatalf("crash %d: fetched %d", i, n)
+		}
+		nc.Close()
+	}
+	// A healthy worker keeps pulling; the server notices the exhausted
+	// command and its max-deliveries advisory lands in the audit stream.
+	var handled int
+	var mu sync.Mutex
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		_ = events.Consume(cctx, js, cfg, func(context.Context, events.Delivery) error {
+			mu.Lock()
+			handled++
+			mu.Unlock()
+			return nil
+		}, func(events.Delivery, error) {}, quiet)
+	}()
+	audit, err := js.Stream(ctx, events.StreamAudit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		m, err := audit.GetLastMsgForSubject(ctx, events.MaxDeliveriesAdvisory+".>")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(m.Data), `"stream":"AAAS_CMD"`) {
+			return fmt.Errorf("advisory %s", m.Data)
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if handled != 0 {
+		t.Fatalf("an exhausted command was delivered again %d times", handled)
+	}
+}
+
+func TestPermanentFailureIsTerminatedAtOnce(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 20*time.Second)
+	pub := events.NewPublisher(js, "edge", quiet)
+	if _, err := pub.Command(ctx, events.NewDelete("erin", "req-3")); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var calls int
+	var recorded error
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		_ = events.Consume(cctx, js, events.ConsumerConfig{Stream: events.StreamCommands, Durable: "w", MaxDeliver: 5}, func(context.Context, events.Delivery) error {
+			mu.Lock()
+			calls++
+			mu.Unlock()
+			return events.Permanent(errors.New("claim is not managed by this gateway"))
+		}, func(_ events.Delivery, err error) {
+			mu.Lock()
+			recorded = err
+			mu.Unlock()
+		}, quiet)
+	}()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if recorded == nil {
+			return errors.New("not recorded yet")
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if calls != 1 {
+		t.Fatalf("handler ran %d times for a permanent failure", calls)
+	}
+}
+
+func TestInvalidCommandsAreRefusedAtPublish(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 10*time.Second)
+	pub := events.NewPublisher(js, "edge", quiet)
+	bad := []events.Command{
+		events.NewClaim("bob", "r1", "short"),
+		events.NewWake("bo.b", 1),
+		events.NewHandshake("bob", events.HandshakeArgs{}),
+		{V: 99, Verb: events.VerbWake, User: "bob", ID: "x"},
+	}
+	for _, c := range bad {
+		if _, err := pub.Command(ctx, c); err == nil {
+			t.Errorf("command %+v was published", c)
+		}
+	}
+}
+
+func TestDecodeRefusesNewerSchema(t *testing.T) {
+	if _, err := events.Decode[events.Beacon]([]byte(`{"v":2,"user":"bob"}`)); err == nil {
+		t.Fatal("a beacon from a newer schema was accepted")
+	}
+	b, err := events.Decode[events.Beacon]([]byte(`{"v":1,"user":"bob","in_flight":2}`))
+	if err != nil || b.InFlight != 2 {
+		t.Fatalf("decode: %+v %v", b, err)
+	}
+}
+
+func BenchmarkBeaconPublish(b *testing.B) {
+	s := natstest.Start(b)
+	_, js := natstest.Connect(b, s.URL())
+	ctx := context.Background()
+	if err := events.EnsureStreams(ctx, js, events.DefaultStreamsConfig()); err != nil {
+		b.Fatal(err)
+	}
+	pub := events.NewPublisher(js, "edge", quiet)
+	users := make([]string, 1000)
+	for i := range users {
+		users[i] = fmt.Sprintf("user%d", i)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		now := time.Now()
+		if _, err := pub.Beacon(events.Beacon{User: users[i%len(users)], InFlight: 1, LastActive: now, SentAt: now, TTL: 15 * time.Second}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(30 * time.Second):
+		b.Fatal("beacons not acknowledged")
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "beacons/s")
+}

@@ -1,0 +1,277 @@
+package events
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// SchemaVersion is the version of every message this build writes. Readers
+// accept any version up to it and refuse newer ones as permanent errors, so a
+// rolling upgrade never half-understands a message.
+const SchemaVersion = 1
+
+const (
+	commandPrefix  = "aaas.cmd."
+	activityPrefix = "aaas.activity."
+	auditPrefix    = "aaas.audit."
+)
+
+// Verb names a lifecycle command.
+type Verb string
+
+// The lifecycle verbs.
+const (
+	VerbClaim     Verb = "claim"
+	VerbWake      Verb = "wake"
+	VerbHandshake Verb = "handshake"
+	VerbSuspend   Verb = "suspend"
+	VerbDelete    Verb = "delete"
+	VerbRecreate  Verb = "recreate"
+)
+
+// Verbs lists every verb, for metrics and validation.
+var Verbs = []Verb{VerbClaim, VerbWake, VerbHandshake, VerbSuspend, VerbDelete, VerbRecreate}
+
+// CommandSubject is aaas.cmd.<verb>.<user>.
+func CommandSubject(v Verb, user string) string { return commandPrefix + string(v) + "." + user }
+
+// CommandSubjectsAll matches every command.
+const CommandSubjectsAll = commandPrefix + ">"
+
+// ActivitySubject is aaas.activity.<user>.<edge>.
+func ActivitySubject(user, edge string) string { return activityPrefix + user + "." + edge }
+
+// ActivitySubjectUser matches every edge's beacons for one user.
+func ActivitySubjectUser(user string) string { return activityPrefix + user + ".*" }
+
+// ActivitySubjectsAll matches every beacon.
+const ActivitySubjectsAll = activityPrefix + ">"
+
+// AuditSubject is aaas.audit.<kind>.<user>; user "-" for events without one.
+func AuditSubject(k AuditKind, user string) string {
+	if user == "" {
+		user = "-"
+	}
+	return auditPrefix + string(k) + "." + user
+}
+
+// Command is the one message type on the command stream. Verb-specific
+// arguments live in the matching optional field; Validate checks that the
+// right one is present.
+type Command struct {
+	V    int    `json:"v"`
+	Verb Verb   `json:"verb"`
+	User string `json:"user"`
+	// ID is the Nats-Msg-Id. It is derived from the state the command acts
+	// on, so every replica that asks for the same change produces the same
+	// ID and the stream keeps one copy.
+	ID string `json:"id"`
+	// RequestID is set when a requester waits for the outcome (signup,
+	// delete, recreate); lifecycle writes the answer under it.
+	RequestID string    `json:"request_id,omitempty"`
+	IssuedBy  string    `json:"issued_by,omitempty"`
+	IssuedAt  time.Time `json:"issued_at"`
+
+	Claim     *ClaimArgs     `json:"claim,omitempty"`
+	Suspend   *SuspendArgs   `json:"suspend,omitempty"`
+	Handshake *HandshakeArgs `json:"handshake,omitempty"`
+}
+
+// ClaimArgs carries what a new account needs.
+type ClaimArgs struct {
+	// TokenHash is the hex SHA-256 of the user's bearer token; the token
+	// itself never leaves the edge that minted it.
+	TokenHash string `json:"token_hash"`
+}
+
+// SuspendArgs carries the sweeper's evidence, so lifecycle can refuse the
+// suspend when anything newer has happened since the decision.
+type SuspendArgs struct {
+	// ActivitySeq is the highest activity-stream sequence for this user the
+	// sweeper had seen when it decided.
+	ActivitySeq uint64    `json:"activity_seq"`
+	IdleSince   time.Time `json:"idle_since"`
+}
+
+// HandshakeArgs says which pod and which browser Host the DSH auth cookie is
+// for, plus the forwarded headers DSH should see during the handshake.
+type HandshakeArgs struct {
+	PodUID string `json:"pod_uid"`
+	Host   string `json:"host"`
+	Proto  string `json:"proto,omitempty"`
+	Prefix string `json:"prefix,omitempty"`
+	// StaleRevision is the handshakes-bucket revision the requester found
+	// unusable (0 when there was none); it makes a refresh a new command.
+	StaleRevision uint64 `json:"stale_revision,omitempty"`
+}
+
+// Subject is where the command is published.
+func (c Command) Subject() string { return CommandSubject(c.Verb, c.User) }
+
+// Validate checks the fields a handler relies on.
+func (c Command) Validate() error {
+	if c.V < 1 || c.V > SchemaVersion {
+		return fmt.Errorf("unsupported command schema version %d (this build reads 1..%d)", c.V, SchemaVersion)
+	}
+	if c.User == "" || strings.ContainsAny(c.User, ".*> ") {
+		return fmt.Errorf("invalid user %q", c.User)
+	}
+	if c.ID == "" {
+		return fmt.Errorf("command without id")
+	}
+	switch c.Verb {
+	case VerbClaim:
+		if c.Claim == nil || len(c.Claim.TokenHash) != 64 {
+			return fmt.Errorf("claim without a token hash")
+		}
+	case VerbRecreate, VerbDelete, VerbWake:
+	case VerbSuspend:
+		if c.Suspend == nil {
+			return fmt.Errorf("suspend without evidence")
+		}
+	case VerbHandshake:
+		if c.Handshake == nil || c.Handshake.PodUID == "" || c.Handshake.Host == "" {
+			return fmt.Errorf("handshake without pod uid and host")
+		}
+	default:
+		return fmt.Errorf("unknown verb %q", c.Verb)
+	}
+	return nil
+}
+
+func newCommand(v Verb, user, id string) Command {
+	return Command{V: SchemaVersion, Verb: v, User: user, ID: string(v) + "." + user + "." + id, IssuedAt: time.Now().UTC()}
+}
+
+// NewClaim asks for an account. requestID is unique per signup attempt.
+func NewClaim(user, requestID, tokenHash string) Command {
+	c := newCommand(VerbClaim, user, requestID)
+	c.RequestID = requestID
+	c.Claim = &ClaimArgs{TokenHash: tokenHash}
+	return c
+}
+
+// NewWake asks for a sandbox to run. stateRev is the sandboxes-bucket
+// revision the requester saw, so any number of edges waking the same
+// suspended sandbox publish one command, and a later suspension gets a new one.
+func NewWake(user string, stateRev uint64) Command {
+	return newCommand(VerbWake, user, strconv.FormatUint(stateRev, 10))
+}
+
+// NewSuspend records the sweeper's decision.
+func NewSuspend(user string, activitySeq, stateRev uint64, idleSince time.Time) Command {
+	c := newCommand(VerbSuspend, user, strconv.FormatUint(stateRev, 10)+"."+strconv.FormatUint(activitySeq, 10))
+	c.Suspend = &SuspendArgs{ActivitySeq: activitySeq, IdleSince: idleSince.UTC()}
+	return c
+}
+
+// NewHandshake asks for a DSH auth cookie for (user, pod, host).
+func NewHandshake(user string, a HandshakeArgs) Command {
+	c := newCommand(VerbHandshake, user, a.PodUID+"."+HostKey(a.Host)+"."+strconv.FormatUint(a.StaleRevision, 10))
+	c.Handshake = &a
+	return c
+}
+
+// NewDelete asks for an account and everything in it to go.
+func NewDelete(user, requestID string) Command {
+	c := newCommand(VerbDelete, user, requestID)
+	c.RequestID = requestID
+	return c
+}
+
+// NewRecreate asks for a fresh sandbox and volume under the same account.
+func NewRecreate(user, requestID string) Command {
+	c := newCommand(VerbRecreate, user, requestID)
+	c.RequestID = requestID
+	return c
+}
+
+// HostKey is the short, subject-safe form of a Host header used in keys.
+func HostKey(host string) string {
+	sum := sha256.Sum256([]byte(strings.ToLower(host)))
+	return hex.EncodeToString(sum[:8])
+}
+
+// Beacon is an edge's report of one user's activity. The newest beacon per
+// (user, edge) is that edge's view; the sweeper combines them.
+type Beacon struct {
+	V    int    `json:"v"`
+	User string `json:"user"`
+	Edge string `json:"edge"`
+	// InFlight counts requests and WebSockets open on this edge right now.
+	InFlight int `json:"in_flight"`
+	// LastActive is when this edge last started or finished work for the user.
+	LastActive time.Time `json:"last_active"`
+	SentAt     time.Time `json:"sent_at"`
+	// TTL is how long this beacon's InFlight may be trusted; an edge that
+	// stops sending (crashed, partitioned) stops pinning the sandbox after it.
+	TTL time.Duration `json:"ttl"`
+}
+
+// Subject is where the beacon is published.
+func (b Beacon) Subject() string { return ActivitySubject(b.User, b.Edge) }
+
+// AuditKind names an audit event.
+type AuditKind string
+
+// Audit kinds.
+const (
+	AuditSignup          AuditKind = "signup"
+	AuditLogin           AuditKind = "login"
+	AuditLogout          AuditKind = "logout"
+	AuditDelete          AuditKind = "delete"
+	AuditRecreate        AuditKind = "recreate"
+	AuditClaim           AuditKind = "claim"
+	AuditWake            AuditKind = "wake"
+	AuditSuspend         AuditKind = "suspend"
+	AuditHandshake       AuditKind = "handshake"
+	AuditHandshakeFailed AuditKind = "handshake_failed"
+	AuditRateLimited     AuditKind = "rate_limited"
+	AuditInviteRejected  AuditKind = "invite_rejected"
+	AuditStateChange     AuditKind = "state"
+	AuditCommandFailed   AuditKind = "command_failed"
+)
+
+// AuditEvent is one audit record. Detail is free text for humans and must
+// never contain a token, cookie or session id.
+type AuditEvent struct {
+	V         int       `json:"v"`
+	Kind      AuditKind `json:"kind"`
+	User      string    `json:"user,omitempty"`
+	At        time.Time `json:"at"`
+	Source    string    `json:"source"`
+	Outcome   string    `json:"outcome,omitempty"`
+	RequestID string    `json:"request_id,omitempty"`
+	Client    string    `json:"client,omitempty"`
+	Detail    string    `json:"detail,omitempty"`
+}
+
+// Subject is where the event is published.
+func (e AuditEvent) Subject() string { return AuditSubject(e.Kind, e.User) }
+
+// Decode parses a message body of any of the types above and checks its
+// schema version.
+func Decode[T Command | Beacon | AuditEvent](data []byte) (T, error) {
+	var v T
+	if err := json.Unmarshal(data, &v); err != nil {
+		return v, fmt.Errorf("decode %T: %w", v, err)
+	}
+	var ver int
+	switch m := any(v).(type) {
+	case Command:
+		ver = m.V
+	case Beacon:
+		ver = m.V
+	case AuditEvent:
+		ver = m.V
+	}
+	if ver < 1 || ver > SchemaVersion {
+		return v, fmt.Errorf("decode %T: unsupported schema version %d", v, ver)
+	}
+	return v, nil
+}

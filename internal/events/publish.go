@@ -1,0 +1,99 @@
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Publisher writes commands, beacons and audit events. Commands are
+// published synchronously (the caller needs to know they are durable);
+// beacons and audit events asynchronously, so the request path never waits
+// on NATS.
+type Publisher struct {
+	js     jetstream.JetStream
+	source string
+	log    *slog.Logger
+}
+
+// NewPublisher returns a publisher that stamps source (the process's
+// instance id) on what it sends.
+func NewPublisher(js jetstream.JetStream, source string, log *slog.Logger) *Publisher {
+	return &Publisher{js: js, source: source, log: log}
+}
+
+// Source is the instance id stamped on messages.
+func (p *Publisher) Source() string { return p.source }
+
+// Command publishes c with its ID as Nats-Msg-Id. It reports whether the
+// stream already held a command with that ID (a collapsed duplicate).
+func (p *Publisher) Command(ctx context.Context, c Command) (duplicate bool, err error) {
+	if c.IssuedBy == "" {
+		c.IssuedBy = p.source
+	}
+	if err := c.Validate(); err != nil {
+		return false, fmt.Errorf("publish %s command: %w", c.Verb, err)
+	}
+	data, err := json.Marshal(c)
+	if err != nil {
+		return false, fmt.Errorf("publish %s command: %w", c.Verb, err)
+	}
+	ack, err := p.js.PublishMsg(ctx, &nats.Msg{Subject: c.Subject(), Data: data}, jetstream.WithMsgID(c.ID))
+	if err != nil {
+		return false, fmt.Errorf("publish %s command for %s: %w", c.Verb, c.User, err)
+	}
+	return ack.Duplicate, nil
+}
+
+// Beacon publishes b without waiting for the acknowledgement. It returns the
+// future so callers that need the stream sequence (tests, a first beacon
+// after quiet) can wait for it.
+func (p *Publisher) Beacon(b Beacon) (jetstream.PubAckFuture, error) {
+	b.V = SchemaVersion
+	if b.Edge == "" {
+		b.Edge = p.source
+	}
+	data, err := json.Marshal(b)
+	if err != nil {
+		return nil, fmt.Errorf("publish beacon: %w", err)
+	}
+	f, err := p.js.PublishMsgAsync(&nats.Msg{Subject: b.Subject(), Data: data})
+	if err != nil {
+		return nil, fmt.Errorf("publish beacon for %s: %w", b.User, err)
+	}
+	return f, nil
+}
+
+// Audit records e. It does not block the caller; a failure to record is
+// logged (without the event's detail, which is for the audit trail only).
+func (p *Publisher) Audit(e AuditEvent) {
+	e.V = SchemaVersion
+	if e.At.IsZero() {
+		e.At = time.Now().UTC()
+	}
+	if e.Source == "" {
+		e.Source = p.source
+	}
+	data, err := json.Marshal(e)
+	if err != nil {
+		p.log.Error("encode audit event", "kind", e.Kind, "err", err)
+		return
+	}
+	f, err := p.js.PublishMsgAsync(&nats.Msg{Subject: e.Subject(), Data: data})
+	if err != nil {
+		p.log.Warn("audit event not recorded", "kind", e.Kind, "user", e.User, "err", err)
+		return
+	}
+	go func() {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			p.log.Warn("audit event not recorded", "kind", e.Kind, "user", e.User, "err", err)
+		}
+	}()
+}

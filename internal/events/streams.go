@@ -1,0 +1,100 @@
+// Package events holds the JetStream streams that connect the processes: the
+// command work queue that lifecycle workers drain, the activity stream whose
+// last message per subject is the table of idle clocks, and the audit trail.
+// It defines their subjects, the versioned message types carried on them,
+// and the publish and consume helpers every process uses.
+package events
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Stream names.
+const (
+	StreamCommands = "AAAS_CMD"
+	StreamActivity = "AAAS_ACTIVITY"
+	StreamAudit    = "AAAS_AUDIT"
+)
+
+// StreamsConfig sizes the streams for an environment.
+type StreamsConfig struct {
+	// Replicas is 1 for a single embedded server, 3 for a production cluster.
+	Replicas int
+	// DuplicateWindow is how long Nats-Msg-Id dedupe remembers a command.
+	DuplicateWindow time.Duration
+	// ActivityMaxAge drops idle clocks of users nobody has touched for this
+	// long; the sweeper falls back to the sandbox's own Ready time for them.
+	ActivityMaxAge time.Duration
+	// AuditMaxAge is the audit trail's retention.
+	AuditMaxAge time.Duration
+}
+
+// DefaultStreamsConfig is the development sizing.
+func DefaultStreamsConfig() StreamsConfig {
+	return StreamsConfig{
+		Replicas:        1,
+		DuplicateWindow: 2 * time.Minute,
+		ActivityMaxAge:  7 * 24 * time.Hour,
+		AuditMaxAge:     30 * 24 * time.Hour,
+	}
+}
+
+// StreamConfigs returns the three stream definitions.
+func StreamConfigs(c StreamsConfig) []jetstream.StreamConfig {
+	return []jetstream.StreamConfig{
+		{
+			Name:        StreamCommands,
+			Description: "lifecycle commands; one worker takes each",
+			Subjects:    []string{commandPrefix + ">"},
+			Retention:   jetstream.WorkQueuePolicy,
+			Storage:     jetstream.FileStorage,
+			Replicas:    c.Replicas,
+			Duplicates:  c.DuplicateWindow,
+			// No MaxAge: an unprocessed command must never expire unseen.
+			Discard: jetstream.DiscardOld,
+		},
+		{
+			Name:              StreamActivity,
+			Description:       "edge activity beacons; the last one per user and edge is that edge's idle clock",
+			Subjects:          []string{activityPrefix + ">"},
+			Retention:         jetstream.LimitsPolicy,
+			Storage:           jetstream.FileStorage,
+			Replicas:          c.Replicas,
+			MaxMsgsPerSubject: 1,
+			MaxAge:            c.ActivityMaxAge,
+			Duplicates:        time.Second,
+			AllowDirect:       true,
+		},
+		{
+			Name:        StreamAudit,
+			Description: "audit trail of state changes, auth events and undeliverable commands",
+			// The max-deliveries advisory is captured here so a command whose
+			// worker crashed on every attempt still leaves a durable record.
+			Subjects:   []string{auditPrefix + ">", MaxDeliveriesAdvisory + ".>"},
+			Retention:  jetstream.LimitsPolicy,
+			Storage:    jetstream.FileStorage,
+			Replicas:   c.Replicas,
+			MaxAge:     c.AuditMaxAge,
+			Duplicates: c.DuplicateWindow,
+		},
+	}
+}
+
+// MaxDeliveriesAdvisory is the advisory subject prefix for commands that
+// exhausted their deliveries.
+const MaxDeliveriesAdvisory = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + StreamCommands
+
+// EnsureStreams creates the streams or updates their configuration in place.
+// It is idempotent and safe to run from every process at start.
+func EnsureStreams(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error {
+	for _, sc := range StreamConfigs(c) {
+		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+			return fmt.Errorf("ensure stream %s: %w", sc.Name, err)
+		}
+	}
+	return nil
+}

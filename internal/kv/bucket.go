@@ -1,0 +1,264 @@
+// Package kv holds the shared state of the gateway in NATS JetStream
+// key-value buckets: sessions, users, sandboxes, handshakes, request results,
+// rate-limit counters and leases. It offers typed accessors with
+// compare-and-set, per-key TTLs, watch-backed local caches that answer
+// lookups without a network round trip, and leases for one-active-replica
+// roles.
+package kv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Errors callers test for with errors.Is.
+var (
+	ErrNotFound = errors.New("key not found")
+	ErrExists   = errors.New("key already exists")
+	// ErrConflict is a compare-and-set failure: someone wrote the key since
+	// the revision the caller read.
+	ErrConflict = errors.New("revision conflict")
+)
+
+// Bucket is a typed view of one key-value bucket; values are JSON.
+type Bucket[T any] struct {
+	kv   jetstream.KeyValue
+	js   jetstream.JetStream
+	name string
+}
+
+// Open returns a typed view of an existing bucket.
+func Open[T any](ctx context.Context, js jetstream.JetStream, name string) (*Bucket[T], error) {
+	kv, err := js.KeyValue(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("open bucket %s: %w", name, err)
+	}
+	return &Bucket[T]{kv: kv, js: js, name: name}, nil
+}
+
+// Name is the bucket name.
+func (b *Bucket[T]) Name() string { return b.name }
+
+// Entry is a value with the revision it was read at.
+type Entry[T any] struct {
+	Key      string
+	Value    T
+	Revision uint64
+	Created  time.Time
+}
+
+// Get reads key; ErrNotFound when absent or deleted.
+func (b *Bucket[T]) Get(ctx context.Context, key string) (Entry[T], error) {
+	e, err := b.kv.Get(ctx, key)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			return Entry[T]{}, fmt.Errorf("get %s/%s: %w", b.name, key, ErrNotFound)
+		}
+		return Entry[T]{}, fmt.Errorf("get %s/%s: %w", b.name, key, err)
+	}
+	return b.decode(e)
+}
+
+func (b *Bucket[T]) decode(e jetstream.KeyValueEntry) (Entry[T], error) {
+	var v T
+	if err := json.Unmarshal(e.Value(), &v); err != nil {
+		return Entry[T]{}, fmt.Errorf("decode %s/%s: %w", b.name, e.Key(), err)
+	}
+	return Entry[T]{Key: e.Key(), Value: v, Revision: e.Revision(), Created: e.Created()}, nil
+}
+
+// WriteOption adjusts a write.
+type WriteOption func(*writeOpts)
+
+type writeOpts struct{ ttl time.Duration }
+
+// WithTTL makes the server remove the key after d unless it is written
+// again. The bucket must have been created with per-key TTLs enabled.
+func WithTTL(d time.Duration) WriteOption { return func(o *writeOpts) { o.ttl = d } }
+
+func writeOptions(opts []WriteOption) writeOpts {
+	var o writeOpts
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+// Put writes key unconditionally.
+func (b *Bucket[T]) Put(ctx context.Context, key string, v T, opts ...WriteOption) (uint64, error) {
+	o := writeOptions(opts)
+	if o.ttl > 0 {
+		return b.publish(ctx, key, v, -1, o.ttl)
+	}
+	data, err := json.Marshal(v)
+	if err != nil {
+		return 0, fmt.Errorf("put %s/%s: %w", b.name, key, err)
+	}
+	rev, err := b.kv.Put(ctx, key, data)
+	if err != nil {
+		return 0, fmt.Errorf("put %s/%s: %w", b.name, key, err)
+	}
+	return rev, nil
+}
+
+// Create writes key only if it does not exist (or was deleted); ErrExists
+// otherwise.
+func (b *Bucket[T]) Create(ctx context.Context, key string, v T, opts ...WriteOption) (uint64, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return 0, fmt.Errorf("create %s/%s: %w", b.name, key, err)
+	}
+	var copts []jetstream.KVCreateOpt
+	if o := writeOptions(opts); o.ttl > 0 {
+		copts = append(copts, jetstream.KeyTTL(o.ttl))
+	}
+	rev, err := b.kv.Create(ctx, key, data, copts...)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return 0, fmt.Errorf("create %s/%s: %w", b.name, key, ErrExists)
+		}
+		return 0, fmt.Errorf("create %s/%s: %w", b.name, key, err)
+	}
+	return rev, nil
+}
+
+// Update writes key only if its current revision is rev; ErrConflict
+// otherwise.
+func (b *Bucket[T]) Update(ctx context.Context, key string, v T, rev uint64, opts ...WriteOption) (uint64, error) {
+	return b.publish(ctx, key, v, int64(rev), writeOptions(opts).ttl)
+}
+
+// publish writes through the bucket's subject directly, which is what
+// jetstream.KeyValue does internally, so that an update can also carry a
+// TTL (the library's Update cannot). expect < 0 means unconditional.
+func (b *Bucket[T]) publish(ctx context.Context, key string, v T, expect int64, ttl time.Duration) (uint64, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return 0, fmt.Errorf("write %s/%s: %w", b.name, key, err)
+	}
+	var opts []jetstream.PublishOpt
+	if expect >= 0 {
+		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(uint64(expect)))
+	}
+	if ttl > 0 {
+		opts = append(opts, jetstream.WithMsgTTL(ttl))
+	}
+	ack, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + b.name + "." + key, Data: data}, opts...)
+	if err != nil {
+		if isWrongLastSeq(err) {
+			return 0, fmt.Errorf("update %s/%s at revision %d: %w", b.name, key, expect, ErrConflict)
+		}
+		return 0, fmt.Errorf("write %s/%s: %w", b.name, key, err)
+	}
+	return ack.Sequence, nil
+}
+
+// Delete removes key, leaving a delete marker that watchers see. With
+// rev > 0 it only deletes if the key is still at that revision.
+func (b *Bucket[T]) Delete(ctx context.Context, key string, rev uint64) error {
+	var opts []jetstream.KVDeleteOpt
+	if rev > 0 {
+		opts = append(opts, jetstream.LastRevision(rev))
+	}
+	if err := b.kv.Delete(ctx, key, opts...); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) || isWrongLastSeq(err) {
+			return fmt.Errorf("delete %s/%s at revision %d: %w", b.name, key, rev, ErrConflict)
+		}
+		return fmt.Errorf("delete %s/%s: %w", b.name, key, err)
+	}
+	return nil
+}
+
+// Purge removes key and its history; watchers see the purge.
+func (b *Bucket[T]) Purge(ctx context.Context, key string) error {
+	if err := b.kv.Purge(ctx, key); err != nil {
+		return fmt.Errorf("purge %s/%s: %w", b.name, key, err)
+	}
+	return nil
+}
+
+// PurgePrefix purges every key that starts with prefix + "." (for example
+// all sessions of one user). Each key gets its own purge marker, so watch
+// caches on every replica drop them. It returns how many keys it purged.
+func (b *Bucket[T]) PurgePrefix(ctx context.Context, prefix string) (int, error) {
+	keys, err := b.Keys(ctx, prefix+".>")
+	if err != nil {
+		return 0, err
+	}
+	for _, k := range keys {
+		if err := b.Purge(ctx, k); err != nil {
+			return 0, err
+		}
+	}
+	return len(keys), nil
+}
+
+// Keys lists the live keys matching a subject-style filter (">" for all).
+func (b *Bucket[T]) Keys(ctx context.Context, filter string) ([]string, error) {
+	lister, err := b.kv.ListKeysFiltered(ctx, filter)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrNoKeysFound) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("list %s/%s: %w", b.name, filter, err)
+	}
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+// Mutate applies fn to the current value of key (ok=false when absent) and
+// writes the result with compare-and-set, retrying on conflicts. fn returns
+// write=false to leave the key alone. It returns the final entry.
+func (b *Bucket[T]) Mutate(ctx context.Context, key string, fn func(cur T, ok bool) (next T, write bool, err error), opts ...WriteOption) (Entry[T], error) {
+	for attempt := 0; ; attempt++ {
+		cur, err := b.Get(ctx, key)
+		ok := err == nil
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return Entry[T]{}, err
+		}
+		next, write, err := fn(cur.Value, ok)
+		if err != nil || !write {
+			return cur, err
+		}
+		var rev uint64
+		if ok {
+			rev, err = b.Update(ctx, key, next, cur.Revision, opts...)
+		} else {
+			rev, err = b.Create(ctx, key, next, opts...)
+		}
+		if err == nil {
+			return Entry[T]{Key: key, Value: next, Revision: rev}, nil
+		}
+		if !(errors.Is(err, ErrConflict) || errors.Is(err, ErrExists)) || attempt >= 16 {
+			return Entry[T]{}, err
+		}
+		if err := sleepCtx(ctx, time.Duration(attempt+1)*5*time.Millisecond); err != nil {
+			return Entry[T]{}, err
+		}
+	}
+}
+
+func isWrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,207 @@
+package kv
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Cache is a local copy of a bucket kept current by a watch. Lookups are
+// map reads: no network round trip. While NATS is unreachable the cache
+// keeps serving what it had; the watch resumes where it left off.
+type Cache[T any] struct {
+	bucket *Bucket[T]
+	index  func(key string) string
+	log    *slog.Logger
+
+	mu      sync.RWMutex
+	items   map[string]Entry[T]
+	waiters map[string][]chan struct{}
+	subs    []func(key string, e Entry[T], deleted bool)
+
+	synced     chan struct{}
+	syncedOnce sync.Once
+	updates    atomic.Uint64
+}
+
+// CacheOption adjusts a cache.
+type CacheOption[T any] func(*Cache[T])
+
+// IndexBy stores entries under index(key) instead of key, for lookups by a
+// part of the key (sessions are looked up by sid hash alone).
+func IndexBy[T any](index func(key string) string) CacheOption[T] {
+	return func(c *Cache[T]) { c.index = index }
+}
+
+// OnChange registers fn to run (in the watch goroutine) after every change.
+func OnChange[T any](fn func(key string, e Entry[T], deleted bool)) CacheOption[T] {
+	return func(c *Cache[T]) { c.subs = append(c.subs, fn) }
+}
+
+// NewCache starts watching b (keys matching filter, ">" for all) until ctx
+// ends. Synced is closed once the initial contents are loaded.
+func NewCache[T any](ctx context.Context, b *Bucket[T], filter string, log *slog.Logger, opts ...CacheOption[T]) (*Cache[T], error) {
+	c := &Cache[T]{
+		bucket:  b,
+		index:   func(k string) string { return k },
+		log:     log.With("bucket", b.name),
+		items:   map[string]Entry[T]{},
+		waiters: map[string][]chan struct{}{},
+		synced:  make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	w, err := b.kv.Watch(ctx, filter)
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: %w", b.name, err)
+	}
+	go c.run(ctx, w)
+	return c, nil
+}
+
+func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher) {
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if e == nil {
+				c.syncedOnce.Do(func() { close(c.synced) })
+				continue
+			}
+			c.apply(e)
+		}
+	}
+}
+
+func (c *Cache[T]) apply(e jetstream.KeyValueEntry) {
+	key := e.Key()
+	idx := c.index(key)
+	deleted := e.Operation() != jetstream.KeyValuePut
+	var entry Entry[T]
+	if !deleted {
+		if err := json.Unmarshal(e.Value(), &entry.Value); err != nil {
+			c.log.Error("undecodable value ignored", "key", key, "revision", e.Revision(), "err", err)
+			return
+		}
+		entry.Key, entry.Revision, entry.Created = key, e.Revision(), e.Created()
+	}
+
+	c.mu.Lock()
+	if deleted {
+		delete(c.items, idx)
+	} else {
+		c.items[idx] = entry
+	}
+	ws := c.waiters[idx]
+	delete(c.waiters, idx)
+	c.mu.Unlock()
+	c.updates.Add(1)
+
+	for _, ch := range ws {
+		close(ch)
+	}
+	for _, fn := range c.subs {
+		fn(key, entry, deleted)
+	}
+}
+
+// Synced is closed once the cache holds the bucket's contents as of the
+// moment the watch started.
+func (c *Cache[T]) Synced() <-chan struct{} { return c.synced }
+
+// IsSynced reports whether Synced is closed.
+func (c *Cache[T]) IsSynced() bool {
+	select {
+	case <-c.synced:
+		return true
+	default:
+		return false
+	}
+}
+
+// Get looks up an entry by its (indexed) key.
+func (c *Cache[T]) Get(key string) (Entry[T], bool) {
+	c.mu.RLock()
+	e, ok := c.items[key]
+	c.mu.RUnlock()
+	return e, ok
+}
+
+// GetBytes is Get for a key held in a byte slice. It does not allocate,
+// which matters on the per-request authentication path.
+func (c *Cache[T]) GetBytes(key []byte) (Entry[T], bool) {
+	c.mu.RLock()
+	e, ok := c.items[string(key)]
+	c.mu.RUnlock()
+	return e, ok
+}
+
+// Len is the number of entries.
+func (c *Cache[T]) Len() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return len(c.items)
+}
+
+// Updates counts changes applied since start (for metrics and tests).
+func (c *Cache[T]) Updates() uint64 { return c.updates.Load() }
+
+// Range calls fn for every entry until it returns false. fn must not call
+// back into the cache.
+func (c *Cache[T]) Range(fn func(Entry[T]) bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, e := range c.items {
+		if !fn(e) {
+			return
+		}
+	}
+}
+
+// Wait blocks until done(entry, present) holds for key, or ctx ends. It
+// checks the current entry first, then re-checks after every change to key.
+func (c *Cache[T]) Wait(ctx context.Context, key string, done func(e Entry[T], ok bool) bool) (Entry[T], bool, error) {
+	for {
+		c.mu.Lock()
+		e, ok := c.items[key]
+		if done(e, ok) {
+			c.mu.Unlock()
+			return e, ok, nil
+		}
+		ch := make(chan struct{})
+		c.waiters[key] = append(c.waiters[key], ch)
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			c.dropWaiter(key, ch)
+			return e, ok, ctx.Err()
+		}
+	}
+}
+
+func (c *Cache[T]) dropWaiter(key string, ch chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ws := c.waiters[key]
+	for i, w := range ws {
+		if w == ch {
+			c.waiters[key] = append(ws[:i], ws[i+1:]...)
+			break
+		}
+	}
+	if len(c.waiters[key]) == 0 {
+		delete(c.waiters, key)
+	}
+}

@@ -1,0 +1,400 @@
+package kv_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/testutil"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+func setup(t testing.TB) (string, jetstream.JetStream) {
+	t.Helper()
+	s := natstest.Start(t)
+	_, js := natstest.Connect(t, s.URL())
+	if err := kv.EnsureBuckets(natstest.Context(t, 10*time.Second), js, kv.DefaultBucketsConfig()); err != nil {
+		t.Fatal(err)
+	}
+	return s.URL(), js
+}
+
+func open[T any](t testing.TB, js jetstream.JetStream, name string) *kv.Bucket[T] {
+	t.Helper()
+	b, err := kv.Open[T](context.Background(), js, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestCreateUpdateDelete(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 10*time.Second)
+	users := open[kv.User](t, js, kv.BucketUsers)
+
+	rev, err := users.Create(ctx, "bob", kv.User{Name: "bob", Managed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := users.Create(ctx, "bob", kv.User{Name: "bob"}); !errors.Is(err, kv.ErrExists) {
+		t.Fatalf("second create: %v, want ErrExists", err)
+	}
+	rev2, err := users.Update(ctx, "bob", kv.User{Name: "bob", Claim: "dsh-bob"}, rev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A writer that read the old revision loses.
+	if _, err := users.Update(ctx, "bob", kv.User{Name: "bob", Claim: "stale"}, rev); !errors.Is(err, kv.ErrConflict) {
+		t.Fatalf("stale update: %v, want ErrConflict", err)
+	}
+	e, err := users.Get(ctx, "bob")
+	if err != nil || e.Value.Claim != "dsh-bob" || e.Revision != rev2 {
+		t.Fatalf("get = %+v, %v", e, err)
+	}
+	if err := users.Delete(ctx, "bob", rev); !errors.Is(err, kv.ErrConflict) {
+		t.Fatalf("delete at stale revision: %v, want ErrConflict", err)
+	}
+	if err := users.Delete(ctx, "bob", rev2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := users.Get(ctx, "bob"); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("get after delete: %v", err)
+	}
+	// A deleted key can be created again.
+	if _, err := users.Create(ctx, "bob", kv.User{Name: "bob"}); err != nil {
+		t.Fatalf("create after delete: %v", err)
+	}
+}
+
+func TestMutateRetriesConflicts(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 20*time.Second)
+	counters := open[kv.Counter](t, js, kv.BucketRateLimit)
+	const writers, each = 4, 10
+	errs := make(chan error, writers)
+	for w := 0; w < writers; w++ {
+		go func() {
+			for i := 0; i < each; i++ {
+				_, err := counters.Mutate(ctx, "client", func(c kv.Counter, _ bool) (kv.Counter, bool, error) {
+					c.N++
+					return c, true, nil
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for w := 0; w < writers; w++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	e, err := counters.Get(ctx, "client")
+	if err != nil || e.Value.N != writers*each {
+		t.Fatalf("counter = %+v %v, want %d (no lost update)", e.Value, err, writers*each)
+	}
+}
+
+func TestKeyTTLExpiresAndCachesSeeIt(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 20*time.Second)
+	sessions := open[kv.Session](t, js, kv.BucketSessions)
+	cache, err := kv.NewCache(ctx, sessions, ">", quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-cache.Synced()
+	key := kv.SessionKey("bob", "abc")
+	if _, err := sessions.Create(ctx, key, kv.Session{User: "bob"}, kv.WithTTL(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if _, ok := cache.Get(key); !ok {
+			return errors.New("cache has not seen the session")
+		}
+		return nil
+	})
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if _, err := sessions.Get(ctx, key); !errors.Is(err, kv.ErrNotFound) {
+			return fmt.Errorf("still there: %v", err)
+		}
+		if _, ok := cache.Get(key); ok {
+			return errors.New("cache still holds the expired session")
+		}
+		return nil
+	})
+}
+
+func TestUpdateWithTTLExtendsTheKey(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 20*time.Second)
+	locks := open[kv.Holder](t, js, kv.BucketLocks)
+	rev, err := locks.Create(ctx, "k", kv.Holder{ID: "a"}, kv.WithTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for time.Since(start) < 2500*time.Millisecond {
+		time.Sleep(300 * time.Millisecond)
+		if rev, err = locks.Update(ctx, "k", kv.Holder{ID: "a"}, rev, kv.WithTTL(time.Second)); err != nil {
+			t.Fatalf("renew after %s: %v", time.Since(start), err)
+		}
+	}
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if _, err := locks.Get(ctx, "k"); !errors.Is(err, kv.ErrNotFound) {
+			return fmt.Errorf("not expired: %v", err)
+		}
+		return nil
+	})
+}
+
+func TestCacheSeesDeleteFromAnotherConnection(t *testing.T) {
+	url, js := setup(t)
+	ctx := natstest.Context(t, 20*time.Second)
+	sessions := open[kv.Session](t, js, kv.BucketSessions)
+	for i := 0; i < 3; i++ {
+		if _, err := sessions.Put(ctx, kv.SessionKey("alice", strconv.Itoa(i)), kv.Session{User: "alice"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cache, err := kv.NewCache(ctx, sessions, ">", quiet, kv.IndexBy[kv.Session](func(k string) string { return k[len("alice."):] }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-cache.Synced():
+	case <-ctx.Done():
+		t.Fatal("cache never synced")
+	}
+	if cache.Len() != 3 {
+		t.Fatalf("synced cache holds %d entries, want 3", cache.Len())
+	}
+	if e, ok := cache.Get("1"); !ok || e.Value.User != "alice" {
+		t.Fatalf("indexed lookup = %+v %v", e, ok)
+	}
+
+	_, other := natstest.Connect(t, url)
+	otherSessions := open[kv.Session](t, other, kv.BucketSessions)
+	n, err := otherSessions.PurgePrefix(ctx, "alice")
+	if err != nil || n != 3 {
+		t.Fatalf("purge prefix: %d %v", n, err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if cache.Len() != 0 {
+			return fmt.Errorf("%d entries left", cache.Len())
+		}
+		return nil
+	})
+}
+
+func TestCacheWait(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 10*time.Second)
+	boxes := open[kv.Sandbox](t, js, kv.BucketSandboxes)
+	cache, err := kv.NewCache(ctx, boxes, ">", quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-cache.Synced()
+	go func() {
+		for _, p := range []kv.Phase{kv.PhaseSuspended, kv.PhaseWaking, kv.PhaseReady} {
+			_, _ = boxes.Put(ctx, "bob", kv.Sandbox{User: "bob", Phase: p})
+		}
+	}()
+	e, ok, err := cache.Wait(ctx, "bob", func(e kv.Entry[kv.Sandbox], ok bool) bool { return ok && e.Value.Phase == kv.PhaseReady })
+	if err != nil || !ok || e.Value.Phase != kv.PhaseReady {
+		t.Fatalf("wait = %+v %v %v", e, ok, err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, _, err := cache.Wait(short, "nobody", func(_ kv.Entry[kv.Sandbox], ok bool) bool { return ok }); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("wait for a key that never comes: %v", err)
+	}
+}
+
+func TestLease(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 30*time.Second)
+	locks := open[kv.Holder](t, js, kv.BucketLocks)
+	const ttl = time.Second
+	a := kv.NewLease(locks, "sweeper", "a", ttl, quiet)
+	b := kv.NewLease(locks, "sweeper", "b", ttl, quiet)
+
+	if ok, err := a.TryAcquire(ctx); !ok || err != nil {
+		t.Fatalf("a acquire: %v %v", ok, err)
+	}
+	if ok, err := b.TryAcquire(ctx); ok || err != nil {
+		t.Fatalf("b took a held lease: %v %v", ok, err)
+	}
+	// Renewing keeps it past several TTLs.
+	for i := 0; i < 4; i++ {
+		time.Sleep(ttl / 2)
+		if err := a.Renew(ctx); err != nil {
+			t.Fatalf("renew %d: %v", i, err)
+		}
+		if ok, _ := b.TryAcquire(ctx); ok {
+			t.Fatal("b took a lease that was being renewed")
+		}
+	}
+	// Release: b gets it at once.
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.TryAcquire(ctx); !ok || err != nil {
+		t.Fatalf("b after release: %v %v", ok, err)
+	}
+	if err := a.Renew(ctx); !errors.Is(err, kv.ErrLeaseLost) {
+		t.Fatalf("a renewed a released lease: %v", err)
+	}
+	// Handover: b passes it to a.
+	if err := b.Handover(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Renew(ctx); !errors.Is(err, kv.ErrLeaseLost) {
+		t.Fatalf("b still holds after handover: %v", err)
+	}
+	if ok, err := a.TryAcquire(ctx); !ok || err != nil {
+		t.Fatalf("a did not adopt the handed-over lease: %v %v", ok, err)
+	}
+	// Expiry: a stops renewing; b gets it once the TTL passes.
+	testutil.Eventually(t, 5*ttl, func() error {
+		if ok, err := b.TryAcquire(ctx); !ok {
+			return fmt.Errorf("not yet (%v)", err)
+		}
+		return nil
+	})
+	if h, _ := a.Holder(ctx); h != "b" {
+		t.Fatalf("holder = %q", h)
+	}
+}
+
+func TestLeaseRunFailsOver(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 30*time.Second)
+	locks := open[kv.Holder](t, js, kv.BucketLocks)
+	leading := make(chan string, 4)
+	run := func(ctx context.Context, id string) {
+		kv.NewLease(locks, "role", id, time.Second, quiet).Run(ctx, func(ctx context.Context) {
+			leading <- id
+			<-ctx.Done()
+		})
+	}
+	actx, stopA := context.WithCancel(ctx)
+	go run(actx, "a")
+	if got := <-leading; got != "a" {
+		t.Fatalf("first leader %s", got)
+	}
+	go run(ctx, "b")
+	select {
+	case id := <-leading:
+		t.Fatalf("%s led while a held the lease", id)
+	case <-time.After(2500 * time.Millisecond):
+	}
+	stopA()
+	select {
+	case id := <-leading:
+		if id != "b" {
+			t.Fatalf("leader after a stopped: %s", id)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("b never took over")
+	}
+}
+
+func TestClusterKeepsAcknowledgedWritesThroughANodeOutage(t *testing.T) {
+	c := natstest.StartCluster(t, 3)
+	_, js := natstest.Connect(t, c.URLs())
+	ctx := natstest.Context(t, 90*time.Second)
+	cfg := kv.DefaultBucketsConfig()
+	cfg.Replicas = 3
+	if err := kv.EnsureBuckets(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	users := open[kv.User](t, js, kv.BucketUsers)
+	acked := map[string]bool{}
+	write := func(n int) {
+		for i := 0; i < n; i++ {
+			k := fmt.Sprintf("u%d", len(acked))
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err := users.Put(wctx, k, kv.User{Name: k})
+			cancel()
+			if err == nil {
+				acked[k] = true
+			}
+		}
+	}
+	write(20)
+	c.Stop(1)
+	before := len(acked)
+	write(20)
+	if len(acked)-before < 18 {
+		t.Fatalf("only %d of 20 writes succeeded with one node down", len(acked)-before)
+	}
+	if err := c.Restart(1); err != nil {
+		t.Fatal(err)
+	}
+	c.Stop(0) // and lose another one, so the restarted node must serve
+	write(5)
+	for k := range acked {
+		testutil.Eventually(t, 10*time.Second, func() error {
+			e, err := users.Get(ctx, k)
+			if err != nil {
+				return err
+			}
+			if e.Value.Name != k {
+				return fmt.Errorf("%s = %+v", k, e.Value)
+			}
+			return nil
+		})
+	}
+}
+
+func BenchmarkCachedSessionLookup(b *testing.B) {
+	_, js := setup(b)
+	ctx := context.Background()
+	sessions := open[kv.Session](b, js, kv.BucketSessions)
+	// Index by the raw hash so a lookup needs no hex encoding.
+	cache, err := kv.NewCache(ctx, sessions, ">", quiet, kv.IndexBy[kv.Session](func(k string) string {
+		raw, _ := hex.DecodeString(k[strings.IndexByte(k, '.')+1:])
+		return string(raw)
+	}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	sids := make([]string, 10000)
+	for i := range sids {
+		sids[i] = fmt.Sprintf("session-id-%032d", i)
+		sum := sha256.Sum256([]byte(sids[i]))
+		if _, err := sessions.Put(ctx, kv.SessionKey(fmt.Sprintf("user%d", i), hex.EncodeToString(sum[:])), kv.Session{User: "u"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-cache.Synced()
+	for cache.Len() < len(sids) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		sum := sha256.Sum256([]byte(sids[i%len(sids)]))
+		if _, ok := cache.GetBytes(sum[:]); !ok {
+			b.Fatal("miss")
+		}
+	}
+}

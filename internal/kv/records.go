@@ -1,0 +1,171 @@
+package kv
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Bucket names.
+const (
+	BucketSessions   = "sessions"
+	BucketUsers      = "users"
+	BucketSandboxes  = "sandboxes"
+	BucketHandshakes = "handshakes"
+	BucketRequests   = "requests"
+	BucketRateLimit  = "ratelimit"
+	BucketLocks      = "locks"
+)
+
+// BucketsConfig sizes the buckets for an environment.
+type BucketsConfig struct {
+	Replicas int
+	// SessionTTL is COOKIE_MAX_AGE: the longest a session can live.
+	SessionTTL time.Duration
+	// HandshakeTTL bounds how long a DSH auth cookie is kept.
+	HandshakeTTL time.Duration
+	// RequestTTL is how long a command's answer waits for its requester.
+	RequestTTL time.Duration
+	// RateWindow is AUTH_RATE_WINDOW; counters live two windows.
+	RateWindow time.Duration
+}
+
+// DefaultBucketsConfig is the development sizing.
+func DefaultBucketsConfig() BucketsConfig {
+	return BucketsConfig{
+		Replicas:     1,
+		SessionTTL:   7 * 24 * time.Hour,
+		HandshakeTTL: 23 * time.Hour,
+		RequestTTL:   15 * time.Minute,
+		RateWindow:   time.Minute,
+	}
+}
+
+// markerTTL is how long delete markers of expired keys stay, long enough for
+// every watcher to see them.
+const markerTTL = time.Minute
+
+// BucketConfigs returns every bucket definition.
+func BucketConfigs(c BucketsConfig) []jetstream.KeyValueConfig {
+	return []jetstream.KeyValueConfig{
+		{Bucket: BucketSessions, Description: "browser sessions by user and sid hash", TTL: c.SessionTTL, LimitMarkerTTL: markerTTL, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketUsers, Description: "accounts, mirrored from SandboxClaims", Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketSandboxes, Description: "sandbox phase per user, written by lifecycle", Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketHandshakes, Description: "sealed DSH auth cookies by user, pod and host", TTL: c.HandshakeTTL, LimitMarkerTTL: markerTTL, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketRequests, Description: "outcomes of commands a requester waits for", TTL: c.RequestTTL, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketRateLimit, Description: "auth attempts per client per window", TTL: 2 * c.RateWindow, LimitMarkerTTL: markerTTL, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketLocks, Description: "leases for one-active-replica roles", LimitMarkerTTL: markerTTL, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+	}
+}
+
+// EnsureBuckets creates the buckets or updates their configuration.
+func EnsureBuckets(ctx context.Context, js jetstream.JetStream, c BucketsConfig) error {
+	for _, bc := range BucketConfigs(c) {
+		if _, err := js.CreateOrUpdateKeyValue(ctx, bc); err != nil {
+			return fmt.Errorf("ensure bucket %s: %w", bc.Bucket, err)
+		}
+	}
+	return nil
+}
+
+// Session is a browser session. Its key is SessionKey(user, sha256(sid)).
+type Session struct {
+	User    string    `json:"user"`
+	Created time.Time `json:"created"`
+	Expires time.Time `json:"expires"`
+	// Via says how it started: signup, login or sso.
+	Via string `json:"via"`
+}
+
+// SessionKey is <user>.<hex sha256 of the session id>.
+func SessionKey(user, sidHash string) string { return user + "." + sidHash }
+
+// User is an account, mirrored from its SandboxClaim.
+type User struct {
+	Name      string    `json:"name"`
+	TokenHash string    `json:"token_hash,omitempty"`
+	Claim     string    `json:"claim"`
+	ClaimUID  string    `json:"claim_uid,omitempty"`
+	Managed   bool      `json:"managed"`
+	Created   time.Time `json:"created"`
+}
+
+// Phase is where a user's sandbox is in its life.
+type Phase string
+
+// Sandbox phases.
+const (
+	PhaseClaiming   Phase = "Claiming"
+	PhaseWaking     Phase = "Waking"
+	PhaseReady      Phase = "Ready"
+	PhaseSuspending Phase = "Suspending"
+	PhaseSuspended  Phase = "Suspended"
+	PhaseDeleting   Phase = "Deleting"
+	PhaseFailed     Phase = "Failed"
+)
+
+// Sandbox is the state of one user's sandbox as lifecycle last saw it.
+type Sandbox struct {
+	User    string `json:"user"`
+	Phase   Phase  `json:"phase"`
+	Managed bool   `json:"managed"`
+	Claim   string `json:"claim"`
+	Sandbox string `json:"sandbox,omitempty"`
+	PodName string `json:"pod_name,omitempty"`
+	PodUID  string `json:"pod_uid,omitempty"`
+	// Address is host:port of the DSH server (pod IP or Service FQDN).
+	Address string `json:"address,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	// ReadySince is when the sandbox last became Ready; the sweeper uses it
+	// as the idle clock of a sandbox nobody has touched through the gateway.
+	ReadySince time.Time `json:"ready_since,omitzero"`
+	Updated    time.Time `json:"updated"`
+}
+
+// Handshake is the outcome of a DSH launch-token handshake for one
+// (user, pod, host). Exactly one of Sealed and Error is set.
+type Handshake struct {
+	User   string `json:"user"`
+	PodUID string `json:"pod_uid"`
+	Host   string `json:"host"`
+	// Sealed is the DSH auth cookie ("name=value"), AES-GCM sealed.
+	Sealed []byte    `json:"sealed,omitempty"`
+	Error  string    `json:"error,omitempty"`
+	At     time.Time `json:"at"`
+}
+
+// HandshakeKey is <user>.<pod uid>.<host key>.
+func HandshakeKey(user, podUID, hostKey string) string { return user + "." + podUID + "." + hostKey }
+
+// Result is the answer to a command someone waits for.
+type Result struct {
+	RequestID string `json:"request_id"`
+	Verb      string `json:"verb"`
+	User      string `json:"user"`
+	// Outcome is created, conflict, deleted, recreated or failed.
+	Outcome string    `json:"outcome"`
+	Error   string    `json:"error,omitempty"`
+	At      time.Time `json:"at"`
+}
+
+// Outcomes.
+const (
+	OutcomeCreated   = "created"
+	OutcomeConflict  = "conflict"
+	OutcomeDeleted   = "deleted"
+	OutcomeRecreated = "recreated"
+	OutcomeFailed    = "failed"
+)
+
+// Counter is a rate-limit counter.
+type Counter struct {
+	N int `json:"n"`
+}
+
+// Holder is the value of a lease key.
+type Holder struct {
+	ID    string    `json:"id"`
+	Since time.Time `json:"since"`
+}

@@ -1,0 +1,83 @@
+// Package process is the start-up and shutdown every aaas binary shares:
+// signal handling, the JSON logger, NATS connection and provisioning, and
+// the metrics endpoint. The cmd packages call it and then wire their own
+// parts.
+package process
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/aaas-project/aaas/internal/config"
+	"github.com/aaas-project/aaas/internal/natsconn"
+	"github.com/aaas-project/aaas/internal/telemetry"
+)
+
+// Process is a started aaas process.
+type Process struct {
+	Name    string
+	Common  config.Common
+	Log     *slog.Logger
+	NC      *nats.Conn
+	JS      jetstream.JetStream
+	Metrics *prometheus.Registry
+	// Ctx ends on SIGINT or SIGTERM.
+	Ctx  context.Context
+	stop context.CancelFunc
+}
+
+// Start connects to NATS, provisions streams and buckets, and serves
+// metrics.
+func Start(name string, common config.Common) (*Process, error) {
+	log := telemetry.Logger(name, common.InstanceID, common.LogLevel)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	p := &Process{Name: name, Common: common, Log: log, Metrics: telemetry.Registry(), Ctx: ctx, stop: stop}
+
+	nc, js, err := natsconn.Connect(natsconn.Options{URL: common.NATSURL, Name: name + "/" + common.InstanceID, CredsFile: common.NATSCreds}, log)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	p.NC, p.JS = nc, js
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := natsconn.Provision(pctx, js, common.Streams, common.Buckets); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("provision nats: %w", err)
+	}
+	if err := telemetry.ServeMetrics(ctx, common.MetricsAddr, p.Metrics, log); err != nil {
+		p.Close()
+		return nil, err
+	}
+	log.Info("started", "nats", nc.ConnectedUrlRedacted())
+	return p, nil
+}
+
+// Close drains the NATS connection (flushing pending publishes) and
+// releases the signal handler.
+func (p *Process) Close() {
+	if p.NC != nil {
+		_ = p.NC.Drain()
+		deadline := time.Now().Add(5 * time.Second)
+		for !p.NC.IsClosed() && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	p.stop()
+}
+
+// Fatal reports a start-up error the way operators expect from every aaas
+// binary, then exits with status 1.
+func Fatal(name string, err error) {
+	fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+	os.Exit(1)
+}

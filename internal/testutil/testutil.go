@@ -1,0 +1,29 @@
+// Package testutil holds the small helpers tests share.
+package testutil
+
+import (
+	"testing"
+	"time"
+)
+
+// Eventually polls cond until it returns nil or timeout passes, then fails
+// the test with cond's last error. It is for asserting that a distributed
+// effect arrives; it never stands in for a sleep.
+func Eventually(t testing.TB, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	wait := 5 * time.Millisecond
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not true after %s: %v", timeout, err)
+		}
+		time.Sleep(wait)
+		if wait < 200*time.Millisecond {
+			wait *= 2
+		}
+	}
+}
