@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/aaas-project/aaas/internal/devstack"
@@ -15,9 +16,15 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	err := devstack.Run(ctx, devstack.Options{
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "devstack:", err)
+		os.Exit(1)
+	}
+	err = devstack.Run(ctx, devstack.Options{
 		StateDir: ".run",
 		NATSPort: 4222,
+		BinDir:   filepath.Dir(exe),
 		Out:      os.Stdout,
 		Log:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})

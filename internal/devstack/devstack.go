@@ -1,6 +1,7 @@
 // Package devstack runs the whole system on one machine for `make run`: an
-// embedded NATS server with the streams and buckets provisioned, and (as
-// the other processes land) the local control plane and the aaas processes.
+// embedded NATS server with the streams and buckets provisioned, a local
+// Kubernetes control plane (devcluster) with a warm pool of dshsim
+// sandboxes, and the aaas processes. Every run starts from a clean state.
 package devstack
 
 import (
@@ -8,26 +9,37 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/devcluster"
 	"github.com/aaas-project/aaas/internal/embednats"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/natsconn"
 )
 
+// Namespace is where the sandboxes live, as in the manifests.
+const Namespace = "dsh-demo"
+
 // Options configures a stack.
 type Options struct {
-	// StateDir keeps NATS data between runs (sessions survive a restart).
+	// StateDir holds NATS data, the cluster and logs; it is wiped at start.
 	StateDir string
 	NATSPort int
-	Out      io.Writer
-	Log      *slog.Logger
+	// BinDir holds the aaas binaries (dshsim, edge, lifecycle, sweeper).
+	BinDir string
+	Out    io.Writer
+	Log    *slog.Logger
 }
 
 // Run starts the stack and blocks until ctx ends, then stops everything.
 func Run(ctx context.Context, o Options) error {
+	start := time.Now()
+	if err := os.RemoveAll(o.StateDir); err != nil {
+		return fmt.Errorf("clean %s: %w", o.StateDir, err)
+	}
 	ns, err := embednats.Start(embednats.Options{Dir: filepath.Join(o.StateDir, "nats"), Port: o.NATSPort, Name: "devstack"})
 	if err != nil {
 		return fmt.Errorf("start nats: %w", err)
@@ -43,11 +55,27 @@ func Run(ctx context.Context, o Options) error {
 	if err := natsconn.Provision(pctx, js, events.DefaultStreamsConfig(), kv.DefaultBucketsConfig()); err != nil {
 		return err
 	}
-	fmt.Fprintf(o.Out, "aaas devstack\n  NATS      %s (JetStream, state in %s)\n  streams   %s, %s, %s\n  buckets   %s, %s, %s, %s, %s, %s, %s\nPress Ctrl-C to stop.\n",
-		ns.URL(), filepath.Join(o.StateDir, "nats"),
-		events.StreamCommands, events.StreamActivity, events.StreamAudit,
-		kv.BucketSessions, kv.BucketUsers, kv.BucketSandboxes, kv.BucketHandshakes, kv.BucketRequests, kv.BucketRateLimit, kv.BucketLocks)
+	fmt.Fprintf(o.Out, "NATS       %s (streams %s, %s, %s)\n", ns.URL(), events.StreamCommands, events.StreamActivity, events.StreamAudit)
+
+	fmt.Fprintln(o.Out, "starting the local control plane (etcd, kube-apiserver, kube-controller-manager, agent-sandbox)…")
+	cluster, err := devcluster.Start(ctx, devcluster.Options{
+		Dir:    filepath.Join(o.StateDir, "devcluster"),
+		DSHSim: filepath.Join(o.BinDir, "dshsim"),
+		Log:    o.Log,
+	})
+	if err != nil {
+		return fmt.Errorf("start devcluster: %w", err)
+	}
+	defer cluster.Stop()
+	if err := cluster.CreateNamespace(ctx, Namespace); err != nil {
+		return err
+	}
+	if err := cluster.InstallSandboxes(ctx, Namespace, nil); err != nil {
+		return fmt.Errorf("warm pool: %w", err)
+	}
+	fmt.Fprintf(o.Out, "Kubernetes %s\n           kubectl --kubeconfig %s -n %s get sandboxes,pods\n", cluster.Config.Host, cluster.Kubeconfig, Namespace)
+	fmt.Fprintf(o.Out, "ready in %s. Press Ctrl-C to stop.\n", time.Since(start).Round(100*time.Millisecond))
 	<-ctx.Done()
-	fmt.Fprintln(o.Out, "stopping")
+	fmt.Fprintln(o.Out, "stopping…")
 	return nil
 }

@@ -5,12 +5,16 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/devcluster/devclustertest"
 	"github.com/aaas-project/aaas/internal/devstack"
 	"github.com/aaas-project/aaas/internal/embednats"
 	"github.com/aaas-project/aaas/internal/testutil"
@@ -33,20 +37,25 @@ func TestRunStartsNATSAndStopsCleanly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	bin := t.TempDir()
+	if _, err := devclustertest.BuildBinary(bin, "github.com/aaas-project/aaas/cmd/dshsim"); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(t.TempDir(), "state")
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &syncBuffer{}
 	done := make(chan error, 1)
 	go func() {
-		done <- devstack.Run(ctx, devstack.Options{StateDir: t.TempDir(), NATSPort: port, Out: out, Log: slog.New(slog.DiscardHandler)})
+		done <- devstack.Run(ctx, devstack.Options{StateDir: state, NATSPort: port, BinDir: bin, Out: out, Log: slog.New(slog.DiscardHandler)})
 	}()
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	testutil.Eventually(t, 30*time.Second, func() error {
+	testutil.Eventually(t, 3*time.Minute, func() error {
 		if !strings.Contains(out.String(), "Press Ctrl-C") {
 			return net.UnknownNetworkError("not started: " + out.String())
 		}
 		return nil
 	})
-	for _, want := range []string{"AAAS_CMD", "AAAS_ACTIVITY", "AAAS_AUDIT", "sessions", "locks", "nats://" + addr} {
+	for _, want := range []string{"AAAS_CMD", "AAAS_ACTIVITY", "AAAS_AUDIT", "nats://" + addr, "--kubeconfig " + filepath.Join(state, "devcluster", "admin.kubeconfig")} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("banner lacks %q:\n%s", want, out.String())
 		}
@@ -63,5 +72,11 @@ func TestRunStartsNATSAndStopsCleanly(t *testing.T) {
 	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 		c.Close()
 		t.Fatal("NATS still listening after stop")
+	}
+	if _, err := os.Stat(filepath.Join(state, "devcluster", "etcd")); err == nil {
+		// The state dir is kept for inspection, but nothing may run from it.
+		if out, _ := exec.Command("pgrep", "-f", filepath.Join(state, "devcluster")).Output(); len(out) > 0 {
+			t.Fatalf("processes of the stack survived: %s", out)
+		}
 	}
 }

@@ -1,0 +1,367 @@
+// Package devcluster runs a real Kubernetes control plane on loopback for
+// tests and `make run`: etcd, kube-apiserver (RBAC, service-account
+// tokens), kube-controller-manager (garbage collector, namespace,
+// service-account and PVC-protection controllers), the agent-sandbox CRDs
+// and controller, and a simulated node that runs each pod's container as a
+// real dshsim process on its own loopback IP.
+package devcluster
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// Options configures a cluster.
+type Options struct {
+	// Dir holds all state; a new temp dir (removed on Stop) when empty.
+	Dir string
+	// DSHSim is the dshsim binary the simulated node runs for every
+	// container.
+	DSHSim string
+	// ProbePeriod caps probe periods so tests need not wait a pod's full
+	// periodSeconds (default 250ms).
+	ProbePeriod time.Duration
+	// CrashBackoff is the first restart delay of a crashed container; it
+	// doubles per restart up to 32x (default 500ms; the kubelet uses 10s).
+	CrashBackoff time.Duration
+	Log          *slog.Logger
+}
+
+// Cluster is a running control plane with one simulated node.
+type Cluster struct {
+	// Dir holds etcd data, certificates, kubeconfigs, logs, pod and volume
+	// directories.
+	Dir string
+	// Kubeconfig is the path of an admin (system:masters) kubeconfig.
+	Kubeconfig string
+	// Config and Client are admin access.
+	Config *rest.Config
+	Client kubernetes.Interface
+	// Node is the simulated node.
+	Node *Node
+
+	ownDir  bool
+	pki     *pki
+	server  string
+	procs   []*proc // in start order
+	cancel  context.CancelFunc
+	log     *slog.Logger
+	started time.Time
+}
+
+// Start brings the cluster up and returns once the agent-sandbox
+// controller is running and the node is Ready.
+func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
+	bins, err := findBinaries()
+	if err != nil {
+		return nil, err
+	}
+	if o.DSHSim == "" {
+		return nil, errors.New("devcluster: Options.DSHSim (the dshsim binary) is required")
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.ProbePeriod == 0 {
+		o.ProbePeriod = 250 * time.Millisecond
+	}
+	if o.CrashBackoff == 0 {
+		o.CrashBackoff = 500 * time.Millisecond
+	}
+	c := &Cluster{Dir: o.Dir, log: o.Log, started: time.Now()}
+	if c.Dir == "" {
+		if c.Dir, err = os.MkdirTemp("", "devcluster-"); err != nil {
+			return nil, fmt.Errorf("devcluster dir: %w", err)
+		}
+		c.ownDir = true
+	}
+	if c.Dir, err = filepath.Abs(c.Dir); err != nil {
+		return nil, fmt.Errorf("devcluster dir: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			c.Stop()
+		}
+	}()
+	for _, d := range []string{"logs", "etcd", "pods", "pvcs"} {
+		if err := os.MkdirAll(filepath.Join(c.Dir, d), 0o700); err != nil {
+			return nil, fmt.Errorf("devcluster dir: %w", err)
+		}
+	}
+	if c.pki, err = newPKI(filepath.Join(c.Dir, "pki")); err != nil {
+		return nil, err
+	}
+	if err := c.pki.all(); err != nil {
+		return nil, err
+	}
+
+	etcdURL, err := c.startEtcd(bins.etcd)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.startAPIServer(ctx, bins.apiserver, etcdURL); err != nil {
+		return nil, err
+	}
+	// CRDs before the controller manager: its garbage collector discovers
+	// resource types at start and otherwise only on a 30s resync, so claims
+	// deleted meanwhile would keep their sandboxes that long.
+	if err := c.installCRDs(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.startControllerManager(bins.controllerManager); err != nil {
+		return nil, err
+	}
+	if err := c.startAgentSandbox(bins.agentSandbox); err != nil {
+		return nil, err
+	}
+	nctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	if c.Node, err = startNode(nctx, c.Client, nodeOptions{
+		dir: c.Dir, dshsim: o.DSHSim, pki: c.pki, probePeriod: o.ProbePeriod, crashBackoff: o.CrashBackoff, log: o.Log,
+	}); err != nil {
+		return nil, err
+	}
+	c.log.Info("devcluster ready", "dir", c.Dir, "server", c.server, "took", time.Since(c.started).Round(time.Millisecond))
+	return c, nil
+}
+
+// Stop shuts down the node's pods and every control-plane process, newest
+// first, and removes the directory if Start created it. It is safe to call
+// more than once.
+func (c *Cluster) Stop() {
+	if c.Node != nil {
+		c.Node.shutdown()
+	}
+	if c.cancel != nil {
+		c.cancel()
+	}
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		c.procs[i].stop(10 * time.Second)
+	}
+	c.procs = nil
+	if c.ownDir && c.Dir != "" {
+		_ = os.RemoveAll(c.Dir)
+	}
+}
+
+// PIDs lists the control-plane and container processes still running.
+func (c *Cluster) PIDs() []int {
+	var pids []int
+	for _, p := range c.procs {
+		if !p.exited() {
+			pids = append(pids, p.pid())
+		}
+	}
+	if c.Node != nil {
+		pids = append(pids, c.Node.pids()...)
+	}
+	return pids
+}
+
+func (c *Cluster) start(name, bin string, args []string, env []string) (*proc, error) {
+	if env == nil {
+		env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + c.Dir}
+	}
+	p, err := startProc(name, bin, args, env, c.Dir, filepath.Join(c.Dir, "logs", name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	c.procs = append(c.procs, p)
+	return p, nil
+}
+
+// waitHealthy polls url until it answers 200, the process dies, or the
+// timeout passes; errors include the end of the process log.
+func (c *Cluster) waitHealthy(p *proc, url string, client *http.Client, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		resp, err := client.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if p.exited() {
+			return fmt.Errorf("%s exited: %v\n%s", p.name, p.err, p.logTail(20))
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not healthy after %s (%v)\n%s", p.name, timeout, err, p.logTail(20))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (c *Cluster) startEtcd(bin string) (string, error) {
+	cport, err := freePort()
+	if err != nil {
+		return "", err
+	}
+	pport, err := freePort()
+	if err != nil {
+		return "", err
+	}
+	client := "http://127.0.0.1:" + strconv.Itoa(cport)
+	peer := "http://127.0.0.1:" + strconv.Itoa(pport)
+	p, err := c.start("etcd", bin, []string{
+		"--name=devcluster",
+		"--data-dir=" + filepath.Join(c.Dir, "etcd"),
+		"--listen-client-urls=" + client, "--advertise-client-urls=" + client,
+		"--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
+		"--initial-cluster=devcluster=" + peer,
+		"--snapshot-count=100000",
+		"--quota-backend-bytes=4294967296",
+		"--log-level=warn",
+	}, nil)
+	if err != nil {
+		return "", err
+	}
+	return client, c.waitHealthy(p, client+"/health", http.DefaultClient, 30*time.Second)
+}
+
+func (c *Cluster) startAPIServer(ctx context.Context, bin, etcdURL string) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	c.server = "https://127.0.0.1:" + strconv.Itoa(port)
+	const issuer = "https://kubernetes.default.svc.cluster.local"
+	p, err := c.start("kube-apiserver", bin, []string{
+		"--etcd-servers=" + etcdURL,
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port=" + strconv.Itoa(port),
+		"--cert-dir=" + filepath.Join(c.Dir, "pki"),
+		"--tls-cert-file=" + c.pki.path("apiserver.crt"), "--tls-private-key-file=" + c.pki.path("apiserver.key"),
+		"--client-ca-file=" + c.pki.path("ca.crt"),
+		"--authorization-mode=RBAC",
+		"--service-account-issuer=" + issuer, "--api-audiences=" + issuer,
+		"--service-account-key-file=" + c.pki.path("sa.pub"),
+		"--service-account-signing-key-file=" + c.pki.path("sa.key"),
+		"--service-cluster-ip-range=10.0.0.0/24",
+		"--endpoint-reconciler-type=none",
+		"--kubelet-client-certificate=" + c.pki.path("apiserver-kubelet-client.crt"),
+		"--kubelet-client-key=" + c.pki.path("apiserver-kubelet-client.key"),
+		"--kubelet-preferred-address-types=InternalIP",
+		"--allow-privileged=true",
+		"--profiling=false",
+		"--enable-priority-and-fairness=false",
+		"--event-ttl=1h",
+		"--v=0",
+	}, nil)
+	if err != nil {
+		return err
+	}
+	if err := c.writeAdminKubeconfig(); err != nil {
+		return err
+	}
+	tr, err := rest.TransportFor(c.Config)
+	if err != nil {
+		return fmt.Errorf("admin transport: %w", err)
+	}
+	if err := c.waitHealthy(p, c.server+"/readyz", &http.Client{Transport: tr, Timeout: 5 * time.Second}, 90*time.Second); err != nil {
+		return err
+	}
+	c.Client, err = kubernetes.NewForConfig(c.Config)
+	if err != nil {
+		return fmt.Errorf("admin client: %w", err)
+	}
+	return nil
+}
+
+func (c *Cluster) writeAdminKubeconfig() error {
+	c.Config = &rest.Config{
+		Host: c.server,
+		TLSClientConfig: rest.TLSClientConfig{
+			CAFile: c.pki.path("ca.crt"), CertFile: c.pki.path("admin.crt"), KeyFile: c.pki.path("admin.key"),
+		},
+		QPS: 200, Burst: 400,
+	}
+	c.Kubeconfig = filepath.Join(c.Dir, "admin.kubeconfig")
+	return writeKubeconfig(c.Kubeconfig, c.server, c.pki.caPEM(), &clientcmdapi.AuthInfo{
+		ClientCertificate: c.pki.path("admin.crt"), ClientKey: c.pki.path("admin.key"),
+	})
+}
+
+func writeKubeconfig(path, server string, ca []byte, auth *clientcmdapi.AuthInfo) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["devcluster"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca}
+	cfg.AuthInfos["user"] = auth
+	cfg.Contexts["devcluster"] = &clientcmdapi.Context{Cluster: "devcluster", AuthInfo: "user", Namespace: "default"}
+	cfg.CurrentContext = "devcluster"
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		return fmt.Errorf("write kubeconfig %s: %w", path, err)
+	}
+	return nil
+}
+
+func (c *Cluster) startControllerManager(bin string) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	p, err := c.start("kube-controller-manager", bin, []string{
+		"--kubeconfig=" + c.Kubeconfig,
+		"--authentication-kubeconfig=" + c.Kubeconfig,
+		"--authorization-kubeconfig=" + c.Kubeconfig,
+		"--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,serviceaccount-token-controller,persistentvolumeclaim-protection-controller,root-ca-certificate-publisher-controller",
+		"--service-account-private-key-file=" + c.pki.path("sa.key"),
+		"--root-ca-file=" + c.pki.path("ca.crt"),
+		"--leader-elect=false",
+		"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(port),
+		"--cert-dir=" + filepath.Join(c.Dir, "pki", "kcm"),
+		"--use-service-account-credentials=false",
+		"--v=0",
+	}, nil)
+	if err != nil {
+		return err
+	}
+	insecure := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	return c.waitHealthy(p, "https://127.0.0.1:"+strconv.Itoa(port)+"/healthz", insecure, 60*time.Second)
+}
+
+func (c *Cluster) startAgentSandbox(bin string) error {
+	probe, err := freePort()
+	if err != nil {
+		return err
+	}
+	p, err := c.start("agent-sandbox-controller", bin, []string{
+		"--extensions", "--enable-webhook=false", "--leader-elect=false",
+		"--metrics-bind-address=0",
+		"--health-probe-bind-address=127.0.0.1:" + strconv.Itoa(probe),
+		"--kubeconfig=" + c.Kubeconfig,
+	}, nil)
+	if err != nil {
+		return err
+	}
+	return c.waitHealthy(p, "http://127.0.0.1:"+strconv.Itoa(probe)+"/readyz", http.DefaultClient, 60*time.Second)
+}
+
+// CAPool returns the cluster CA for clients that verify the API server.
+func (c *Cluster) CAPool() *x509.CertPool {
+	pool := x509.NewCertPool()
+	pool.AddCert(c.pki.caCert)
+	return pool
+}

@@ -1,0 +1,68 @@
+package devcluster
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	"github.com/aaas-project/aaas"
+)
+
+// toolsCache is where `make tools` puts the binaries, keyed by version.
+func toolsCache() string {
+	if d := os.Getenv("AAAS_TOOLS_CACHE"); d != "" {
+		return d
+	}
+	base := os.Getenv("XDG_CACHE_HOME")
+	if base == "" {
+		home, _ := os.UserHomeDir()
+		base = filepath.Join(home, ".cache")
+	}
+	return filepath.Join(base, "aaas", "tools")
+}
+
+// binaries locates every executable the control plane needs and says how
+// to get the missing ones.
+type binaries struct {
+	etcd, apiserver, controllerManager, agentSandbox string
+}
+
+func findBinaries() (binaries, error) {
+	cache := toolsCache()
+	b := binaries{
+		apiserver:         filepath.Join(cache, "kubernetes-"+aaas.Version("KUBERNETES_VERSION"), "kube-apiserver"),
+		controllerManager: filepath.Join(cache, "kubernetes-"+aaas.Version("KUBERNETES_VERSION"), "kube-controller-manager"),
+		agentSandbox:      filepath.Join(cache, "agent-sandbox-"+aaas.Version("AGENT_SANDBOX_VERSION"), "agent-sandbox-controller"),
+	}
+	etcd, err := exec.LookPath("etcd")
+	if err != nil {
+		return b, fmt.Errorf("etcd not found on PATH: run `make tools` (installs Debian's etcd-server)")
+	}
+	b.etcd = etcd
+	for _, p := range []string{b.apiserver, b.controllerManager, b.agentSandbox} {
+		if _, err := os.Stat(p); err != nil {
+			return b, fmt.Errorf("%s not built: run `make tools`", p)
+		}
+	}
+	return b, nil
+}
+
+// agentSandboxModuleDir returns the agent-sandbox module source (for its
+// CRDs), downloading it through the Go module proxy if needed.
+func agentSandboxModuleDir() (string, error) {
+	mod := "sigs.k8s.io/agent-sandbox@" + aaas.Version("AGENT_SANDBOX_VERSION")
+	out, err := exec.Command("go", "mod", "download", "-json", mod).Output()
+	if err != nil {
+		return "", fmt.Errorf("go mod download %s: %w", mod, err)
+	}
+	var info struct{ Dir, Error string }
+	if err := json.Unmarshal(out, &info); err != nil {
+		return "", fmt.Errorf("go mod download %s: %w", mod, err)
+	}
+	if info.Error != "" || info.Dir == "" {
+		return "", fmt.Errorf("go mod download %s: %s", mod, info.Error)
+	}
+	return info.Dir, nil
+}

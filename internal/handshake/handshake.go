@@ -1,0 +1,106 @@
+// Package handshake performs DSH Web's launch-token handshake on behalf of
+// the browser: it finds the newest launch token in the pod's log, trades it
+// for DSH's auth cookie, and seals that cookie so that reading NATS is not
+// enough to impersonate a user. Neither the token nor the cookie appears in
+// any error this package returns.
+package handshake
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+)
+
+// ErrNoToken means the log holds no launch-token line: DSH rotated it out
+// of the tail, printed it in a new format, or has not started.
+var ErrNoToken = errors.New("missing launch token")
+
+var (
+	ansi      = regexp.MustCompile(`\x1b\[[0-9;?]*[ -/]*[@-~]`)
+	tokenLine = regexp.MustCompile(`dsh web: https?://[^\s/]+/\?token=([A-Za-z0-9_-]{16,})(?:\s|$)`)
+)
+
+// TokenFromLog returns the token of the newest `dsh web: http://…/?token=…`
+// line, ignoring ANSI colour codes and any other output around it.
+func TokenFromLog(log []byte) (string, error) {
+	lines := strings.Split(ansi.ReplaceAllString(string(log), ""), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if m := tokenLine.FindStringSubmatch(strings.TrimRight(lines[i], "\r")); m != nil {
+			return m[1], nil
+		}
+	}
+	return "", ErrNoToken
+}
+
+// Request describes one handshake: where DSH listens and what the browser's
+// request looked like, since DSH checks the Host and keys nothing else.
+type Request struct {
+	// Address is DSH's host:port (pod IP or Service name).
+	Address string
+	Token   string
+	// Host is the browser's Host header, which DSH must trust.
+	Host   string
+	Proto  string
+	Prefix string
+}
+
+// Error is a handshake failure with a reason fit for users and logs.
+type Error struct {
+	// Status is DSH's HTTP status, 0 when it could not be reached.
+	Status int
+	Reason string
+}
+
+func (e *Error) Error() string { return e.Reason }
+
+// Exchange sends GET /?token=… to DSH and returns its auth cookie as
+// "name=value". client must not follow redirects (Client does not).
+func Exchange(ctx context.Context, client *http.Client, r Request) (string, error) {
+	u := "http://" + r.Address + "/?token=" + url.QueryEscape(r.Token)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return "", &Error{Reason: "handshake request could not be built"}
+	}
+	req.Host = r.Host
+	if r.Proto != "" {
+		req.Header.Set("X-Forwarded-Proto", r.Proto)
+	}
+	req.Header.Set("X-Forwarded-Host", r.Host)
+	if r.Prefix != "" {
+		req.Header.Set("X-Forwarded-Prefix", r.Prefix)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		// *url.Error carries the URL, and with it the token: keep only the cause.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return "", &Error{Reason: fmt.Sprintf("DSH at %s unreachable: %v", r.Address, err)}
+	}
+	resp.Body.Close()
+	switch {
+	case resp.StatusCode == http.StatusUnauthorized:
+		return "", &Error{Status: resp.StatusCode, Reason: "DSH rejected the launch token (401)"}
+	case resp.StatusCode == http.StatusForbidden:
+		return "", &Error{Status: resp.StatusCode, Reason: fmt.Sprintf("DSH does not trust host %q (403): add it to DSH_TRUSTED_HOSTS", r.Host)}
+	case resp.StatusCode >= 400:
+		return "", &Error{Status: resp.StatusCode, Reason: fmt.Sprintf("DSH answered the handshake with %d", resp.StatusCode)}
+	}
+	for _, c := range resp.Cookies() {
+		if strings.HasPrefix(c.Name, "dsh-auth-") && c.Value != "" {
+			return c.Name + "=" + c.Value, nil
+		}
+	}
+	return "", &Error{Status: resp.StatusCode, Reason: fmt.Sprintf("DSH answered the handshake with %d but set no dsh-auth cookie", resp.StatusCode)}
+}
+
+// Client is an HTTP client suited to Exchange: it does not follow
+// redirects (the 303 is the answer) and keeps no cookie jar.
+func Client() *http.Client {
+	return &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
