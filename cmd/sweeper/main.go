@@ -16,5 +16,6 @@ func main() {
 		process.Fatal("sweeper", err)
 	}
 	defer p.Close()
+	p.SetReady(func() bool { return true })
 	<-p.Ctx.Done()
 }

@@ -57,11 +57,24 @@ func TestSecretsAreNotEchoed(t *testing.T) {
 }
 
 func TestDefaults(t *testing.T) {
-	c, err := config.LoadLifecycle(config.FromMap(nil))
+	c, err := config.LoadLifecycle(config.FromMap(map[string]string{"HANDSHAKE_KEY": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="}))
 	if err != nil {
 		t.Fatal(err)
 	}
+	if c.Namespace != "dsh-demo" || c.ManagedKey != "aaas.example.com/managed-by" || c.ManagedValue != "dsh-gateway" || c.Port != 3080 {
+		t.Fatalf("lifecycle defaults = %+v", c)
+	}
 	if c.NATSURL != "nats://127.0.0.1:4222" || c.Streams.Replicas != 1 || c.InstanceID == "" {
 		t.Fatalf("defaults = %+v", c.Common)
+	}
+}
+
+func TestLifecycleRequiresAHandshakeKeyAndAValidLabel(t *testing.T) {
+	_, err := config.LoadLifecycle(config.FromMap(map[string]string{"MANAGED_BY_LABEL": "no-value", "HANDSHAKE_KEY": "c2hvcnQ="}))
+	if err == nil || !strings.Contains(err.Error(), "HANDSHAKE_KEY:") || !strings.Contains(err.Error(), "MANAGED_BY_LABEL:") {
+		t.Fatalf("err = %v", err)
+	}
+	if strings.Contains(err.Error(), "c2hvcnQ=") {
+		t.Fatal("the key's value was echoed in the error")
 	}
 }

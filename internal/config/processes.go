@@ -1,5 +1,13 @@
 package config
 
+import (
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/aaas-project/aaas/internal/handshake"
+)
+
 // Edge is the configuration of cmd/edge.
 type Edge struct {
 	Common
@@ -14,12 +22,92 @@ func LoadEdge(e *Env) (Edge, error) {
 // Lifecycle is the configuration of cmd/lifecycle.
 type Lifecycle struct {
 	Common
+	// Kubeconfig is KUBECONFIG; empty means in-cluster credentials.
+	Kubeconfig string
+	// Namespace is NAMESPACE, where claims, sandboxes and pods live.
+	Namespace string
+	// WarmPool is WARM_POOL, the SandboxWarmPool new claims draw from.
+	WarmPool string
+	// ManagedKey and ManagedValue come from MANAGED_BY_LABEL (key=value).
+	ManagedKey, ManagedValue string
+	// LogTailLines is DSH_LOG_TAIL_LINES, how much of the pod log is
+	// searched for the launch token.
+	LogTailLines int
+	// Container is DSH_CONTAINER; empty means the pod's first container.
+	Container string
+	// Port is DSH_PORT.
+	Port int
+	// UpstreamAddress is UPSTREAM_ADDRESS: pod-ip or service.
+	UpstreamAddress string
+	// HandshakeKey is HANDSHAKE_KEY: 32 bytes, base64 or hex.
+	HandshakeKey []byte
+	// Workers is COMMAND_WORKERS; MaxDeliver is COMMAND_MAX_DELIVER.
+	Workers, MaxDeliver int
+	// AckWait is COMMAND_ACK_WAIT: how long a command may go without a
+	// sign of life before another replica gets it.
+	AckWait time.Duration
+	// LeaseTTL is LEASE_TTL, for the one replica that mirrors Kubernetes.
+	LeaseTTL time.Duration
+	// RecreateTimeout is RECREATE_TIMEOUT, how long /recreate waits for
+	// the old sandbox to be gone.
+	RecreateTimeout time.Duration
 }
 
 // LoadLifecycle reads and validates the lifecycle worker's variables.
 func LoadLifecycle(e *Env) (Lifecycle, error) {
-	c := Lifecycle{Common: LoadCommon(e, ":9091")}
+	c := Lifecycle{
+		Common:          LoadCommon(e, ":9091"),
+		Kubeconfig:      e.String("KUBECONFIG", ""),
+		Namespace:       e.String("NAMESPACE", "dsh-demo"),
+		WarmPool:        e.String("WARM_POOL", "dsh-pool"),
+		LogTailLines:    e.Int("DSH_LOG_TAIL_LINES", 1000, 1, 100000),
+		Container:       e.String("DSH_CONTAINER", ""),
+		Port:            e.Int("DSH_PORT", 3080, 1, 65535),
+		UpstreamAddress: e.OneOf("UPSTREAM_ADDRESS", "pod-ip", "pod-ip", "service"),
+		HandshakeKey:    handshakeKey(e),
+		Workers:         e.Int("COMMAND_WORKERS", 16, 1, 1024),
+		MaxDeliver:      e.Int("COMMAND_MAX_DELIVER", 5, 1, 100),
+		AckWait:         e.Duration("COMMAND_ACK_WAIT", 30*time.Second, time.Second, 10*time.Minute),
+		LeaseTTL:        e.Duration("LEASE_TTL", 10*time.Second, time.Second, 5*time.Minute),
+		RecreateTimeout: e.Duration("RECREATE_TIMEOUT", 2*time.Minute, 5*time.Second, time.Hour),
+	}
+	c.ManagedKey, c.ManagedValue = managedLabel(e)
+	if !dns1123.MatchString(c.Namespace) {
+		e.Fail("NAMESPACE", "%q is not a valid namespace name", c.Namespace)
+	}
 	return c, e.Err()
+}
+
+var (
+	dns1123    = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+	labelKey   = regexp.MustCompile(`^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
+	labelValue = regexp.MustCompile(`^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$`)
+)
+
+func managedLabel(e *Env) (string, string) {
+	const def = "aaas.example.com/managed-by=dsh-gateway"
+	v := e.String("MANAGED_BY_LABEL", def)
+	k, val, ok := strings.Cut(v, "=")
+	if !ok || !labelKey.MatchString(k) || val == "" || !labelValue.MatchString(val) {
+		e.Fail("MANAGED_BY_LABEL", "%q is not a label key=value", v)
+		k, val, _ = strings.Cut(def, "=")
+	}
+	return k, val
+}
+
+// handshakeKey reads HANDSHAKE_KEY, the AES-256 key that seals DSH auth
+// cookies in NATS. The edge and lifecycle must share it.
+func handshakeKey(e *Env) []byte {
+	v := e.Secret("HANDSHAKE_KEY")
+	if v == "" {
+		e.Fail("HANDSHAKE_KEY", "required: 32 random bytes, base64 (e.g. `openssl rand -base64 32`)")
+		return nil
+	}
+	k, err := handshake.ParseKey(v)
+	if err != nil {
+		e.Fail("HANDSHAKE_KEY", "%v", err)
+	}
+	return k
 }
 
 // Sweeper is the configuration of cmd/sweeper.

@@ -44,8 +44,9 @@ type ConsumerConfig struct {
 	// alive with progress signals.
 	AckWait time.Duration
 	// Backoff is the delay before redelivery after the nth failure (the last
-	// value repeats). It applies both to explicit naks and, through the
-	// consumer's BackOff, to deliveries that were never acknowledged.
+	// value repeats), applied with a delayed nak. It is deliberately not the
+	// consumer's server-side BackOff: that would also replace AckWait for
+	// messages still being worked on, and redeliver long handlers early.
 	Backoff []time.Duration
 	// Workers handle messages concurrently.
 	Workers int
@@ -98,17 +99,11 @@ type Exhausted func(d Delivery, err error)
 // EnsureConsumer creates or updates the durable consumer.
 func EnsureConsumer(ctx context.Context, js jetstream.JetStream, c ConsumerConfig) (jetstream.Consumer, error) {
 	c = c.withDefaults()
-	// The server's BackOff list must have fewer entries than MaxDeliver.
-	bo := c.Backoff
-	if len(bo) >= c.MaxDeliver {
-		bo = bo[:c.MaxDeliver-1]
-	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, c.Stream, jetstream.ConsumerConfig{
 		Durable:        c.Durable,
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        c.AckWait,
 		MaxDeliver:     c.MaxDeliver,
-		BackOff:        bo,
 		FilterSubjects: c.FilterSubjects,
 		MaxAckPending:  c.Workers * 4,
 	})

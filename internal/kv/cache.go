@@ -154,6 +154,17 @@ func (c *Cache[T]) Len() int {
 	return len(c.items)
 }
 
+// Keys lists the keys of every entry.
+func (c *Cache[T]) Keys() []string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	keys := make([]string, 0, len(c.items))
+	for _, e := range c.items {
+		keys = append(keys, e.Key)
+	}
+	return keys
+}
+
 // Updates counts changes applied since start (for metrics and tests).
 func (c *Cache[T]) Updates() uint64 { return c.updates.Load() }
 

@@ -90,6 +90,9 @@ type User struct {
 	ClaimUID  string    `json:"claim_uid,omitempty"`
 	Managed   bool      `json:"managed"`
 	Created   time.Time `json:"created"`
+	// RecreatingSince is set while /recreate replaces the claim, so the
+	// account survives the moment its old claim is gone.
+	RecreatingSince time.Time `json:"recreating_since,omitzero"`
 }
 
 // Phase is where a user's sandbox is in its life.

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -31,8 +32,19 @@ type Process struct {
 	JS      jetstream.JetStream
 	Metrics *prometheus.Registry
 	// Ctx ends on SIGINT or SIGTERM.
-	Ctx  context.Context
-	stop context.CancelFunc
+	Ctx   context.Context
+	stop  context.CancelFunc
+	ready atomic.Pointer[func() bool]
+}
+
+// SetReady installs the check behind /readyz on the metrics port. Until
+// it is called the process reports not ready, so a probe never sees a
+// half-wired process as ready.
+func (p *Process) SetReady(ready func() bool) { p.ready.Store(&ready) }
+
+func (p *Process) isReady() bool {
+	f := p.ready.Load()
+	return f != nil && (*f)()
 }
 
 // Start connects to NATS, provisions streams and buckets, and serves
@@ -54,7 +66,7 @@ func Start(name string, common config.Common) (*Process, error) {
 		p.Close()
 		return nil, fmt.Errorf("provision nats: %w", err)
 	}
-	if err := telemetry.ServeMetrics(ctx, common.MetricsAddr, p.Metrics, log); err != nil {
+	if err := telemetry.ServeMetrics(ctx, common.MetricsAddr, p.Metrics, p.isReady, log); err != nil {
 		p.Close()
 		return nil, err
 	}

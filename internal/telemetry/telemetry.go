@@ -30,10 +30,11 @@ func Registry() *prometheus.Registry {
 	return r
 }
 
-// ServeMetrics serves /metrics on addr until ctx ends. An empty addr
-// disables it. It returns once the listener is bound, so a port clash is
-// reported at start.
-func ServeMetrics(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) error {
+// ServeMetrics serves /metrics, /healthz and /readyz on addr until ctx
+// ends; ready (nil means always) decides /readyz. An empty addr disables it.
+// It returns once the listener is bound, so a port clash is reported at
+// start.
+func ServeMetrics(ctx context.Context, addr string, reg *prometheus.Registry, ready func() bool, log *slog.Logger) error {
 	if addr == "" {
 		return nil
 	}
@@ -43,6 +44,14 @@ func ServeMetrics(ctx context.Context, addr string, reg *prometheus.Registry, lo
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if ready != nil && !ready() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()

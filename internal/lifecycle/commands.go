@@ -1,0 +1,358 @@
+package lifecycle
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/handshake"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/sandbox"
+)
+
+// permanentKube marks Kubernetes errors that retrying cannot fix.
+func permanentKube(err error) error {
+	if apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) {
+		return events.Permanent(err)
+	}
+	return err
+}
+
+func sameHash(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
+
+// claim creates the user's SandboxClaim. A user record or claim that
+// already carries this request's token hash is our own earlier create
+// (a redelivery), so it answers created, not conflict.
+func (w *Worker) claim(ctx context.Context, c events.Command) (string, error) {
+	hash := c.Claim.TokenHash
+	if u, err := w.users.Get(ctx, c.User); err == nil && !sameHash(u.Value.TokenHash, hash) {
+		return w.conflict(ctx, c, "account exists")
+	} else if err != nil && !errors.Is(err, kv.ErrNotFound) {
+		return "", err
+	}
+	claim, err := w.k8s.CreateClaim(ctx, c.User, hash)
+	if apierrors.IsAlreadyExists(err) {
+		if claim, err = w.k8s.GetClaim(ctx, c.User); err != nil {
+			return "", permanentKube(w.kubeErr("get claim", err))
+		}
+		if !w.k8s.Managed(claim) || !sameHash(claim.Annotations[sandbox.TokenHashAnnotation], hash) {
+			return w.conflict(ctx, c, "claim exists")
+		}
+	} else if err != nil {
+		return "", permanentKube(w.kubeErr("create claim", err))
+	}
+	if err := w.recordClaim(ctx, c.User, hash, claim); err != nil {
+		return "", err
+	}
+	if err := w.answer(ctx, c, kv.OutcomeCreated, ""); err != nil {
+		return "", err
+	}
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditClaim, User: c.User, RequestID: c.RequestID, Outcome: kv.OutcomeCreated, Detail: "SandboxClaim " + claim.Name})
+	return kv.OutcomeCreated, nil
+}
+
+// recordClaim writes the account and a first sandbox record for a claim
+// this gateway owns; the mirror refines the sandbox record from watches.
+func (w *Worker) recordClaim(ctx context.Context, user, hash string, claim *extv1beta1.SandboxClaim) error {
+	if _, err := w.users.Put(ctx, user, kv.User{
+		Name: user, TokenHash: hash, Claim: claim.Name, ClaimUID: string(claim.UID), Managed: true, Created: claim.CreationTimestamp.UTC(),
+	}); err != nil {
+		return err
+	}
+	_, err := w.sandboxes.Mutate(ctx, user, func(cur kv.Sandbox, ok bool) (kv.Sandbox, bool, error) {
+		fresh := kv.Sandbox{User: user, Phase: kv.PhaseClaiming, Managed: true, Claim: claim.Name, Updated: time.Now().UTC()}
+		return fresh, !ok || cur.Phase == kv.PhaseDeleting, nil
+	})
+	return err
+}
+
+func (w *Worker) conflict(ctx context.Context, c events.Command, why string) (string, error) {
+	if err := w.answer(ctx, c, kv.OutcomeConflict, why); err != nil {
+		return "", err
+	}
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditClaim, User: c.User, RequestID: c.RequestID, Outcome: kv.OutcomeConflict, Detail: why})
+	return kv.OutcomeConflict, nil
+}
+
+// wake sets the sandbox Running. The patch is idempotent, so it is sent
+// even when the cache already says Running: the cache may lag a suspend.
+func (w *Worker) wake(ctx context.Context, c events.Command) (string, error) {
+	st := w.k8s.Lookup(c.User)
+	if st.Sandbox == nil {
+		return "skipped", nil // no claim, or still claiming: it will run on its own
+	}
+	if err := w.k8s.SetMode(ctx, st.Sandbox.Name, sandboxv1beta1.SandboxOperatingModeRunning); err != nil {
+		return "", permanentKube(w.kubeErr("wake", err))
+	}
+	if st.Sandbox.Spec.OperatingMode != sandboxv1beta1.SandboxOperatingModeRunning {
+		w.pub.Audit(events.AuditEvent{Kind: events.AuditWake, User: c.User, Outcome: "woken", Detail: "sandbox " + st.Sandbox.Name})
+	}
+	return "woken", nil
+}
+
+// suspend is compare-and-suspend: it refuses when the user has any
+// activity newer than the sweeper saw, and it only ever sees claims with
+// the managed-by label (the claim informer selects on it).
+func (w *Worker) suspend(ctx context.Context, c events.Command) (string, error) {
+	st := w.k8s.Lookup(c.User)
+	if st.Claim == nil || !w.k8s.Managed(st.Claim) || st.Sandbox == nil {
+		return "skipped", nil
+	}
+	seq, err := w.lastActivity(ctx, c.User)
+	if err != nil {
+		return "", err
+	}
+	if seq > c.Suspend.ActivitySeq {
+		w.pub.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: c.User, Outcome: "cancelled",
+			Detail: fmt.Sprintf("activity %d is newer than the decision's %d", seq, c.Suspend.ActivitySeq)})
+		return "cancelled", nil
+	}
+	if st.Sandbox.Spec.OperatingMode == sandboxv1beta1.SandboxOperatingModeSuspended {
+		return "skipped", nil
+	}
+	if err := w.k8s.SetMode(ctx, st.Sandbox.Name, sandboxv1beta1.SandboxOperatingModeSuspended); err != nil {
+		return "", permanentKube(w.kubeErr("suspend", err))
+	}
+	if _, err := w.handshakes.PurgePrefix(ctx, c.User); err != nil {
+		return "", err
+	}
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: c.User, Outcome: "suspended",
+		Detail: fmt.Sprintf("sandbox %s idle since %s", st.Sandbox.Name, c.Suspend.IdleSince.Format(time.RFC3339))})
+	return "suspended", nil
+}
+
+// lastActivity is the newest activity-stream sequence for user (0: none).
+func (w *Worker) lastActivity(ctx context.Context, user string) (uint64, error) {
+	m, err := w.activity.GetLastMsgForSubject(ctx, events.ActivitySubjectUser(user))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("last activity of %s: %w", user, err)
+	}
+	return m.Sequence, nil
+}
+
+// delete removes the account: the claim (its sandbox and volume follow),
+// every session and handshake, and the records.
+func (w *Worker) delete(ctx context.Context, c events.Command) (string, error) {
+	claim, err := w.k8s.GetClaim(ctx, c.User)
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return "", permanentKube(w.kubeErr("get claim", err))
+	case !w.k8s.Managed(claim):
+		_ = w.answer(ctx, c, kv.OutcomeFailed, "claim is not managed by this gateway")
+		return "", events.Permanent(fmt.Errorf("claim %s is not managed by this gateway", claim.Name))
+	default:
+		if err := w.k8s.DeleteClaim(ctx, c.User, claim.UID, false); err != nil {
+			return "", permanentKube(w.kubeErr("delete claim", err))
+		}
+	}
+	if err := w.forget(ctx, c.User); err != nil {
+		return "", err
+	}
+	if err := w.answer(ctx, c, kv.OutcomeDeleted, ""); err != nil {
+		return "", err
+	}
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditDelete, User: c.User, RequestID: c.RequestID, Outcome: kv.OutcomeDeleted})
+	return kv.OutcomeDeleted, nil
+}
+
+// forget drops everything KV holds about a user.
+func (w *Worker) forget(ctx context.Context, user string) error {
+	if _, err := w.sessions.PurgePrefix(ctx, user); err != nil {
+		return err
+	}
+	if _, err := w.handshakes.PurgePrefix(ctx, user); err != nil {
+		return err
+	}
+	if err := w.users.Purge(ctx, user); err != nil {
+		return err
+	}
+	return w.sandboxes.Purge(ctx, user)
+}
+
+// recreate replaces the user's sandbox and volume with fresh ones under the
+// same account and token, and signs every session out. The account record
+// is marked first, so that the moment without a claim is not mistaken for
+// a deletion and nobody else can sign up under the name.
+func (w *Worker) recreate(ctx context.Context, c events.Command) (string, error) {
+	u, err := w.users.Mutate(ctx, c.User, func(cur kv.User, ok bool) (kv.User, bool, error) {
+		if !ok {
+			return cur, false, events.Permanent(fmt.Errorf("no account %q", c.User))
+		}
+		if cur.RecreatingSince.IsZero() {
+			cur.RecreatingSince = time.Now().UTC()
+			return cur, true, nil
+		}
+		return cur, false, nil
+	})
+	if err != nil {
+		if events.IsPermanent(err) {
+			_ = w.answer(ctx, c, kv.OutcomeFailed, err.Error())
+		}
+		return "", err
+	}
+	if _, err := w.sessions.PurgePrefix(ctx, c.User); err != nil {
+		return "", err
+	}
+	if _, err := w.handshakes.PurgePrefix(ctx, c.User); err != nil {
+		return "", err
+	}
+
+	old, err := w.k8s.GetClaim(ctx, c.User)
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return "", permanentKube(w.kubeErr("get claim", err))
+	case !w.k8s.Managed(old):
+		return "", events.Permanent(fmt.Errorf("claim %s is not managed by this gateway", old.Name))
+	case string(old.UID) != u.Value.ClaimUID && sameHash(old.Annotations[sandbox.TokenHashAnnotation], u.Value.TokenHash):
+		// Already re-created by an earlier delivery of this command.
+	default:
+		if err := w.replace(ctx, c.User, old.UID); err != nil {
+			return "", err
+		}
+	}
+
+	claim, err := w.k8s.CreateClaim(ctx, c.User, u.Value.TokenHash)
+	if apierrors.IsAlreadyExists(err) {
+		claim, err = w.k8s.GetClaim(ctx, c.User)
+	}
+	if err != nil {
+		return "", permanentKube(w.kubeErr("create claim", err))
+	}
+	if err := w.recordClaim(ctx, c.User, u.Value.TokenHash, claim); err != nil {
+		return "", err
+	}
+	if err := w.answer(ctx, c, kv.OutcomeRecreated, ""); err != nil {
+		return "", err
+	}
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditRecreate, User: c.User, RequestID: c.RequestID, Outcome: kv.OutcomeRecreated, Detail: "SandboxClaim " + claim.Name})
+	return kv.OutcomeRecreated, nil
+}
+
+// replace deletes the old claim and waits, on the informer caches, until
+// it and its sandbox and pod are gone.
+func (w *Worker) replace(ctx context.Context, user string, uid types.UID) error {
+	old := w.k8s.Lookup(user).Sandbox
+	if err := w.k8s.DeleteClaim(ctx, user, uid, true); err != nil {
+		return permanentKube(w.kubeErr("delete claim", err))
+	}
+	if _, err := w.sandboxes.Put(ctx, user, kv.Sandbox{User: user, Phase: kv.PhaseDeleting, Managed: true, Updated: time.Now().UTC()}); err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, w.o.RecreateTimeout)
+	defer cancel()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for !(w.k8s.ClaimGone(user, uid) && (old == nil || w.k8s.SandboxGone(old.Name))) {
+		select {
+		case <-wctx.Done():
+			return fmt.Errorf("old sandbox of %s not gone after %s", user, w.o.RecreateTimeout)
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// handshake reads the launch token from the pod log, trades it for DSH's
+// auth cookie with the browser's Host, and stores the cookie sealed. A
+// failure is stored too, with its reason, so the waiting edge can say why.
+func (w *Worker) handshake(ctx context.Context, c events.Command) (string, error) {
+	a := c.Handshake
+	key := kv.HandshakeKey(c.User, a.PodUID, events.HostKey(a.Host))
+	st, ok := w.podFor(ctx, c.User, a.PodUID)
+	if !ok {
+		return w.handshakeFailed(ctx, c, key, errPodChanged)
+	}
+	req := handshake.Request{Address: w.k8s.Address(st), Host: a.Host, Proto: a.Proto, Prefix: a.Prefix}
+	var cookie string
+	for attempt := 0; ; attempt++ {
+		log, err := w.k8s.LogTail(ctx, st.Pod, w.o.LogTailLines)
+		if err != nil {
+			if err = permanentKube(w.kubeErr("pod log", err)); events.IsPermanent(err) {
+				return w.handshakeFailed(ctx, c, key, fmt.Errorf("cannot read the DSH log: %w", err))
+			}
+			return "", err
+		}
+		if req.Token, err = handshake.TokenFromLog(log); err != nil {
+			return w.handshakeFailed(ctx, c, key, err)
+		}
+		cookie, err = handshake.Exchange(ctx, w.http, req)
+		var herr *handshake.Error
+		// A 401 right after reading the log means DSH rotated its token in
+		// between: read the log once more.
+		if errors.As(err, &herr) && herr.Status == 401 && attempt == 0 {
+			continue
+		}
+		if err != nil {
+			return w.handshakeFailed(ctx, c, key, err)
+		}
+		break
+	}
+	sealed := w.o.Sealer.Seal([]byte(cookie), []byte(key))
+	if _, err := w.handshakes.Put(ctx, key, kv.Handshake{User: c.User, PodUID: a.PodUID, Host: a.Host, Sealed: sealed, At: time.Now().UTC()}, kv.WithTTL(w.o.HandshakeTTL)); err != nil {
+		return "", err
+	}
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditHandshake, User: c.User, Outcome: "ok", Detail: "pod " + a.PodUID + " host " + a.Host})
+	return "ok", nil
+}
+
+// podFor waits briefly for this replica's cache to show the pod the edge
+// asked about: the edge learnt its UID from the mirror, which may run on a
+// replica whose informer is a little ahead of ours.
+func (w *Worker) podFor(ctx context.Context, user, podUID string) (sandbox.State, bool) {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		st := w.k8s.Lookup(user)
+		if st.Pod != nil && string(st.Pod.UID) == podUID && st.Pod.DeletionTimestamp == nil {
+			return st, true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return st, false
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// failedHandshakeTTL keeps a failure long enough for the waiting edge to
+// read it, not so long that it shadows a later success.
+const failedHandshakeTTL = time.Minute
+
+var errPodChanged = errors.New("the sandbox's pod changed or stopped before the handshake")
+
+func (w *Worker) handshakeFailed(ctx context.Context, c events.Command, key string, cause error) (string, error) {
+	w.m.handshakeFailures.WithLabelValues(failureLabel(cause)).Inc()
+	if _, err := w.handshakes.Put(ctx, key, kv.Handshake{User: c.User, PodUID: c.Handshake.PodUID, Host: c.Handshake.Host, Error: cause.Error(), At: time.Now().UTC()}, kv.WithTTL(failedHandshakeTTL)); err != nil {
+		return "", err
+	}
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditHandshakeFailed, User: c.User, Outcome: "failed", Detail: cause.Error()})
+	return "failed", nil
+}
+
+func failureLabel(err error) string {
+	var herr *handshake.Error
+	switch {
+	case errors.Is(err, handshake.ErrNoToken):
+		return "missing_token"
+	case errors.Is(err, errPodChanged):
+		return "pod_changed"
+	case errors.As(err, &herr) && herr.Status == 0:
+		return "unreachable"
+	case errors.As(err, &herr):
+		return "dsh_" + strconv.Itoa(herr.Status)
+	}
+	return "other"
+}

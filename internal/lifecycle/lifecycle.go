@@ -1,0 +1,227 @@
+// Package lifecycle executes the gateway's commands against Kubernetes and
+// mirrors Kubernetes state into KV. It is the only part of the system with
+// Kubernetes credentials: edges and the sweeper ask, lifecycle acts.
+//
+// Every handler is idempotent, because a command may be delivered again
+// after a crash, and acknowledges only once its effect is durable.
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/handshake"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/sandbox"
+)
+
+// Options wires a Worker.
+type Options struct {
+	Cluster         *sandbox.Cluster
+	JS              jetstream.JetStream
+	Publisher       *events.Publisher
+	Sealer          *handshake.Sealer
+	LogTailLines    int
+	HandshakeTTL    time.Duration
+	RecreateTimeout time.Duration
+	Log             *slog.Logger
+	Metrics         prometheus.Registerer
+}
+
+// Worker handles commands and, while it holds the lease, runs the mirror.
+type Worker struct {
+	o        Options
+	log      *slog.Logger
+	m        *metrics
+	pub      *events.Publisher
+	k8s      *sandbox.Cluster
+	activity jetstream.Stream
+	http     *http.Client
+
+	users      *kv.Bucket[kv.User]
+	sandboxes  *kv.Bucket[kv.Sandbox]
+	sessions   *kv.Bucket[kv.Session]
+	handshakes *kv.Bucket[kv.Handshake]
+	requests   *kv.Bucket[kv.Result]
+	userCache  *kv.Cache[kv.User]
+	boxCache   *kv.Cache[kv.Sandbox]
+
+	locks  keyedMutex
+	mirror *mirror
+}
+
+// New opens the buckets and caches Worker needs; ctx bounds the caches.
+func New(ctx context.Context, o Options) (*Worker, error) {
+	w := &Worker{o: o, log: o.Log, m: newMetrics(o.Metrics), pub: o.Publisher, k8s: o.Cluster, http: handshake.Client()}
+	var err error
+	if w.users, err = kv.Open[kv.User](ctx, o.JS, kv.BucketUsers); err != nil {
+		return nil, err
+	}
+	if w.sandboxes, err = kv.Open[kv.Sandbox](ctx, o.JS, kv.BucketSandboxes); err != nil {
+		return nil, err
+	}
+	if w.sessions, err = kv.Open[kv.Session](ctx, o.JS, kv.BucketSessions); err != nil {
+		return nil, err
+	}
+	if w.handshakes, err = kv.Open[kv.Handshake](ctx, o.JS, kv.BucketHandshakes); err != nil {
+		return nil, err
+	}
+	if w.requests, err = kv.Open[kv.Result](ctx, o.JS, kv.BucketRequests); err != nil {
+		return nil, err
+	}
+	if w.activity, err = o.JS.Stream(ctx, events.StreamActivity); err != nil {
+		return nil, fmt.Errorf("activity stream: %w", err)
+	}
+	if w.userCache, err = kv.NewCache(ctx, w.users, ">", o.Log); err != nil {
+		return nil, err
+	}
+	if w.boxCache, err = kv.NewCache(ctx, w.sandboxes, ">", o.Log); err != nil {
+		return nil, err
+	}
+	w.mirror = newMirror(w)
+	if err := o.Cluster.OnChange(w.mirror.enqueue); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// Ready reports whether the caches the handlers read are complete.
+func (w *Worker) Ready() bool {
+	return w.k8s.Healthy() && w.userCache.IsSynced() && w.boxCache.IsSynced()
+}
+
+// Handle is the events.Handler for the command stream.
+func (w *Worker) Handle(ctx context.Context, d events.Delivery) error {
+	c, err := events.Decode[events.Command](d.Data)
+	if err == nil {
+		err = c.Validate()
+	}
+	if err != nil {
+		return events.Permanent(fmt.Errorf("undecodable command on %s: %w", d.Subject, err))
+	}
+	unlock := w.locks.lock(c.User)
+	defer unlock()
+	w.log.Debug("command received", "verb", c.Verb, "user", c.User, "delivered", d.Delivered)
+
+	start := time.Now()
+	// A command whose requester already has an answer was done by an
+	// earlier delivery; doing it again could undo what followed it (a
+	// second recreate would wipe the fresh sandbox).
+	if c.RequestID != "" {
+		if prev, err := w.requests.Get(ctx, c.RequestID); err == nil && prev.Value.Outcome != kv.OutcomeFailed {
+			w.m.commands.WithLabelValues(string(c.Verb), "duplicate").Observe(time.Since(start).Seconds())
+			return nil
+		}
+	}
+	outcome, err := w.dispatch(ctx, c)
+	switch {
+	case err == nil:
+	case events.IsPermanent(err):
+		outcome = "failed"
+	default:
+		outcome = "retry"
+	}
+	w.m.commands.WithLabelValues(string(c.Verb), outcome).Observe(time.Since(start).Seconds())
+	if err != nil {
+		w.log.Warn("command failed", "verb", c.Verb, "user", c.User, "delivered", d.Delivered, "err", err)
+	} else {
+		w.log.Info("command done", "verb", c.Verb, "user", c.User, "outcome", outcome, "took", time.Since(start).Round(time.Millisecond).String())
+	}
+	return err
+}
+
+func (w *Worker) dispatch(ctx context.Context, c events.Command) (string, error) {
+	switch c.Verb {
+	case events.VerbClaim:
+		return w.claim(ctx, c)
+	case events.VerbWake:
+		return w.wake(ctx, c)
+	case events.VerbSuspend:
+		return w.suspend(ctx, c)
+	case events.VerbDelete:
+		return w.delete(ctx, c)
+	case events.VerbRecreate:
+		return w.recreate(ctx, c)
+	case events.VerbHandshake:
+		return w.handshake(ctx, c)
+	}
+	return "", events.Permanent(fmt.Errorf("unknown verb %q", c.Verb))
+}
+
+// Exhausted records a command that will never be handled, and answers its
+// requester so nobody waits for it in vain.
+func (w *Worker) Exhausted(d events.Delivery, err error) {
+	c, derr := events.Decode[events.Command](d.Data)
+	user, verb, req := "", events.Verb(""), ""
+	if derr == nil {
+		user, verb, req = c.User, c.Verb, c.RequestID
+	}
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditCommandFailed, User: user, RequestID: req, Outcome: "exhausted",
+		Detail: fmt.Sprintf("%s command (stream seq %d, %d deliveries) failed: %v", verb, d.StreamSeq, d.Delivered, err)})
+	if req != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = w.answer(ctx, c, kv.OutcomeFailed, err.Error())
+	}
+}
+
+// answer records the outcome of a command its requester waits for.
+func (w *Worker) answer(ctx context.Context, c events.Command, outcome, msg string) error {
+	if c.RequestID == "" {
+		return nil
+	}
+	_, err := w.requests.Put(ctx, c.RequestID, kv.Result{RequestID: c.RequestID, Verb: string(c.Verb), User: c.User, Outcome: outcome, Error: msg, At: time.Now().UTC()})
+	return err
+}
+
+// kubeErr counts a failed Kubernetes call and passes the error on.
+func (w *Worker) kubeErr(op string, err error) error {
+	if err != nil && !errors.Is(err, context.Canceled) {
+		w.m.kubeErrors.WithLabelValues(op).Inc()
+	}
+	return err
+}
+
+// keyedMutex serialises work on one user inside this process, so a
+// command and the mirror never interleave their writes for the same user.
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[string]*keyedLock
+}
+
+type keyedLock struct {
+	mu   sync.Mutex
+	refs int
+}
+
+func (k *keyedMutex) lock(key string) func() {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[string]*keyedLock{}
+	}
+	l := k.locks[key]
+	if l == nil {
+		l = &keyedLock{}
+		k.locks[key] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		k.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(k.locks, key)
+		}
+		k.mu.Unlock()
+	}
+}

@@ -1,0 +1,183 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/sandbox"
+)
+
+// recreateGrace is how long an account marked as being recreated keeps its
+// record without a claim before the mirror treats it as deleted.
+const recreateGrace = 30 * time.Minute
+
+// mirror writes what the informers see into the users and sandboxes
+// buckets. Every replica's informers feed its queue, but only the replica
+// holding the lease drains it, so exactly one writer mirrors at a time.
+type mirror struct {
+	w     *Worker
+	queue workqueue.TypedRateLimitingInterface[string]
+}
+
+func newMirror(w *Worker) *mirror {
+	return &mirror{w: w, queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
+}
+
+func (m *mirror) enqueue(user string) { m.queue.Add(user) }
+
+// Lead mirrors until ctx ends: first every user Kubernetes or KV knows,
+// then whatever changes. The lease runs it.
+func (w *Worker) Lead(ctx context.Context) {
+	m := w.mirror
+	w.m.leading.Set(1)
+	defer w.m.leading.Set(0)
+	w.log.Info("mirroring kubernetes into kv")
+	for _, u := range w.k8s.Users() {
+		m.enqueue(u)
+	}
+	// KV may know users whose claims vanished while no replica mirrored.
+	for _, u := range append(w.userCache.Keys(), w.boxCache.Keys()...) {
+		m.enqueue(u)
+	}
+	for ctx.Err() == nil {
+		user, shutdown := m.getWithContext(ctx)
+		if shutdown {
+			return
+		}
+		if err := m.reconcile(ctx, user); err != nil && ctx.Err() == nil {
+			w.log.Warn("mirror failed; retrying", "user", user, "err", err)
+			m.queue.AddRateLimited(user)
+		} else {
+			m.queue.Forget(user)
+		}
+		m.queue.Done(user)
+	}
+}
+
+// getWithContext is queue.Get that gives up when ctx ends, without
+// shutting the queue down (another term of leadership may follow).
+func (m *mirror) getWithContext(ctx context.Context) (string, bool) {
+	type item struct {
+		key      string
+		shutdown bool
+	}
+	ch := make(chan item, 1)
+	go func() {
+		k, s := m.queue.Get()
+		ch <- item{k, s}
+	}()
+	select {
+	case it := <-ch:
+		return it.key, it.shutdown
+	case <-ctx.Done():
+		// Hand the item we may still receive back to the queue.
+		go func() {
+			it := <-ch
+			if !it.shutdown {
+				m.queue.Add(it.key)
+				m.queue.Done(it.key)
+			}
+		}()
+		return "", true
+	}
+}
+
+func (m *mirror) reconcile(ctx context.Context, user string) error {
+	w := m.w
+	st := w.k8s.Lookup(user)
+	if st.Claim == nil {
+		return m.claimGone(ctx, user)
+	}
+	if err := m.syncUser(ctx, user, st); err != nil {
+		return err
+	}
+	prev, _ := w.boxCache.Get(user)
+	next := w.k8s.Derive(user, st, prev.Value)
+	if sameRecord(prev.Value, next) {
+		return nil
+	}
+	if _, err := w.sandboxes.Put(ctx, user, next); err != nil {
+		return err
+	}
+	w.m.mirrorWrites.WithLabelValues(kv.BucketSandboxes).Inc()
+	if prev.Value.PodUID != "" && prev.Value.PodUID != next.PodUID {
+		// The cookie of a pod that is gone can never work again.
+		if _, err := w.handshakes.PurgePrefix(ctx, user+"."+prev.Value.PodUID); err != nil {
+			return err
+		}
+	}
+	if prev.Value.Phase != next.Phase {
+		w.pub.Audit(events.AuditEvent{Kind: events.AuditStateChange, User: user, Outcome: string(next.Phase),
+			Detail: string(prev.Value.Phase) + " -> " + string(next.Phase) + reason(next.Reason)})
+	}
+	return nil
+}
+
+func reason(r string) string {
+	if r == "" {
+		return ""
+	}
+	return ": " + r
+}
+
+// syncUser keeps the account record in step with its claim, for claims
+// created or changed outside a command (a lifecycle crash between creating
+// the claim and writing the record, or an operator's edit).
+func (m *mirror) syncUser(ctx context.Context, user string, st sandbox.State) error {
+	w := m.w
+	cur, ok := w.userCache.Get(user)
+	hash := st.Claim.Annotations[sandbox.TokenHashAnnotation]
+	if ok && cur.Value.ClaimUID == string(st.Claim.UID) && cur.Value.TokenHash == hash {
+		return nil
+	}
+	if ok && !cur.Value.RecreatingSince.IsZero() {
+		return nil // the recreate command owns the record until it is done
+	}
+	_, err := w.users.Put(ctx, user, kv.User{Name: user, TokenHash: hash, Claim: st.Claim.Name, ClaimUID: string(st.Claim.UID), Managed: true, Created: st.Claim.CreationTimestamp.UTC()})
+	if err == nil {
+		w.m.mirrorWrites.WithLabelValues(kv.BucketUsers).Inc()
+	}
+	return err
+}
+
+// claimGone removes a user whose claim was deleted outside the gateway
+// (kubectl delete), with their sessions, unless a recreate is under way.
+// The cache may lag a fresh create, so the API server has the last word.
+func (m *mirror) claimGone(ctx context.Context, user string) error {
+	w := m.w
+	u, hasUser := w.userCache.Get(user)
+	_, hasBox := w.boxCache.Get(user)
+	if !hasUser && !hasBox {
+		return nil
+	}
+	if hasUser && !u.Value.RecreatingSince.IsZero() && time.Since(u.Value.RecreatingSince) < recreateGrace {
+		return nil
+	}
+	claim, err := w.k8s.GetClaim(ctx, user)
+	if err == nil && w.k8s.Managed(claim) {
+		return errors.New("claim exists but is not in the cache yet")
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		return w.kubeErr("get claim", err)
+	}
+	if err := w.forget(ctx, user); err != nil {
+		return err
+	}
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditDelete, User: user, Outcome: kv.OutcomeDeleted, Detail: "claim removed outside the gateway"})
+	return nil
+}
+
+// sameRecord compares records without their timestamps.
+func sameRecord(a, b kv.Sandbox) bool {
+	if !a.ReadySince.Equal(b.ReadySince) {
+		return false
+	}
+	a.Updated, b.Updated, a.ReadySince, b.ReadySince = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	return a == b
+}

@@ -1,0 +1,172 @@
+package lifecycle_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/testutil"
+)
+
+// TestLifecycleRoleIsMinimal removes each verb of the manifests' Role in
+// turn and shows that some flow breaks without it. Together with the flow
+// tests, which pass under the full Role, this makes the Role exactly what
+// lifecycle needs.
+func TestLifecycleRoleIsMinimal(t *testing.T) {
+	f := setup(t, nil)
+	full := f.ns.Role.DeepCopy()
+	f.lifecycle("lc-full")
+	f.signup("mo")
+
+	n := 0
+	probes := map[string]func(t *testing.T, verb string){
+		// Informers: without list or watch a fresh worker never reports ready.
+		"sandboxclaims/list": f.notReady, "sandboxclaims/watch": f.notReady,
+		"sandboxes/list": f.notReady, "sandboxes/watch": f.notReady,
+		"pods/list": f.notReady, "pods/watch": f.notReady,
+		"sandboxclaims/create": func(t *testing.T, _ string) {
+			n++
+			if res := f.command(events.NewClaim(fmt.Sprintf("new%d", n), fmt.Sprintf("req-new-%d", n), tokenHash())); res.Outcome != kv.OutcomeFailed {
+				t.Fatalf("signup without create: %+v", res)
+			}
+		},
+		"sandboxclaims/get": func(t *testing.T, _ string) {
+			if res := f.command(events.NewDelete("mo", "req-del-get")); res.Outcome != kv.OutcomeFailed {
+				t.Fatalf("delete without get: %+v", res)
+			}
+		},
+		"sandboxclaims/delete": func(t *testing.T, _ string) {
+			if res := f.command(events.NewDelete("mo", "req-del-delete")); res.Outcome != kv.OutcomeFailed {
+				t.Fatalf("delete without delete: %+v", res)
+			}
+		},
+		"sandboxes/patch": func(t *testing.T, _ string) {
+			box, _ := f.boxes.Get("mo")
+			f.command(events.NewSuspend("mo", f.lastActivitySeq("mo"), box.Revision, time.Now()))
+			testutil.Eventually(t, 30*time.Second, func() error {
+				if !strings.Contains(f.auditText(), `"kind":"command_failed","user":"mo"`) {
+					return errors.New("no failure recorded")
+				}
+				return nil
+			})
+			if b, _ := f.boxes.Get("mo"); b.Value.Phase != kv.PhaseReady {
+				t.Fatalf("phase %s after a refused suspend", b.Value.Phase)
+			}
+		},
+		"pods/log/get": func(t *testing.T, _ string) {
+			_, failure := f.handshake("mo", "localhost", f.handshakeRev("mo"))
+			if !strings.Contains(failure, "forbidden") {
+				t.Fatalf("handshake without pods/log: %q", failure)
+			}
+		},
+	}
+
+	for i, rule := range full.Rules {
+		for _, verb := range rule.Verbs {
+			name := rule.Resources[0] + "/" + verb
+			probe, ok := probes[name]
+			if !ok {
+				t.Fatalf("the Role grants %s but no test shows it is needed", name)
+			}
+			delete(probes, name)
+			t.Run(strings.ReplaceAll(name, "/", "_"), func(t *testing.T) {
+				reduced := full.DeepCopy()
+				if reduced.Rules[i].Verbs = without(rule.Verbs, verb); len(reduced.Rules[i].Verbs) == 0 {
+					reduced.Rules = append(reduced.Rules[:i], reduced.Rules[i+1:]...)
+				}
+				f.setRole(t, reduced, rule, verb, false)
+				defer f.setRole(t, full, rule, verb, true)
+				probe(t, verb)
+			})
+		}
+	}
+	for name := range probes {
+		t.Errorf("probe %s has no verb in the Role", name)
+	}
+}
+
+func without(verbs []string, v string) []string {
+	var out []string
+	for _, x := range verbs {
+		if x != v {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// setRole writes the Role and waits until the API server's authorizer
+// agrees that verb on rule's resource is allowed (or not).
+func (f *fixture) setRole(t *testing.T, role *rbacv1.Role, rule rbacv1.PolicyRule, verb string, allowed bool) {
+	t.Helper()
+	c := pkg.Cluster.Client
+	cur, err := c.RbacV1().Roles(f.ns.Name).Get(ctx(t), role.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Rules = role.Rules
+	if _, err := c.RbacV1().Roles(f.ns.Name).Update(ctx(t), cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	res, sub, _ := strings.Cut(rule.Resources[0], "/")
+	testutil.Eventually(t, 10*time.Second, func() error {
+		r, err := c.AuthorizationV1().SubjectAccessReviews().Create(ctx(t), &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:               "system:serviceaccount:" + f.ns.Name + ":aaas-lifecycle",
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: f.ns.Name, Verb: verb, Group: rule.APIGroups[0], Resource: res, Subresource: sub},
+		}}, metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		if r.Status.Allowed != allowed {
+			return fmt.Errorf("%s %s allowed=%v", verb, rule.Resources[0], r.Status.Allowed)
+		}
+		return nil
+	})
+}
+
+// notReady starts a fresh worker and expects it never to report ready.
+func (f *fixture) notReady(t *testing.T, verb string) {
+	p := pkg.Start(t, "lifecycle", map[string]string{
+		"NATS_URL": f.natsURL, "KUBECONFIG": f.ns.Kubeconfig, "NAMESPACE": f.ns.Name,
+		"HANDSHAKE_KEY": f.key, "INSTANCE_ID": "lc-probe",
+	})
+	defer p.Stop()
+	for deadline := time.Now().Add(8 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if p.IsReady() {
+			t.Fatalf("lifecycle became ready without %s", verb)
+		}
+	}
+}
+
+func (f *fixture) auditText() string {
+	s, err := f.js.Stream(ctx(f.t), events.StreamAudit)
+	if err != nil {
+		return ""
+	}
+	info, _ := s.Info(ctx(f.t))
+	var b strings.Builder
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		if m, err := s.GetMsg(ctx(f.t), seq); err == nil {
+			b.Write(m.Data)
+		}
+	}
+	return b.String()
+}
+
+func (f *fixture) handshakeRev(user string) uint64 {
+	box, _ := f.boxes.Get(user)
+	e, err := f.handshakes.Get(ctx(f.t), kv.HandshakeKey(user, box.Value.PodUID, events.HostKey("localhost")))
+	if err != nil {
+		return 0
+	}
+	return e.Revision
+}
+

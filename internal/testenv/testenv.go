@@ -1,0 +1,142 @@
+// Package testenv runs the real parts of the system for integration tests:
+// one devcluster per test package (from TestMain), and per test a fresh
+// embedded NATS server, a namespace with the production RBAC and sandbox
+// manifests, and aaas processes started from their real binaries.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/yaml"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/aaas-project/aaas"
+	"github.com/aaas-project/aaas/internal/devcluster"
+	"github.com/aaas-project/aaas/internal/devcluster/devclustertest"
+)
+
+// Package is what TestMain sets up once.
+type Package struct {
+	Cluster *devcluster.Cluster
+	// Bins maps a command name (lifecycle, edge, sweeper) to its freshly
+	// built binary.
+	Bins map[string]string
+}
+
+// Main builds the binaries, starts the cluster, runs the tests and cleans
+// up. Use: func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &pkg)) }
+func Main(m *testing.M, pkg *Package) int {
+	dir, err := os.MkdirTemp("", "testenv-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	pkg.Bins = map[string]string{}
+	for _, cmd := range []string{"lifecycle", "edge", "sweeper"} {
+		bin, err := devclustertest.BuildBinary(dir, "github.com/aaas-project/aaas/cmd/"+cmd)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		pkg.Bins[cmd] = bin
+	}
+	return devclustertest.Main(m, &pkg.Cluster)
+}
+
+// Context is a test-scoped context.
+func Context(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// HandshakeKey returns a fresh base64 AES-256 key.
+func HandshakeKey() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+// LifecycleRole decodes the ServiceAccount, Role and RoleBinding that
+// manifests/base grants the lifecycle worker.
+func LifecycleRole() (*corev1.ServiceAccount, *rbacv1.Role, *rbacv1.RoleBinding, error) {
+	b, err := fs.ReadFile(aaas.Manifests, "manifests/base/lifecycle-rbac.yaml")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	sa, role, rb := &corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}
+	dec := yaml.NewYAMLOrJSONDecoder(strings.NewReader(string(b)), 4096)
+	for _, obj := range []any{sa, role, rb} {
+		if err := dec.Decode(obj); err != nil {
+			return nil, nil, nil, fmt.Errorf("decode lifecycle-rbac.yaml: %w", err)
+		}
+	}
+	return sa, role, rb, nil
+}
+
+// Namespace is one test's namespace with the manifests' lifecycle RBAC and
+// sandbox template and warm pool.
+type Namespace struct {
+	Name string
+	// Kubeconfig authenticates as the lifecycle ServiceAccount.
+	Kubeconfig string
+	Role       *rbacv1.Role
+}
+
+// NewNamespace creates it; mutate may adjust the sandbox template and pool
+// (short auth TTLs, dshsim switches, pool size).
+func (p *Package) NewNamespace(t testing.TB, mutate func(*extv1beta1.SandboxTemplate, *extv1beta1.SandboxWarmPool)) *Namespace {
+	t.Helper()
+	ctx := Context(t, 3*time.Minute)
+	name := fmt.Sprintf("t%d", time.Now().UnixNano()%1e9)
+	if err := p.Cluster.CreateNamespace(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Cluster.DeleteNamespace(context.Background(), name) })
+	sa, role, rb, err := LifecycleRole()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := p.Cluster.Client
+	if _, err := c.CoreV1().ServiceAccounts(name).Create(ctx, sa, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if role, err = c.RbacV1().Roles(name).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range rb.Subjects {
+		rb.Subjects[i].Namespace = name
+	}
+	if _, err := c.RbacV1().RoleBindings(name).Create(ctx, rb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Cluster.InstallSandboxes(ctx, name, mutate); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig, _, err := p.Cluster.ServiceAccountKubeconfig(ctx, name, sa.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Namespace{Name: name, Kubeconfig: kubeconfig, Role: role}
+}
+
+// Logger is a test logger at debug level when TESTENV_DEBUG is set.
+func Logger() *slog.Logger {
+	if os.Getenv("TESTENV_DEBUG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
