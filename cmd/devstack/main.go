@@ -22,11 +22,13 @@ func main() {
 		os.Exit(1)
 	}
 	err = devstack.Run(ctx, devstack.Options{
-		StateDir: ".run",
-		NATSPort: 4222,
-		BinDir:   filepath.Dir(exe),
-		Out:      os.Stdout,
-		Log:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		StateDir:    ".run",
+		NATSPort:    4222,
+		BinDir:      filepath.Dir(exe),
+		EdgePorts:   []int{8080, 8081},
+		MetricsPort: 9090,
+		Out:         os.Stdout,
+		Log:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "devstack:", err)

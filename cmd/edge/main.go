@@ -1,9 +1,26 @@
-// Command edge is the aaas edge process; see the README for its configuration.
+// Command edge serves browsers and API clients: the landing page, accounts
+// and sessions, and the proxy to each user's sandbox. It holds no
+// Kubernetes credentials; see the README for its configuration.
 package main
 
 import (
+	"context"
+	"errors"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/config"
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/handshake"
+	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/process"
+	"github.com/aaas-project/aaas/internal/proxy"
+	"github.com/aaas-project/aaas/internal/session"
+	"github.com/aaas-project/aaas/internal/web"
 )
 
 func main() {
@@ -16,6 +33,142 @@ func main() {
 		process.Fatal("edge", err)
 	}
 	defer p.Close()
-	p.SetReady(func() bool { return true })
-	<-p.Ctx.Done()
+	if err := run(p, cfg); err != nil {
+		p.Log.Error("edge stopped", "err", err)
+		p.Close()
+		process.Fatal("edge", err)
+	}
+}
+
+func run(p *process.Process, cfg config.Edge) error {
+	ctx := p.Ctx
+	sealer, err := handshake.NewSealer(cfg.HandshakeKey)
+	if err != nil {
+		return err
+	}
+	pub := events.NewPublisher(p.JS, cfg.InstanceID, p.Log)
+	store, err := session.NewStore(ctx, p.JS, cfg.Buckets.SessionTTL, p.Log)
+	if err != nil {
+		return err
+	}
+	limiter, err := session.NewLimiter(ctx, p.JS, cfg.AuthRateLimit, cfg.Buckets.RateWindow)
+	if err != nil {
+		return err
+	}
+	users, err := cache[kv.User](ctx, p, kv.BucketUsers)
+	if err != nil {
+		return err
+	}
+	boxes, err := cache[kv.Sandbox](ctx, p, kv.BucketSandboxes)
+	if err != nil {
+		return err
+	}
+	handshakes, err := cache[kv.Handshake](ctx, p, kv.BucketHandshakes)
+	if err != nil {
+		return err
+	}
+	requests, err := cache[kv.Result](ctx, p, kv.BucketRequests)
+	if err != nil {
+		return err
+	}
+
+	accounts := session.New(session.Options{
+		Store: store, Limiter: limiter, Publisher: pub, Users: users, Sandboxes: boxes, Requests: requests,
+		CookieName: cfg.CookieName, CookieSecure: cfg.CookieSecure, CookieMaxAge: cfg.Buckets.SessionTTL,
+		InviteCode: cfg.InviteCode, ProxyHeader: cfg.AuthProxyHeader, WakeTimeout: cfg.WakeTimeout,
+		Log: p.Log, Metrics: p.Metrics,
+	})
+	prx := proxy.New(proxy.Options{
+		Authenticate: func(c *fiber.Ctx) (proxy.Identity, error) {
+			id, err := accounts.Authenticate(c)
+			return proxy.Identity{User: id.User, Ambient: id.Method != "bearer"}, err
+		},
+		ValidUser: func(u string) bool { return session.ValidateUser(u) == nil },
+		Sandboxes: boxes, Handshakes: handshakes, Publisher: pub, Sealer: sealer, Edge: cfg.InstanceID,
+		WakeTimeout: cfg.WakeTimeout, HandshakeTimeout: cfg.HandshakeTimeout, MaxInFlight: cfg.MaxInFlightPerUser,
+		MaxBody: cfg.MaxBodyBytes, WSMaxMessage: cfg.WSMaxMessageBytes, HeaderAllowlist: cfg.HeaderAllowlist,
+		IdentityHeader: cfg.AuthProxyHeader, BeaconInterval: cfg.BeaconInterval,
+		Log: p.Log, Metrics: p.Metrics,
+	})
+
+	var draining atomic.Bool
+	ready := func() bool { return !draining.Load() && accounts.Ready() && handshakes.IsSynced() }
+	p.SetReady(ready)
+
+	app := fiber.New(fiber.Config{
+		AppName:                      "aaas-edge",
+		DisableStartupMessage:        true,
+		StreamRequestBody:            true,
+		DisablePreParseMultipartForm: true,
+		BodyLimit:                    int(cfg.MaxBodyBytes),
+		// Headers must arrive within ReadTimeout; body reads get their own
+		// idle deadline in the proxy, so long uploads are not cut off.
+		ReadTimeout:    time.Minute,
+		IdleTimeout:    90 * time.Second,
+		ReadBufferSize: 16 << 10,
+		CaseSensitive:  true,
+		StrictRouting:  true,
+		ErrorHandler:   errorPage,
+	})
+	health := func(ok func() bool) fiber.Handler {
+		return func(c *fiber.Ctx) error {
+			if ok() {
+				return c.SendString("ok\n")
+			}
+			return c.Status(fiber.StatusServiceUnavailable).SendString("not ready\n")
+		}
+	}
+	app.Get("/healthz", health(func() bool { return true }))
+	app.Get("/readyz", health(ready))
+	accounts.Register(app)
+	prx.Register(app)
+	go prx.Run(ctx)
+
+	ln, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		return err
+	}
+	p.Log.Info("serving", "addr", ln.Addr().String(), "cookie", accounts.CookieName())
+	served := make(chan error, 1)
+	go func() { served <- app.Listener(ln) }()
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	// Drain: readiness off, sockets told to reconnect elsewhere, requests
+	// in flight finish up to the deadline.
+	draining.Store(true)
+	prx.Drain()
+	if err := app.ShutdownWithTimeout(cfg.ShutdownTimeout); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		p.Log.Warn("shutdown", "err", err)
+	}
+	p.Log.Info("drained")
+	return nil
+}
+
+func cache[T any](ctx context.Context, p *process.Process, bucket string) (*kv.Cache[T], error) {
+	b, err := kv.Open[T](ctx, p.JS, bucket)
+	if err != nil {
+		return nil, err
+	}
+	return kv.NewCache(ctx, b, ">", p.Log)
+}
+
+// errorPage renders Fiber's own errors (unknown routes, bad requests) the
+// way the rest of the edge does.
+func errorPage(c *fiber.Ctx, err error) error {
+	code := fiber.StatusInternalServerError
+	var fe *fiber.Error
+	if errors.As(err, &fe) {
+		code = fe.Code
+	}
+	c.Status(code)
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	clientinfo.CloseIfBody(c)
+	if c.Accepts("text/html") == "text/html" {
+		c.Type("html")
+		return web.RenderProblem(c, web.Problem{Status: code, Title: "Not available", Detail: err.Error()})
+	}
+	return c.JSON(fiber.Map{"error": err.Error()})
 }

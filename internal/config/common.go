@@ -54,6 +54,10 @@ func LoadCommon(e *Env, defaultMetrics string) Common {
 	replicas := e.Int("STREAM_REPLICAS", 1, 1, 5)
 	c.Streams.Replicas, c.Buckets.Replicas = replicas, replicas
 	c.Streams.AuditMaxAge = e.Duration("AUDIT_MAX_AGE", c.Streams.AuditMaxAge, time.Hour, 10*365*24*time.Hour)
+	// Bucket limits every process provisions; they must agree, so these
+	// two edge settings are read everywhere.
+	c.Buckets.SessionTTL = e.Duration("COOKIE_MAX_AGE", c.Buckets.SessionTTL, time.Minute, 365*24*time.Hour)
+	c.Buckets.RateWindow = e.Duration("AUTH_RATE_WINDOW", c.Buckets.RateWindow, time.Second, 24*time.Hour)
 	return c
 }
 

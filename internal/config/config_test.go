@@ -78,3 +78,19 @@ func TestLifecycleRequiresAHandshakeKeyAndAValidLabel(t *testing.T) {
 		t.Fatal("the key's value was echoed in the error")
 	}
 }
+
+func TestEdgeRefusesInsecureCookiesUnlessAllowed(t *testing.T) {
+	key := "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
+	_, err := config.LoadEdge(config.FromMap(map[string]string{"COOKIE_SECURE": "false", "HANDSHAKE_KEY": key}))
+	if err == nil || !strings.Contains(err.Error(), "COOKIE_SECURE:") || !strings.Contains(err.Error(), "ALLOW_INSECURE_COOKIES") {
+		t.Fatalf("err = %v", err)
+	}
+	c, err := config.LoadEdge(config.FromMap(map[string]string{"COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1", "HANDSHAKE_KEY": key}))
+	if err != nil || c.CookieSecure {
+		t.Fatalf("allowed insecure: %+v %v", c, err)
+	}
+	d, err := config.LoadEdge(config.FromMap(map[string]string{"HANDSHAKE_KEY": key}))
+	if err != nil || !d.CookieSecure || d.MaxInFlightPerUser != 32 || d.WSMaxMessageBytes != 16<<20 || d.AuthRateLimit != 30 {
+		t.Fatalf("defaults: %+v %v", d, err)
+	}
+}

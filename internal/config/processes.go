@@ -11,13 +11,78 @@ import (
 // Edge is the configuration of cmd/edge.
 type Edge struct {
 	Common
+	// ListenAddr is LISTEN_ADDR.
+	ListenAddr string
+	// CookieSecure is COOKIE_SECURE: the session cookie is Secure and,
+	// without COOKIE_NAME, named __Host-dsh_gw_session.
+	CookieSecure bool
+	// CookieName is COOKIE_NAME.
+	CookieName string
+	// AuthRateLimit is AUTH_RATE_LIMIT, attempts per client per
+	// AUTH_RATE_WINDOW (Buckets.RateWindow), shared by all edges. The
+	// session lifetime, COOKIE_MAX_AGE, is Buckets.SessionTTL.
+	AuthRateLimit int
+	// InviteCode is SIGNUP_INVITE_CODE; empty means open signup.
+	InviteCode string
+	// AuthProxyHeader is AUTH_PROXY_HEADER: when set, that header names
+	// the user (SSO behind oauth2-proxy) and is trusted.
+	AuthProxyHeader string
+	// MaxInFlightPerUser is MAX_IN_FLIGHT_PER_USER (HTTP plus WebSockets,
+	// per edge).
+	MaxInFlightPerUser int
+	// MaxBodyBytes is MAX_BODY_MB in bytes.
+	MaxBodyBytes int64
+	// WSMaxMessageBytes is WS_MAX_MESSAGE_BYTES, for messages from DSH.
+	WSMaxMessageBytes int64
+	// WakeTimeout is WAKE_TIMEOUT: how long a request waits for a sandbox.
+	WakeTimeout time.Duration
+	// HandshakeTimeout is HANDSHAKE_TIMEOUT.
+	HandshakeTimeout time.Duration
+	// HeaderAllowlist is UPSTREAM_HEADER_ALLOWLIST; when set, only these
+	// request headers reach DSH.
+	HeaderAllowlist []string
+	// HandshakeKey is HANDSHAKE_KEY, shared with lifecycle.
+	HandshakeKey []byte
+	// BeaconInterval is BEACON_INTERVAL: heartbeat period while busy;
+	// beacons are trusted for three intervals.
+	BeaconInterval time.Duration
+	// ShutdownTimeout is SHUTDOWN_TIMEOUT, the drain deadline on SIGTERM.
+	ShutdownTimeout time.Duration
 }
 
 // LoadEdge reads and validates the edge's variables.
 func LoadEdge(e *Env) (Edge, error) {
-	c := Edge{Common: LoadCommon(e, ":9090")}
+	c := Edge{
+		Common:             LoadCommon(e, ":9090"),
+		ListenAddr:         e.String("LISTEN_ADDR", ":8080"),
+		CookieSecure:       e.Bool("COOKIE_SECURE", true),
+		CookieName:         e.String("COOKIE_NAME", ""),
+		AuthRateLimit:      e.Int("AUTH_RATE_LIMIT", 30, 1, 1_000_000),
+		InviteCode:         e.Secret("SIGNUP_INVITE_CODE"),
+		AuthProxyHeader:    e.String("AUTH_PROXY_HEADER", ""),
+		MaxInFlightPerUser: e.Int("MAX_IN_FLIGHT_PER_USER", 32, 1, 100_000),
+		MaxBodyBytes:       int64(e.Int("MAX_BODY_MB", 2048, 1, 1<<20)) << 20,
+		WSMaxMessageBytes:  int64(e.Int("WS_MAX_MESSAGE_BYTES", 16<<20, 1024, 1<<30)),
+		WakeTimeout:        e.Duration("WAKE_TIMEOUT", 90*time.Second, time.Second, time.Hour),
+		HandshakeTimeout:   e.Duration("HANDSHAKE_TIMEOUT", 15*time.Second, time.Second, 10*time.Minute),
+		HeaderAllowlist:    e.List("UPSTREAM_HEADER_ALLOWLIST", nil),
+		HandshakeKey:       handshakeKey(e),
+		BeaconInterval:     e.Duration("BEACON_INTERVAL", 5*time.Second, 100*time.Millisecond, 5*time.Minute),
+		ShutdownTimeout:    e.Duration("SHUTDOWN_TIMEOUT", 25*time.Second, 0, 10*time.Minute),
+	}
+	if !c.CookieSecure && !e.Bool("ALLOW_INSECURE_COOKIES", false) {
+		e.Fail("COOKIE_SECURE", "false sends the session cookie over plain HTTP; set ALLOW_INSECURE_COOKIES=1 as well, for a local plain-HTTP demo only")
+	}
+	if c.CookieName != "" && !cookieNameRE.MatchString(c.CookieName) {
+		e.Fail("COOKIE_NAME", "%q is not a valid cookie name", c.CookieName)
+	}
+	if c.AuthProxyHeader != "" && !cookieNameRE.MatchString(c.AuthProxyHeader) {
+		e.Fail("AUTH_PROXY_HEADER", "%q is not a valid header name", c.AuthProxyHeader)
+	}
 	return c, e.Err()
 }
+
+var cookieNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // Lifecycle is the configuration of cmd/lifecycle.
 type Lifecycle struct {

@@ -6,12 +6,18 @@ package devstack
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/aaas-project/aaas/internal/devcluster"
 	"github.com/aaas-project/aaas/internal/embednats"
@@ -28,10 +34,16 @@ type Options struct {
 	// StateDir holds NATS data, the cluster and logs; it is wiped at start.
 	StateDir string
 	NATSPort int
+	// EdgePorts are where the edge replicas listen (one replica each).
+	EdgePorts []int
+	// MetricsPort is the first metrics port; processes take consecutive ones.
+	MetricsPort int
 	// BinDir holds the aaas binaries (dshsim, edge, lifecycle, sweeper).
 	BinDir string
-	Out    io.Writer
-	Log    *slog.Logger
+	// Env adds to every process's environment (e.g. a short IDLE_TIMEOUT).
+	Env map[string]string
+	Out io.Writer
+	Log *slog.Logger
 }
 
 // Run starts the stack and blocks until ctx ends, then stops everything.
@@ -74,8 +86,157 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("warm pool: %w", err)
 	}
 	fmt.Fprintf(o.Out, "Kubernetes %s\n           kubectl --kubeconfig %s -n %s get sandboxes,pods\n", cluster.Config.Host, cluster.Kubeconfig, Namespace)
+
+	kubeconfig, err := lifecycleCredentials(ctx, cluster)
+	if err != nil {
+		return err
+	}
+	invite := randomString(9)
+	children, err := startProcesses(o, ns.URL(), kubeconfig, invite)
+	defer func() {
+		// Edges first (they drain), then the workers.
+		for i := len(children) - 1; i >= 0; i-- {
+			children[i].stop(30 * time.Second)
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	if err := waitServing(ctx, o.EdgePorts, children); err != nil {
+		return err
+	}
+	fmt.Fprintf(o.Out, "logs       %s\n", filepath.Join(o.StateDir, "logs"))
+	for _, port := range o.EdgePorts {
+		fmt.Fprintf(o.Out, "open       http://localhost:%d/\n", port)
+	}
+	fmt.Fprintf(o.Out, "invite     %s\n", invite)
 	fmt.Fprintf(o.Out, "ready in %s. Press Ctrl-C to stop.\n", time.Since(start).Round(100*time.Millisecond))
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case name := <-exitedChild(children):
+		fmt.Fprintf(o.Out, "%s exited; see its log. Stopping.\n", name)
+	}
 	fmt.Fprintln(o.Out, "stopping…")
 	return nil
+}
+
+// lifecycleCredentials applies the lifecycle ServiceAccount and Role from
+// manifests/base and returns a kubeconfig for it, so the local worker runs
+// with exactly the production rights.
+func lifecycleCredentials(ctx context.Context, c *devcluster.Cluster) (string, error) {
+	objs, err := devcluster.Manifest("manifests/base/lifecycle-rbac.yaml")
+	if err != nil {
+		return "", err
+	}
+	for _, o := range objs {
+		// kustomize fills in the subject's namespace; here we do.
+		if subjects, ok, _ := unstructured.NestedSlice(o.Object, "subjects"); ok {
+			for _, s := range subjects {
+				s.(map[string]any)["namespace"] = Namespace
+			}
+			_ = unstructured.SetNestedSlice(o.Object, subjects, "subjects")
+		}
+	}
+	if err := c.Apply(ctx, Namespace, objs...); err != nil {
+		return "", err
+	}
+	path, _, err := c.ServiceAccountKubeconfig(ctx, Namespace, "aaas-lifecycle")
+	return path, err
+}
+
+func startProcesses(o Options, natsURL, kubeconfig, invite string) ([]*child, error) {
+	logDir := filepath.Join(o.StateDir, "logs")
+	if err := os.MkdirAll(logDir, 0o700); err != nil {
+		return nil, err
+	}
+	common := map[string]string{
+		"NATS_URL": natsURL, "HANDSHAKE_KEY": randomKey(), "LOG_LEVEL": "info", "PATH": os.Getenv("PATH"),
+	}
+	for k, v := range o.Env {
+		common[k] = v
+	}
+	metrics := o.MetricsPort
+	with := func(extra map[string]string) map[string]string {
+		env := map[string]string{"METRICS_ADDR": fmt.Sprintf("127.0.0.1:%d", metrics)}
+		metrics++
+		for k, v := range common {
+			env[k] = v
+		}
+		for k, v := range extra {
+			env[k] = v
+		}
+		return env
+	}
+	specs := []struct {
+		name string
+		env  map[string]string
+	}{
+		{"lifecycle", with(map[string]string{"KUBECONFIG": kubeconfig, "NAMESPACE": Namespace, "INSTANCE_ID": "lifecycle-a"})},
+	}
+	for i, port := range o.EdgePorts {
+		specs = append(specs, struct {
+			name string
+			env  map[string]string
+		}{fmt.Sprintf("edge-%c", 'a'+i), with(map[string]string{
+			"LISTEN_ADDR": fmt.Sprintf(":%d", port), "INSTANCE_ID": fmt.Sprintf("edge-%c", 'a'+i),
+			"COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1", "SIGNUP_INVITE_CODE": invite,
+		})})
+	}
+	var children []*child
+	for _, s := range specs {
+		bin := filepath.Join(o.BinDir, strings.SplitN(s.name, "-", 2)[0])
+		c, err := startChild(s.name, bin, logDir, s.env)
+		if err != nil {
+			return children, err
+		}
+		children = append(children, c)
+	}
+	return children, nil
+}
+
+// waitServing waits until every edge answers /readyz.
+func waitServing(ctx context.Context, ports []int, children []*child) error {
+	for _, port := range ports {
+		url := fmt.Sprintf("http://127.0.0.1:%d/readyz", port)
+		for {
+			resp, err := http.Get(url)
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					break
+				}
+			}
+			for _, c := range children {
+				if c.exited() {
+					return fmt.Errorf("%s exited during start; see %s", c.name, c.log)
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+func exitedChild(children []*child) <-chan string {
+	ch := make(chan string, len(children))
+	for _, c := range children {
+		go func() { <-c.done; ch <- c.name }()
+	}
+	return ch
+}
+
+func randomKey() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+func randomString(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)[:n]
 }

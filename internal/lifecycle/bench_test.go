@@ -23,7 +23,7 @@ func BenchmarkWakeOverhead(b *testing.B) {
 	f := setup(b, nil)
 	f.lifecycle("lc-a")
 	f.signup("wb")
-	pods, err := pkg.Cluster.Client.CoreV1().Pods(f.ns.Name).Watch(ctx(b), metav1.ListOptions{})
+	pods, err := pkg.Cluster.Client.CoreV1().Pods(f.NS.Name).Watch(ctx(b), metav1.ListOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func BenchmarkClaimsFromWarmPool(b *testing.B) {
 		b.StopTimer()
 		// Wait for a full pool: we measure adoption, not cold starts.
 		for {
-			p, err := ext.ExtensionsV1beta1().SandboxWarmPools(f.ns.Name).Get(ctx(b), "dsh-pool", metav1.GetOptions{})
+			p, err := ext.ExtensionsV1beta1().SandboxWarmPools(f.NS.Name).Get(ctx(b), "dsh-pool", metav1.GetOptions{})
 			if err == nil && p.Status.ReadyReplicas >= batch {
 				break
 			}

@@ -15,18 +15,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
-	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
-	"github.com/aaas-project/aaas/internal/natsconn"
 	"github.com/aaas-project/aaas/internal/sandbox"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
@@ -36,15 +33,12 @@ var pkg testenv.Package
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &pkg)) }
 
-// fixture is one test's world: its own NATS, namespace (with the
-// production lifecycle Role) and lifecycle processes.
+// fixture is one test's world: a testenv stack (its own NATS and
+// namespace with the production lifecycle Role) plus typed views of KV.
 type fixture struct {
+	*testenv.Stack
 	t          testing.TB
-	ns         *testenv.Namespace
-	natsURL    string
-	js         jetstream.JetStream
 	pub        *events.Publisher
-	key        string
 	sealer     *handshake.Sealer
 	sandboxes  *kv.Bucket[kv.Sandbox]
 	users      *kv.Bucket[kv.User]
@@ -52,27 +46,21 @@ type fixture struct {
 	handshakes *kv.Bucket[kv.Handshake]
 	requests   *kv.Bucket[kv.Result]
 	boxes      *kv.Cache[kv.Sandbox]
-	procs      []*testenv.Proc
 }
 
 func setup(t testing.TB, mutate func(*extv1beta1.SandboxTemplate, *extv1beta1.SandboxWarmPool)) *fixture {
 	t.Helper()
-	s := natstest.Start(t)
-	_, js := natstest.Connect(t, s.URL())
+	st := pkg.NewStack(t, mutate)
 	ctx := testenv.Context(t, 5*time.Minute)
-	if err := natsconn.Provision(ctx, js, events.DefaultStreamsConfig(), kv.DefaultBucketsConfig()); err != nil {
-		t.Fatal(err)
-	}
-	f := &fixture{t: t, natsURL: s.URL(), js: js, pub: events.NewPublisher(js, "test", testenv.Logger()), key: testenv.HandshakeKey()}
-	k, _ := handshake.ParseKey(f.key)
+	f := &fixture{Stack: st, t: t, pub: events.NewPublisher(st.JS, "test", testenv.Logger())}
+	k, _ := handshake.ParseKey(st.Key)
 	f.sealer, _ = handshake.NewSealer(k)
-	f.sandboxes = must(kv.Open[kv.Sandbox](ctx, js, kv.BucketSandboxes))
-	f.users = must(kv.Open[kv.User](ctx, js, kv.BucketUsers))
-	f.sessions = must(kv.Open[kv.Session](ctx, js, kv.BucketSessions))
-	f.handshakes = must(kv.Open[kv.Handshake](ctx, js, kv.BucketHandshakes))
-	f.requests = must(kv.Open[kv.Result](ctx, js, kv.BucketRequests))
+	f.sandboxes = must(kv.Open[kv.Sandbox](ctx, st.JS, kv.BucketSandboxes))
+	f.users = must(kv.Open[kv.User](ctx, st.JS, kv.BucketUsers))
+	f.sessions = must(kv.Open[kv.Session](ctx, st.JS, kv.BucketSessions))
+	f.handshakes = must(kv.Open[kv.Handshake](ctx, st.JS, kv.BucketHandshakes))
+	f.requests = must(kv.Open[kv.Result](ctx, st.JS, kv.BucketRequests))
 	f.boxes = must(kv.NewCache(ctx, f.sandboxes, ">", testenv.Logger()))
-	f.ns = pkg.NewNamespace(t, mutate)
 	return f
 }
 
@@ -85,16 +73,7 @@ func must[T any](v T, err error) T {
 
 // lifecycle starts a lifecycle process that authenticates as the
 // manifests' ServiceAccount.
-func (f *fixture) lifecycle(id string) *testenv.Proc {
-	f.t.Helper()
-	p := pkg.Start(f.t, "lifecycle", map[string]string{
-		"NATS_URL": f.natsURL, "KUBECONFIG": f.ns.Kubeconfig, "NAMESPACE": f.ns.Name,
-		"HANDSHAKE_KEY": f.key, "INSTANCE_ID": id, "LEASE_TTL": "2s", "COMMAND_ACK_WAIT": "2s",
-	})
-	p.WaitReady(f.t, 60*time.Second)
-	f.procs = append(f.procs, p)
-	return p
-}
+func (f *fixture) lifecycle(id string) *testenv.Proc { return f.Lifecycle(id) }
 
 func ctx(t testing.TB) context.Context { return testenv.Context(t, 3*time.Minute) }
 
@@ -147,7 +126,7 @@ func (f *fixture) waitPhase(user string, phase kv.Phase) kv.Sandbox {
 
 func (f *fixture) claims() []extv1beta1.SandboxClaim {
 	_, ext, _ := pkg.Cluster.SandboxClients()
-	l, err := ext.ExtensionsV1beta1().SandboxClaims(f.ns.Name).List(ctx(f.t), metav1.ListOptions{})
+	l, err := ext.ExtensionsV1beta1().SandboxClaims(f.NS.Name).List(ctx(f.t), metav1.ListOptions{})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -197,7 +176,7 @@ func (f *fixture) dsh(user, method, path, cookie string, body io.Reader) (int, [
 }
 
 func (f *fixture) lastActivitySeq(user string) uint64 {
-	s, _ := f.js.Stream(ctx(f.t), events.StreamActivity)
+	s, _ := f.JS.Stream(ctx(f.t), events.StreamActivity)
 	m, err := s.GetLastMsgForSubject(ctx(f.t), events.ActivitySubjectUser(user))
 	if err != nil {
 		return 0
@@ -257,7 +236,7 @@ func TestRedeliveryAfterTheKubernetesWriteIsCreated(t *testing.T) {
 	// A worker created the claim and died before answering: the claim
 	// exists, nothing else does.
 	_, ext, _ := pkg.Cluster.SandboxClients()
-	_, err := ext.ExtensionsV1beta1().SandboxClaims(f.ns.Name).Create(ctx(t), &extv1beta1.SandboxClaim{
+	_, err := ext.ExtensionsV1beta1().SandboxClaims(f.NS.Name).Create(ctx(t), &extv1beta1.SandboxClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "dsh-cara", Labels: map[string]string{"aaas.example.com/managed-by": "dsh-gateway"}, Annotations: map[string]string{sandbox.TokenHashAnnotation: hash}},
 		Spec:       extv1beta1.SandboxClaimSpec{WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: "dsh-pool"}},
 	}, metav1.CreateOptions{})
@@ -319,7 +298,7 @@ func TestCompareAndSuspendRefusesWhenActivityIsNewer(t *testing.T) {
 	f.command(events.NewSuspend("emil", decided, box.Revision, time.Now()))
 	// The command is handled (the queue drains) and nothing changes.
 	testutil.Eventually(t, 20*time.Second, func() error {
-		s, _ := f.js.Stream(ctx(t), events.StreamCommands)
+		s, _ := f.JS.Stream(ctx(t), events.StreamCommands)
 		info, err := s.Info(ctx(t))
 		if err != nil || info.State.Msgs != 0 {
 			return fmt.Errorf("queue not drained: %v", err)
@@ -327,7 +306,7 @@ func TestCompareAndSuspendRefusesWhenActivityIsNewer(t *testing.T) {
 		return nil
 	})
 	sc, _, _ := pkg.Cluster.SandboxClients()
-	sb, err := sc.AgentsV1beta1().Sandboxes(f.ns.Name).Get(ctx(t), box.Value.Sandbox, metav1.GetOptions{})
+	sb, err := sc.AgentsV1beta1().Sandboxes(f.NS.Name).Get(ctx(t), box.Value.Sandbox, metav1.GetOptions{})
 	if err != nil || sb.Spec.OperatingMode != sandboxv1beta1.SandboxOperatingModeRunning {
 		t.Fatalf("sandbox mode after a cancelled suspend: %v %v", sb.Spec.OperatingMode, err)
 	}
@@ -345,7 +324,7 @@ func TestUnmanagedClaimIsNeverSuspendedOrTaken(t *testing.T) {
 	_, ext, _ := pkg.Cluster.SandboxClients()
 	sc, _, _ := pkg.Cluster.SandboxClients()
 	// An operator applies dsh-alice by hand, without our label.
-	if _, err := ext.ExtensionsV1beta1().SandboxClaims(f.ns.Name).Create(ctx(t), &extv1beta1.SandboxClaim{
+	if _, err := ext.ExtensionsV1beta1().SandboxClaims(f.NS.Name).Create(ctx(t), &extv1beta1.SandboxClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "dsh-alice"},
 		Spec:       extv1beta1.SandboxClaimSpec{WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: "dsh-pool"}},
 	}, metav1.CreateOptions{}); err != nil {
@@ -353,7 +332,7 @@ func TestUnmanagedClaimIsNeverSuspendedOrTaken(t *testing.T) {
 	}
 	var sbName string
 	testutil.Eventually(t, 30*time.Second, func() error {
-		c, err := ext.ExtensionsV1beta1().SandboxClaims(f.ns.Name).Get(ctx(t), "dsh-alice", metav1.GetOptions{})
+		c, err := ext.ExtensionsV1beta1().SandboxClaims(f.NS.Name).Get(ctx(t), "dsh-alice", metav1.GetOptions{})
 		if err != nil || c.Status.SandboxStatus.Name == "" {
 			return fmt.Errorf("not adopted yet: %v", err)
 		}
@@ -365,7 +344,7 @@ func TestUnmanagedClaimIsNeverSuspendedOrTaken(t *testing.T) {
 	if res := f.command(events.NewClaim("alice", "req-alice", tokenHash())); res.Outcome != kv.OutcomeConflict {
 		t.Fatalf("signup as alice: %+v", res)
 	}
-	sb, err := sc.AgentsV1beta1().Sandboxes(f.ns.Name).Get(ctx(t), sbName, metav1.GetOptions{})
+	sb, err := sc.AgentsV1beta1().Sandboxes(f.NS.Name).Get(ctx(t), sbName, metav1.GetOptions{})
 	if err != nil || sb.Spec.OperatingMode == sandboxv1beta1.SandboxOperatingModeSuspended {
 		t.Fatalf("hand-applied sandbox mode %q (%v)", sb.Spec.OperatingMode, err)
 	}
@@ -375,7 +354,7 @@ func TestUnmanagedClaimIsNeverSuspendedOrTaken(t *testing.T) {
 	if res := f.command(events.NewDelete("alice", "req-del-alice")); res.Outcome != kv.OutcomeFailed {
 		t.Fatalf("delete of an unmanaged claim: %+v", res)
 	}
-	if _, err := ext.ExtensionsV1beta1().SandboxClaims(f.ns.Name).Get(ctx(t), "dsh-alice", metav1.GetOptions{}); err != nil {
+	if _, err := ext.ExtensionsV1beta1().SandboxClaims(f.NS.Name).Get(ctx(t), "dsh-alice", metav1.GetOptions{}); err != nil {
 		t.Fatalf("hand-applied claim was deleted: %v", err)
 	}
 }
@@ -414,7 +393,7 @@ func TestKilledWorkerMidClaimAndMidWakeIsFinishedByAnother(t *testing.T) {
 	box, _ := f.boxes.Get("finn")
 	f.command(events.NewSuspend("finn", f.lastActivitySeq("finn"), box.Revision, time.Now()))
 	f.waitPhase("finn", kv.PhaseSuspended)
-	b := f.procs[len(f.procs)-1]
+	b := f.Procs[len(f.Procs)-1]
 	susp, _ := f.boxes.Get("finn")
 	if _, err := f.pub.Command(ctx(t), events.NewWake("finn", susp.Revision)); err != nil {
 		t.Fatal(err)
@@ -434,7 +413,7 @@ func TestKilledWorkerMidClaimAndMidWakeIsFinishedByAnother(t *testing.T) {
 	if len(st) != 1 {
 		t.Fatalf("%d claims", len(st))
 	}
-	pod, err := pkg.Cluster.Client.CoreV1().Pods(f.ns.Name).Get(ctx(t), ready.PodName, metav1.GetOptions{})
+	pod, err := pkg.Cluster.Client.CoreV1().Pods(f.NS.Name).Get(ctx(t), ready.PodName, metav1.GetOptions{})
 	if err != nil || string(pod.UID) != ready.PodUID || pod.Status.PodIP+":3080" != ready.Address {
 		t.Fatalf("KV %+v does not match pod %v (%v)", ready, pod.UID, err)
 	}
@@ -449,7 +428,7 @@ func TestTokenRotationAndMissingToken(t *testing.T) {
 		t.Fatal(failure)
 	}
 	box, _ := f.boxes.Get("gina")
-	if err := pkg.Cluster.Node.Signal(f.ns.Name, box.Value.PodName, "dsh", syscall.SIGHUP); err != nil {
+	if err := pkg.Cluster.Node.Signal(f.NS.Name, box.Value.PodName, "dsh", syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 10*time.Second, func() error {
@@ -468,7 +447,7 @@ func TestTokenRotationAndMissingToken(t *testing.T) {
 		t.Fatalf("fresh cookie: %d", code)
 	}
 	secrets := []string{cookie, fresh, strings.SplitN(cookie, "=", 2)[1], strings.SplitN(fresh, "=", 2)[1]}
-	secrets = append(secrets, podTokens(t, f.ns.Name, box.Value.PodName)...)
+	secrets = append(secrets, podTokens(t, f.NS.Name, box.Value.PodName)...)
 	assertNoSecrets(t, f, []*testenv.Proc{lc}, secrets)
 }
 
@@ -584,7 +563,7 @@ func TestRecreateGivesAFreshVolumeUnderTheSameAccount(t *testing.T) {
 		t.Fatalf("claims after recreate: %+v", claims)
 	}
 	sc, _, _ := pkg.Cluster.SandboxClients()
-	if _, err := sc.AgentsV1beta1().Sandboxes(f.ns.Name).Get(ctx(t), before.Value.Sandbox, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := sc.AgentsV1beta1().Sandboxes(f.NS.Name).Get(ctx(t), before.Value.Sandbox, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("old sandbox still there: %v", err)
 	}
 	after := f.waitPhase("jane", kv.PhaseReady)
@@ -612,7 +591,7 @@ func TestClaimDeletedOutsideTheGatewayRemovesTheUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, ext, _ := pkg.Cluster.SandboxClients()
-	if err := ext.ExtensionsV1beta1().SandboxClaims(f.ns.Name).Delete(ctx(t), "dsh-kim", metav1.DeleteOptions{}); err != nil {
+	if err := ext.ExtensionsV1beta1().SandboxClaims(f.NS.Name).Delete(ctx(t), "dsh-kim", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 30*time.Second, func() error {

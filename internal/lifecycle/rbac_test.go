@@ -22,7 +22,7 @@ import (
 // lifecycle needs.
 func TestLifecycleRoleIsMinimal(t *testing.T) {
 	f := setup(t, nil)
-	full := f.ns.Role.DeepCopy()
+	full := f.NS.Role.DeepCopy()
 	f.lifecycle("lc-full")
 	f.signup("mo")
 
@@ -108,19 +108,19 @@ func without(verbs []string, v string) []string {
 func (f *fixture) setRole(t *testing.T, role *rbacv1.Role, rule rbacv1.PolicyRule, verb string, allowed bool) {
 	t.Helper()
 	c := pkg.Cluster.Client
-	cur, err := c.RbacV1().Roles(f.ns.Name).Get(ctx(t), role.Name, metav1.GetOptions{})
+	cur, err := c.RbacV1().Roles(f.NS.Name).Get(ctx(t), role.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cur.Rules = role.Rules
-	if _, err := c.RbacV1().Roles(f.ns.Name).Update(ctx(t), cur, metav1.UpdateOptions{}); err != nil {
+	if _, err := c.RbacV1().Roles(f.NS.Name).Update(ctx(t), cur, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	res, sub, _ := strings.Cut(rule.Resources[0], "/")
 	testutil.Eventually(t, 10*time.Second, func() error {
 		r, err := c.AuthorizationV1().SubjectAccessReviews().Create(ctx(t), &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-			User:               "system:serviceaccount:" + f.ns.Name + ":aaas-lifecycle",
-			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: f.ns.Name, Verb: verb, Group: rule.APIGroups[0], Resource: res, Subresource: sub},
+			User:               "system:serviceaccount:" + f.NS.Name + ":aaas-lifecycle",
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: f.NS.Name, Verb: verb, Group: rule.APIGroups[0], Resource: res, Subresource: sub},
 		}}, metav1.CreateOptions{})
 		if err != nil {
 			return err
@@ -135,8 +135,8 @@ func (f *fixture) setRole(t *testing.T, role *rbacv1.Role, rule rbacv1.PolicyRul
 // notReady starts a fresh worker and expects it never to report ready.
 func (f *fixture) notReady(t *testing.T, verb string) {
 	p := pkg.Start(t, "lifecycle", map[string]string{
-		"NATS_URL": f.natsURL, "KUBECONFIG": f.ns.Kubeconfig, "NAMESPACE": f.ns.Name,
-		"HANDSHAKE_KEY": f.key, "INSTANCE_ID": "lc-probe",
+		"NATS_URL": f.NATS.URL(), "KUBECONFIG": f.NS.Kubeconfig, "NAMESPACE": f.NS.Name,
+		"HANDSHAKE_KEY": f.Key, "INSTANCE_ID": "lc-probe",
 	})
 	defer p.Stop()
 	for deadline := time.Now().Add(8 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
@@ -147,7 +147,7 @@ func (f *fixture) notReady(t *testing.T, verb string) {
 }
 
 func (f *fixture) auditText() string {
-	s, err := f.js.Stream(ctx(f.t), events.StreamAudit)
+	s, err := f.JS.Stream(ctx(f.t), events.StreamAudit)
 	if err != nil {
 		return ""
 	}
@@ -169,4 +169,3 @@ func (f *fixture) handshakeRev(user string) uint64 {
 	}
 	return e.Revision
 }
-

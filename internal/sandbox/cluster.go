@@ -24,9 +24,9 @@ import (
 	"k8s.io/client-go/tools/cache"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	sandboxclient "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned"
-	sandboxinformers "sigs.k8s.io/agent-sandbox/clients/k8s/informers/externalversions"
 	extclient "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned"
 	extinformers "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/informers/externalversions"
+	sandboxinformers "sigs.k8s.io/agent-sandbox/clients/k8s/informers/externalversions"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 )
 

@@ -1,0 +1,55 @@
+// Package clientinfo says who is on the other end of an edge request, by
+// the rules the deployment's trust boundary sets: the ingress in front of
+// the edge appends the client address to X-Forwarded-For and states the
+// scheme in X-Forwarded-Proto.
+package clientinfo
+
+import (
+	"strings"
+
+	"github.com/gofiber/fiber/v2"
+)
+
+// IP is the rightmost X-Forwarded-For entry (the one our own ingress
+// appended, which a client cannot forge) when present, else the peer
+// address.
+func IP(c *fiber.Ctx) string {
+	if xff := c.Get(fiber.HeaderXForwardedFor); xff != "" {
+		parts := strings.Split(xff, ",")
+		for i := len(parts) - 1; i >= 0; i-- {
+			if p := strings.TrimSpace(parts[i]); p != "" {
+				return p
+			}
+		}
+	}
+	return c.Context().RemoteIP().String()
+}
+
+// Scheme is how the browser reached us: the last X-Forwarded-Proto value
+// (set by the TLS-terminating proxy), else plain http.
+func Scheme(c *fiber.Ctx) string {
+	if p := c.Get(fiber.HeaderXForwardedProto); p != "" {
+		parts := strings.Split(p, ",")
+		return strings.ToLower(strings.TrimSpace(parts[len(parts)-1]))
+	}
+	return "http"
+}
+
+// Host is the Host header as the browser sent it (with any port).
+func Host(c *fiber.Ctx) string { return string(c.Request().Host()) }
+
+// HasBody reports whether the request carries a body (a length or chunks).
+func HasBody(c *fiber.Ctx) bool {
+	n := c.Request().Header.ContentLength()
+	return n > 0 || n == -1
+}
+
+// CloseIfBody ends the connection after this response when the request has
+// a body: with streamed request bodies fasthttp does not skip what a
+// handler left unread, so the next request on the connection would begin
+// in the middle of it.
+func CloseIfBody(c *fiber.Ctx) {
+	if HasBody(c) {
+		c.Context().SetConnectionClose()
+	}
+}

@@ -1,0 +1,320 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/aaas-project/aaas/internal/clientinfo"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/web"
+)
+
+// statusClientClosed is nginx's 499: the client left before the response.
+const statusClientClosed = 499
+
+// serveHTTP proxies one request. The order matters and is the seed's:
+// authentication, the in-flight slot, the sandbox (waking it), the
+// handshake, and only then the body, streamed to DSH.
+func (p *Proxy) serveHTTP(c *fiber.Ctx, user, rest string) error {
+	rid := requestID(c)
+	id, err := p.o.Authenticate(c)
+	if err != nil {
+		return p.problem(c, fiber.StatusUnauthorized, "Please sign in", err.Error())
+	}
+	if id.User != user {
+		return p.problem(c, fiber.StatusForbidden, "Not your sandbox", "This sandbox belongs to another user.")
+	}
+	if !p.slots.acquire(user) {
+		c.Set(fiber.HeaderRetryAfter, "1")
+		return p.problem(c, fiber.StatusServiceUnavailable, "Too many requests", "Too many requests to your sandbox are in flight; retry shortly.")
+	}
+	start := time.Now()
+	p.tracker.begin(user)
+	p.m.inFlight.Inc()
+	var once sync.Once
+	finish := func(status int) {
+		once.Do(func() {
+			p.slots.release(user)
+			p.tracker.end(user)
+			p.m.inFlight.Dec()
+			p.m.requests.WithLabelValues(class(status)).Inc()
+		})
+	}
+
+	status, err := p.forward(c, user, rest, finish)
+	if err != nil {
+		finish(status)
+		if status == statusClientClosed {
+			p.o.Log.Info("client closed request", "request_id", rid, "user", user, "method", c.Method(), "status", statusClientClosed, "took", time.Since(start).String())
+			c.Status(statusClientClosed)
+			return nil
+		}
+		var we *waitError
+		if errors.As(err, &we) {
+			return p.problem(c, we.status, we.title, we.detail)
+		}
+		p.o.Log.Warn("proxy error", "request_id", rid, "user", user, "status", status, "err", err)
+		return p.problem(c, status, "Sandbox unreachable", "Your sandbox did not answer: "+err.Error())
+	}
+	p.m.duration.WithLabelValues(class(status)).Observe(time.Since(start).Seconds())
+	p.o.Log.Debug("proxied", "request_id", rid, "user", user, "method", c.Method(), "status", status, "took", time.Since(start).String())
+	return nil
+}
+
+// forward does everything after the slot; on success the response is set
+// up to stream and finish runs when the body is done.
+func (p *Proxy) forward(c *fiber.Ctx, user, rest string, finish func(int)) (int, error) {
+	req := &c.Request().Header
+	if n := req.ContentLength(); int64(n) > p.o.MaxBody {
+		return fiber.StatusRequestEntityTooLarge, &waitError{fiber.StatusRequestEntityTooLarge, "Upload too large", "Request bodies are limited to " + strconv.FormatInt(p.o.MaxBody>>20, 10) + " MiB."}
+	}
+	navigation := c.Method() == fiber.MethodGet && strings.Contains(c.Get(fiber.HeaderAccept), "text/html")
+	box, starting, err := p.ready(c, user, navigation)
+	if errors.Is(err, errClientGone) {
+		return statusClientClosed, err
+	}
+	if err != nil {
+		return fiber.StatusServiceUnavailable, err
+	}
+	if starting {
+		finish(fiber.StatusServiceUnavailable)
+		c.Status(fiber.StatusServiceUnavailable)
+		c.Set(fiber.HeaderRetryAfter, "2")
+		c.Set(fiber.HeaderCacheControl, "no-store")
+		c.Type("html")
+		return fiber.StatusServiceUnavailable, web.RenderStarting(c, web.Starting{User: user, Phase: string(box.Phase), Reason: box.Reason})
+	}
+	cookie, rev, err := p.handshakeCookie(c, user, box, 0)
+	if errors.Is(err, errClientGone) {
+		return statusClientClosed, err
+	}
+	if err != nil {
+		return fiber.StatusServiceUnavailable, err
+	}
+
+	body := p.requestBody(c)
+	resp, err := p.roundTrip(c, user, rest, box, cookie, body)
+	if err == nil && resp.StatusCode == http.StatusUnauthorized && body.untouched() {
+		// DSH's cookie expired or its token rotated: one fresh handshake,
+		// one retry. Expect: 100-continue kept the body unread for it.
+		resp.Body.Close()
+		if cookie, _, err = p.handshakeCookie(c, user, box, rev); err != nil {
+			if errors.Is(err, errClientGone) {
+				return statusClientClosed, err
+			}
+			return fiber.StatusServiceUnavailable, err
+		}
+		resp, err = p.roundTrip(c, user, rest, box, cookie, body)
+	}
+	if err != nil {
+		switch {
+		case body.clientFailed() || errors.Is(err, errClientGone):
+			return statusClientClosed, errClientGone
+		case errors.Is(err, errBodyTooLarge):
+			return fiber.StatusRequestEntityTooLarge, &waitError{fiber.StatusRequestEntityTooLarge, "Upload too large", "Request bodies are limited to " + strconv.FormatInt(p.o.MaxBody>>20, 10) + " MiB."}
+		}
+		p.m.upstreamErrors.WithLabelValues("request").Inc()
+		return fiber.StatusBadGateway, err
+	}
+	if resp.StatusCode == http.StatusUnauthorized {
+		resp.Body.Close()
+		return fiber.StatusServiceUnavailable, handshakeFailed("DSH kept refusing its auth cookie")
+	}
+	p.m.bytes.WithLabelValues("up").Add(float64(body.n))
+	if clientinfo.HasBody(c) && !body.eof {
+		// DSH answered without reading all of it; see CloseIfBody.
+		c.Context().SetConnectionClose()
+	}
+	p.respond(c, user, box, resp, finish)
+	return resp.StatusCode, nil
+}
+
+// roundTrip sends the request to DSH with the headers we allow and set,
+// cancelling it if the browser leaves before DSH answers.
+func (p *Proxy) roundTrip(c *fiber.Ctx, user, rest string, box kv.Sandbox, cookie string, body *bodyReader) (*http.Response, error) {
+	uri := "http://" + box.Address + rest
+	if q := c.Request().URI().QueryString(); len(q) > 0 {
+		uri += "?" + string(q)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, c.Method(), uri, nil)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	p.upstreamHeaders(c, user, cookie, req.Header)
+	req.Host = clientinfo.Host(c)
+	if cl := c.Request().Header.ContentLength(); cl != 0 && cl != -2 {
+		req.Body, req.ContentLength = body, int64(cl)
+		req.Header.Set("Expect", "100-continue")
+		if cl < 0 {
+			req.ContentLength = -1
+		}
+	}
+
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(poll)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if clientGone(c.Context().Conn()) {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	resp, err := p.transport.RoundTrip(req)
+	close(done)
+	if err != nil {
+		cancel()
+		if ctx.Err() != nil {
+			return nil, errClientGone
+		}
+		return nil, err
+	}
+	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// upstreamHeaders copies the browser's headers that may pass and sets the
+// ones that are ours to set.
+func (p *Proxy) upstreamHeaders(c *fiber.Ctx, user, cookie string, h http.Header) {
+	hdr := &c.Request().Header
+	extra := connectionTokens([]string{string(hdr.Peek(fiber.HeaderConnection))})
+	hdr.VisitAll(func(k, v []byte) {
+		name := http.CanonicalHeaderKey(string(k))
+		if isHopByHop(name, extra) || !p.headers.pass(name) {
+			return
+		}
+		h.Add(name, string(v))
+	})
+	h.Set("Cookie", cookie)
+	h.Set("X-Forwarded-For", clientinfo.IP(c))
+	h.Set("X-Forwarded-Proto", clientinfo.Scheme(c))
+	h.Set("X-Forwarded-Host", clientinfo.Host(c))
+	h.Set("X-Forwarded-Prefix", "/u/"+user)
+}
+
+// respond streams DSH's answer to the browser. fasthttp writes a body of
+// unknown length chunk by chunk, flushing each, so server-sent events
+// reach the browser one by one.
+func (p *Proxy) respond(c *fiber.Ctx, user string, box kv.Sandbox, resp *http.Response, finish func(int)) {
+	c.Status(resp.StatusCode)
+	out := &c.Response().Header
+	extra := connectionTokens(resp.Header.Values("Connection"))
+	prefix := "/u/" + user
+	for name, values := range resp.Header {
+		if isHopByHop(name, extra) || name == "Set-Cookie" || name == "Content-Length" {
+			continue
+		}
+		for _, v := range values {
+			if name == "Location" {
+				v = rewriteLocation(v, prefix, clientinfo.Host(c), box.Address)
+			}
+			out.Add(name, v)
+		}
+	}
+	status := resp.StatusCode
+	body := &responseBody{r: resp.Body, done: func(n int64) {
+		p.m.bytes.WithLabelValues("down").Add(float64(n))
+		p.tracker.touch(user)
+		finish(status)
+	}}
+	if resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified || c.Method() == fiber.MethodHead {
+		if resp.ContentLength > 0 && c.Method() == fiber.MethodHead {
+			out.SetContentLength(int(resp.ContentLength))
+		}
+		body.Close()
+		return
+	}
+	c.Response().SetBodyStream(body, int(resp.ContentLength))
+}
+
+var errBodyTooLarge = errors.New("request body exceeds MAX_BODY_MB")
+
+// bodyReader streams the browser's body to DSH: it enforces MAX_BODY_MB on
+// the bytes themselves (chunked bodies carry no length), gives each read a
+// fresh deadline so a long upload is fine but a stalled one is not, and
+// remembers whether anything was read (a refused request can be retried
+// only then) and whether the browser failed mid-body.
+type bodyReader struct {
+	r       io.Reader
+	conn    net.Conn
+	idle    time.Duration
+	max     int64
+	n       int64
+	eof     bool
+	failure error
+}
+
+func (p *Proxy) requestBody(c *fiber.Ctx) *bodyReader {
+	return &bodyReader{r: c.Context().RequestBodyStream(), conn: c.Context().Conn(), idle: p.o.IdleTimeout, max: p.o.MaxBody}
+}
+
+func (b *bodyReader) Read(buf []byte) (int, error) {
+	_ = b.conn.SetReadDeadline(time.Now().Add(b.idle))
+	n, err := b.r.Read(buf)
+	b.n += int64(n)
+	if b.n > b.max {
+		return n, errBodyTooLarge
+	}
+	switch {
+	case errors.Is(err, io.EOF):
+		b.eof = true
+	case err != nil:
+		b.failure = err
+	}
+	return n, err
+}
+
+func (b *bodyReader) Close() error { return nil }
+
+func (b *bodyReader) untouched() bool    { return b.n == 0 && b.failure == nil }
+func (b *bodyReader) clientFailed() bool { return b.failure != nil }
+
+// responseBody counts the bytes sent and runs done exactly once, when the
+// body is finished or abandoned (fasthttp closes it either way).
+type responseBody struct {
+	r    io.ReadCloser
+	n    int64
+	once sync.Once
+	done func(int64)
+}
+
+func (b *responseBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	b.n += int64(n)
+	return n, err
+}
+
+func (b *responseBody) Close() error {
+	err := b.r.Close()
+	b.once.Do(func() { b.done(b.n) })
+	return err
+}
+
+// cancelOnClose releases the upstream request's context with its body.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (c *cancelOnClose) Close() error {
+	err := c.ReadCloser.Close()
+	c.cancel()
+	return err
+}

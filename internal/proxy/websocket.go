@@ -1,0 +1,228 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/fasthttp/websocket"
+	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/fasthttp"
+
+	"github.com/aaas-project/aaas/internal/clientinfo"
+	"github.com/aaas-project/aaas/internal/kv"
+)
+
+// Close codes sent to browsers: 4401 asks the page to sign in again, 4403
+// refuses a cross-site socket, 1011 covers every upstream failure and the
+// per-user cap, 1009 a message from DSH above WS_MAX_MESSAGE_BYTES.
+const (
+	closeUnauthorized = 4401
+	closeForbidden    = 4403
+)
+
+// serveWebSocket bridges a browser WebSocket to DSH. Failures before the
+// bridge exists are reported the way browsers can see them: the upgrade
+// succeeds and is closed at once with a code and reason.
+func (p *Proxy) serveWebSocket(c *fiber.Ctx, user, rest string) error {
+	id, err := p.o.Authenticate(c)
+	switch {
+	case err != nil:
+		return p.refuse(c, closeUnauthorized, "sign in again")
+	case id.User != user:
+		return p.refuse(c, closeUnauthorized, "this sandbox belongs to another user")
+	case id.Ambient && !sameOriginWS(c):
+		return p.refuse(c, closeForbidden, "cross-site WebSocket refused")
+	}
+	if !p.slots.acquire(user) {
+		return p.refuse(c, websocket.CloseInternalServerErr, "too many connections to this sandbox")
+	}
+	release := func() { p.slots.release(user) }
+	box, _, err := p.ready(c, user, false)
+	if err != nil {
+		release()
+		return p.refuse(c, websocket.CloseInternalServerErr, reason(err))
+	}
+	cookie, rev, err := p.handshakeCookie(c, user, box, 0)
+	if err != nil {
+		release()
+		return p.refuse(c, websocket.CloseInternalServerErr, reason(err))
+	}
+	up, resp, err := p.dial(c, user, rest, box, cookie)
+	if resp != nil && resp.StatusCode == http.StatusUnauthorized {
+		if cookie, _, err = p.handshakeCookie(c, user, box, rev); err == nil {
+			up, _, err = p.dial(c, user, rest, box, cookie)
+		}
+	}
+	if err != nil {
+		release()
+		p.m.upstreamErrors.WithLabelValues("websocket_dial").Inc()
+		return p.refuse(c, websocket.CloseInternalServerErr, "your sandbox did not accept the connection")
+	}
+	up.SetReadLimit(p.o.WSMaxMessage)
+
+	upgrader := websocket.FastHTTPUpgrader{
+		ReadBufferSize: 32 << 10, WriteBufferSize: 32 << 10,
+		CheckOrigin: func(*fasthttp.RequestCtx) bool { return true }, // checked above
+	}
+	if sp := up.Subprotocol(); sp != "" {
+		upgrader.Subprotocols = []string{sp}
+	}
+	p.tracker.begin(user)
+	p.m.inFlight.Inc()
+	err = upgrader.Upgrade(c.Context(), func(down *websocket.Conn) {
+		defer func() {
+			p.m.inFlight.Dec()
+			p.tracker.end(user)
+			release()
+		}()
+		p.bridge(user, down, up)
+	})
+	if err != nil {
+		up.Close()
+		p.m.inFlight.Dec()
+		p.tracker.end(user)
+		release()
+	}
+	return nil
+}
+
+func reason(err error) string {
+	var we *waitError
+	if errors.As(err, &we) {
+		return we.detail
+	}
+	return err.Error()
+}
+
+// sameOriginWS checks a browser's Origin on a socket opened with ambient
+// credentials; clients without an Origin are not browsers.
+func sameOriginWS(c *fiber.Ctx) bool {
+	o := c.Get(fiber.HeaderOrigin)
+	if o == "" {
+		return true
+	}
+	u, err := url.Parse(o)
+	return err == nil && strings.EqualFold(u.Host, clientinfo.Host(c))
+}
+
+// refuse completes the upgrade and closes at once with code, because a
+// browser cannot read the status of a failed upgrade.
+func (p *Proxy) refuse(c *fiber.Ctx, code int, text string) error {
+	p.m.requests.WithLabelValues("1xx").Inc()
+	upgrader := websocket.FastHTTPUpgrader{CheckOrigin: func(*fasthttp.RequestCtx) bool { return true }}
+	if len(text) > 120 { // a close reason must fit a control frame
+		text = text[:120]
+	}
+	return upgrader.Upgrade(c.Context(), func(conn *websocket.Conn) {
+		_ = conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, text), time.Now().Add(time.Second))
+		_ = conn.Close()
+	})
+}
+
+func (p *Proxy) dial(c *fiber.Ctx, user, rest string, box kv.Sandbox, cookie string) (*websocket.Conn, *http.Response, error) {
+	u := "ws://" + box.Address + rest
+	if q := c.Request().URI().QueryString(); len(q) > 0 {
+		u += "?" + string(q)
+	}
+	h := http.Header{}
+	p.upstreamHeaders(c, user, cookie, h)
+	h.Set("Host", clientinfo.Host(c))
+	if sp := c.Get("Sec-WebSocket-Protocol"); sp != "" {
+		h.Set("Sec-WebSocket-Protocol", sp)
+	}
+	conn, resp, err := p.dialer.Dial(u, h)
+	if resp != nil && resp.Body != nil {
+		resp.Body.Close()
+	}
+	return conn, resp, err
+}
+
+// bridge copies messages both ways, frame by frame (a 16 MiB message is
+// never held whole), passes pings, pongs and close codes through, and
+// counts messages as activity.
+func (p *Proxy) bridge(user string, down, up *websocket.Conn) {
+	p.wsMu.Lock()
+	p.ws[down] = struct{}{}
+	p.wsMu.Unlock()
+	p.m.websockets.Inc()
+	defer func() {
+		p.wsMu.Lock()
+		delete(p.ws, down)
+		p.wsMu.Unlock()
+		p.m.websockets.Dec()
+		down.Close()
+		up.Close()
+	}()
+	down.SetReadLimit(p.o.WSMaxMessage)
+	forwardControl(down, up)
+	forwardControl(up, down)
+
+	errs := make(chan error, 2)
+	go func() { errs <- p.pump(user, "up", up, down) }()
+	go func() { errs <- p.pump(user, "down", down, up) }()
+	<-errs
+	// One side ended; the close it caused ends the other pump.
+	down.Close()
+	up.Close()
+	<-errs
+}
+
+// forwardControl relays pings and pongs read on from to to.
+func forwardControl(from, to *websocket.Conn) {
+	from.SetPingHandler(func(data string) error {
+		return to.WriteControl(websocket.PingMessage, []byte(data), time.Now().Add(time.Second))
+	})
+	from.SetPongHandler(func(data string) error {
+		return to.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(time.Second))
+	})
+}
+
+// pump copies messages read from src to dst until src ends, then passes
+// src's close code on to dst (1009 when src sent too much; the library has
+// already told src). dir labels the bytes: up is towards DSH.
+func (p *Proxy) pump(user, dir string, dst, src *websocket.Conn) error {
+	for {
+		typ, r, err := src.NextReader()
+		if err != nil {
+			_ = dst.WriteControl(websocket.CloseMessage, closeFor(err), time.Now().Add(time.Second))
+			return err
+		}
+		w, err := dst.NextWriter(typ)
+		if err != nil {
+			return err
+		}
+		n, err := io.Copy(w, r)
+		p.m.bytes.WithLabelValues(dir).Add(float64(n))
+		if cerr := w.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			if errors.Is(err, websocket.ErrReadLimit) {
+				_ = dst.WriteControl(websocket.CloseMessage, closeFor(err), time.Now().Add(time.Second))
+			}
+			return err
+		}
+		p.tracker.touch(user)
+	}
+}
+
+// closeFor turns the error that ended a read into the close frame for the
+// other side: the same code when the peer closed, 1009 for an oversized
+// message, 1011 otherwise. 1005 and 1006 cannot be sent and become 1000
+// and 1011.
+func closeFor(err error) []byte {
+	var ce *websocket.CloseError
+	switch {
+	case errors.As(err, &ce) && ce.Code == websocket.CloseNoStatusReceived:
+		return websocket.FormatCloseMessage(websocket.CloseNormalClosure, "")
+	case errors.As(err, &ce) && ce.Code != websocket.CloseAbnormalClosure:
+		return websocket.FormatCloseMessage(ce.Code, ce.Text)
+	case errors.Is(err, websocket.ErrReadLimit):
+		return websocket.FormatCloseMessage(websocket.CloseMessageTooBig, "message too big")
+	}
+	return websocket.FormatCloseMessage(websocket.CloseInternalServerErr, "connection to the sandbox lost")
+}

@@ -1,0 +1,104 @@
+// Package session authenticates browser users and API clients at the edge:
+// opaque session cookies backed by the shared sessions bucket, bearer
+// tokens checked against the account's token hash, account names, the
+// shared auth rate limit, same-origin checks, and the account endpoints
+// (landing page, signup, login, logout, delete, recreate).
+package session
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"regexp"
+	"strings"
+)
+
+// sidLen is the encoded length of a session id: 32 random bytes, base64url.
+const sidLen = 43
+
+// NewSessionID returns a fresh session id: 256 random bits, URL-safe.
+func NewSessionID() string { return random32() }
+
+func random32() string {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		panic("crypto/rand failed: " + err.Error())
+	}
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// validSID reports whether v has the shape of a session id, so garbage is
+// refused before any hashing.
+func validSID(v []byte) bool {
+	if len(v) != sidLen {
+		return false
+	}
+	for _, c := range v {
+		if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// HashHex is the hex SHA-256 of s: what the buckets store instead of a
+// session id or a token.
+func HashHex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+// NewToken mints a bearer token for user. The user name is part of the
+// token ("<user>.<secret>") so a token alone identifies its account; the
+// secret is 256 random bits.
+func NewToken(user string) string { return user + "." + random32() }
+
+// TokenUser returns the account a token claims to belong to.
+func TokenUser(token string) (string, bool) {
+	user, secret, ok := strings.Cut(token, ".")
+	if !ok || len(secret) != sidLen || ValidateUser(user) != nil {
+		return "", false
+	}
+	return user, true
+}
+
+// TokenMatches compares a token with a stored hash in constant time.
+func TokenMatches(token, storedHash string) bool {
+	if storedHash == "" {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(HashHex(token)), []byte(storedHash)) == 1
+}
+
+var (
+	nameRE   = regexp.MustCompile(`^[a-z][a-z0-9-]*[a-z0-9]$`)
+	reserved = map[string]bool{
+		"admin": true, "root": true, "system": true, "api": true, "static": true, "login": true, "logout": true,
+		"users": true, "recreate": true, "healthz": true, "readyz": true, "metrics": true, "pool": true,
+	}
+)
+
+// MaxUserLen keeps "dsh-<user>" within Kubernetes' 63-character names with
+// room for the controller's suffixes.
+const MaxUserLen = 32
+
+// ErrBadName explains what account names may look like.
+var ErrBadName = errors.New("user names are 2-32 characters: lowercase letters, digits and single hyphens, starting with a letter and ending with a letter or digit; not reserved and not starting with \"dsh\"")
+
+// ValidateUser checks an account name. Names become Kubernetes object
+// names (dsh-<user>), NATS subject tokens and KV keys, so only a narrow
+// ASCII alphabet is allowed (which also rules out look-alike characters).
+func ValidateUser(name string) error {
+	switch {
+	case len(name) < 2 || len(name) > MaxUserLen,
+		!nameRE.MatchString(name),
+		strings.Contains(name, "--"),
+		strings.HasPrefix(name, "dsh"),
+		reserved[name]:
+		return ErrBadName
+	}
+	return nil
+}

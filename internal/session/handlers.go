@@ -1,0 +1,314 @@
+package session
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/fasthttp"
+
+	"github.com/aaas-project/aaas/internal/clientinfo"
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/web"
+)
+
+func (s *Service) landing(c *fiber.Ctx) error {
+	d := web.Landing{Invite: s.o.InviteCode != "", SSO: s.o.ProxyHeader != "", MaxUserLen: MaxUserLen}
+	if id, err := s.Authenticate(c); err == nil {
+		d.User = id.User
+		st := s.state(id.User)
+		d.Phase, d.Reason = string(st.Phase), st.Reason
+	}
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	c.Type("html")
+	return web.RenderLanding(c, d)
+}
+
+// state is the user's sandbox record, or Claiming before the first one.
+func (s *Service) state(user string) kv.Sandbox {
+	e, ok := s.o.Sandboxes.Get(user)
+	if !ok {
+		return kv.Sandbox{User: user, Phase: kv.PhaseClaiming}
+	}
+	return e.Value
+}
+
+// signup: rate limit, size, type, invite, origin and name checks come
+// before anything is created; then the claim command, its answer, a
+// session, and up to WAKE_TIMEOUT for the sandbox to be Ready.
+func (s *Service) signup(c *fiber.Ctx) error {
+	if s.o.ProxyHeader != "" {
+		return s.fail(c, fiber.StatusForbidden, "accounts are created by signing in through SSO")
+	}
+	if ok, err := s.limit(c, "signup"); !ok {
+		return err
+	}
+	f, status, msg := s.form(c, "user", "invite")
+	if status != 0 {
+		return s.fail(c, status, msg)
+	}
+	if s.o.InviteCode != "" {
+		invite := f["invite"]
+		if invite == "" {
+			invite = c.Get("X-Signup-Invite")
+		}
+		if !constantEqual(invite, s.o.InviteCode) {
+			s.auth.WithLabelValues("signup", "invite_rejected").Inc()
+			s.audit(events.AuditEvent{Kind: events.AuditInviteRejected, Client: HashHex(clientinfo.IP(c))[:16]})
+			return s.fail(c, fiber.StatusForbidden, "a valid invite code is required to sign up")
+		}
+	}
+	if foreignOrigin(c) {
+		return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
+	}
+	user := f["user"]
+	if err := ValidateUser(user); err != nil {
+		return s.fail(c, fiber.StatusBadRequest, err.Error())
+	}
+	if _, ok := s.o.Users.Get(user); ok {
+		s.auth.WithLabelValues("signup", "conflict").Inc()
+		return s.fail(c, fiber.StatusConflict, "that user name is taken; sign in with your token instead")
+	}
+
+	start := time.Now()
+	token := NewToken(user)
+	req := newRequestID()
+	res, err := s.command(c.Context(), events.NewClaim(user, req, HashHex(token)))
+	switch {
+	case errors.Is(err, errTimeout) && wantsJSON(c):
+		// The claim may still succeed: hand out the token now, as it will
+		// never be shown again.
+		s.auth.WithLabelValues("signup", "accepted").Inc()
+		return c.Status(fiber.StatusAccepted).JSON(fiber.Map{"user": user, "token": token, "url": "/u/" + user + "/", "state": "Claiming"})
+	case err != nil:
+		s.auth.WithLabelValues("signup", "unavailable").Inc()
+		return s.fail(c, fiber.StatusServiceUnavailable, err.Error())
+	case res.Outcome == kv.OutcomeConflict:
+		s.auth.WithLabelValues("signup", "conflict").Inc()
+		return s.fail(c, fiber.StatusConflict, "that user name is taken; sign in with your token instead")
+	case res.Outcome != kv.OutcomeCreated:
+		s.auth.WithLabelValues("signup", "failed").Inc()
+		return s.fail(c, fiber.StatusServiceUnavailable, "your sandbox could not be created: "+res.Error)
+	}
+	sid, err := s.o.Store.Create(c.Context(), user, "signup")
+	if err != nil {
+		return s.fail(c, fiber.StatusServiceUnavailable, errUnavailable.Error())
+	}
+	s.setCookie(c, sid)
+	s.audit(events.AuditEvent{Kind: events.AuditSignup, User: user, RequestID: req, Outcome: kv.OutcomeCreated})
+	s.auth.WithLabelValues("signup", "created").Inc()
+
+	if !wantsJSON(c) {
+		return c.Redirect("/u/"+user+"/", fiber.StatusSeeOther)
+	}
+	wctx, cancel := context.WithTimeout(c.Context(), s.o.WakeTimeout-time.Since(start))
+	defer cancel()
+	e, _, _ := s.o.Sandboxes.Wait(wctx, user, func(e kv.Entry[kv.Sandbox], ok bool) bool {
+		return ok && (e.Value.Phase == kv.PhaseReady || e.Value.Phase == kv.PhaseFailed)
+	})
+	code, phase := fiber.StatusAccepted, string(e.Value.Phase)
+	if e.Value.Phase == kv.PhaseReady {
+		code = fiber.StatusCreated
+	}
+	if phase == "" {
+		phase = string(kv.PhaseClaiming)
+	}
+	return c.Status(code).JSON(fiber.Map{"user": user, "token": token, "url": "/u/" + user + "/", "state": phase})
+}
+
+func (s *Service) login(c *fiber.Ctx) error {
+	if ok, err := s.limit(c, "login"); !ok {
+		return err
+	}
+	if foreignOrigin(c) {
+		return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
+	}
+	var token string
+	if h := c.Get(fiber.HeaderAuthorization); h != "" {
+		token, _ = cutBearer(h)
+	} else {
+		f, status, msg := s.form(c, "token")
+		if status != 0 {
+			return s.fail(c, status, msg)
+		}
+		token = f["token"]
+	}
+	user, ok := s.checkToken(token)
+	if !ok {
+		s.auth.WithLabelValues("login", "rejected").Inc()
+		s.audit(events.AuditEvent{Kind: events.AuditLogin, Outcome: "rejected", Client: HashHex(clientinfo.IP(c))[:16]})
+		return s.fail(c, fiber.StatusUnauthorized, "that token is not valid")
+	}
+	sid, err := s.o.Store.Create(c.Context(), user, "login")
+	if err != nil {
+		return s.fail(c, fiber.StatusServiceUnavailable, errUnavailable.Error())
+	}
+	s.setCookie(c, sid)
+	s.auth.WithLabelValues("login", "ok").Inc()
+	s.audit(events.AuditEvent{Kind: events.AuditLogin, User: user, Outcome: "ok"})
+	if wantsJSON(c) {
+		return c.JSON(fiber.Map{"user": user, "url": "/u/" + user + "/"})
+	}
+	return c.Redirect("/u/"+user+"/", fiber.StatusSeeOther)
+}
+
+func cutBearer(h string) (string, bool) {
+	const p = "Bearer "
+	if len(h) > len(p) && h[:len(p)] == p {
+		return h[len(p):], true
+	}
+	return "", false
+}
+
+// mutation authenticates a state-changing request; cookie and SSO
+// identities also need a same-origin Origin or Referer (CSRF). ok=false
+// means the refusal has been written (and err is the write's error).
+func (s *Service) mutation(c *fiber.Ctx) (id Identity, ok bool, err error) {
+	id, aerr := s.Authenticate(c)
+	if aerr != nil {
+		return id, false, s.fail(c, fiber.StatusUnauthorized, aerr.Error())
+	}
+	if id.Method != "bearer" && !sameOrigin(c) {
+		return id, false, s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
+	}
+	return id, true, nil
+}
+
+func (s *Service) logout(c *fiber.Ctx) error {
+	id, err := s.Authenticate(c)
+	if err == nil && id.Method == "cookie" {
+		if !sameOrigin(c) {
+			return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
+		}
+		if err := s.o.Store.Revoke(c.Context(), id.User, id.sid); err != nil {
+			return s.fail(c, fiber.StatusServiceUnavailable, errUnavailable.Error())
+		}
+		s.audit(events.AuditEvent{Kind: events.AuditLogout, User: id.User, Outcome: "ok"})
+	}
+	s.clearCookie(c)
+	if wantsJSON(c) {
+		return c.SendStatus(fiber.StatusNoContent)
+	}
+	return c.Redirect("/", fiber.StatusSeeOther)
+}
+
+func (s *Service) deleteAccount(c *fiber.Ctx) error {
+	id, ok, err := s.mutation(c)
+	if !ok {
+		return err
+	}
+	if c.Params("user") != id.User {
+		return s.fail(c, fiber.StatusForbidden, "you can only delete your own account")
+	}
+	res, err := s.command(c.Context(), events.NewDelete(id.User, newRequestID()))
+	if err != nil {
+		return s.fail(c, fiber.StatusServiceUnavailable, err.Error())
+	}
+	if res.Outcome != kv.OutcomeDeleted {
+		return s.fail(c, fiber.StatusServiceUnavailable, "the account could not be deleted: "+res.Error)
+	}
+	s.clearCookie(c)
+	s.audit(events.AuditEvent{Kind: events.AuditDelete, User: id.User, Outcome: "requested", Detail: "by " + id.Method})
+	return c.SendStatus(fiber.StatusNoContent)
+}
+
+// recreate wipes the sandbox and every session; the browser that asked
+// gets a fresh session so it is not signed out by its own request.
+func (s *Service) recreate(c *fiber.Ctx) error {
+	id, ok, err := s.mutation(c)
+	if !ok {
+		return err
+	}
+	res, err := s.command(c.Context(), events.NewRecreate(id.User, newRequestID()))
+	if err != nil {
+		return s.fail(c, fiber.StatusServiceUnavailable, err.Error())
+	}
+	if res.Outcome != kv.OutcomeRecreated {
+		return s.fail(c, fiber.StatusServiceUnavailable, "the sandbox could not be recreated: "+res.Error)
+	}
+	s.audit(events.AuditEvent{Kind: events.AuditRecreate, User: id.User, Outcome: "requested", Detail: "by " + id.Method})
+	if id.Method == "cookie" {
+		if sid, err := s.o.Store.Create(c.Context(), id.User, "recreate"); err == nil {
+			s.setCookie(c, sid)
+		}
+	}
+	if wantsJSON(c) || c.Method() != fiber.MethodPost {
+		return c.Status(fiber.StatusAccepted).JSON(fiber.Map{"user": id.User, "state": string(s.state(id.User).Phase)})
+	}
+	return c.Redirect("/", fiber.StatusSeeOther)
+}
+
+type statusBody struct {
+	User   string `json:"user"`
+	Phase  string `json:"phase"`
+	Reason string `json:"reason,omitempty"`
+	URL    string `json:"url"`
+}
+
+func (s *Service) statusOf(user string) statusBody {
+	st := s.state(user)
+	return statusBody{User: user, Phase: string(st.Phase), Reason: st.Reason, URL: "/u/" + user + "/"}
+}
+
+func (s *Service) status(c *fiber.Ctx) error {
+	id, err := s.Authenticate(c)
+	if err != nil {
+		return s.fail(c, fiber.StatusUnauthorized, err.Error())
+	}
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	return c.JSON(s.statusOf(id.User))
+}
+
+// statusStream sends the user's sandbox state as server-sent events, once
+// now and again on every change, for the landing and starting pages.
+func (s *Service) statusStream(c *fiber.Ctx) error {
+	id, err := s.Authenticate(c)
+	if err != nil {
+		return s.fail(c, fiber.StatusUnauthorized, err.Error())
+	}
+	c.Set(fiber.HeaderContentType, "text/event-stream")
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	c.Set("X-Accel-Buffering", "no")
+	user := id.User
+	ctx := c.Context()
+	c.Context().SetBodyStreamWriter(fasthttp.StreamWriter(func(w *bufio.Writer) {
+		var last uint64
+		sent := false
+		for {
+			e, _ := s.o.Sandboxes.Get(user)
+			if !sent || e.Revision != last {
+				b, _ := json.Marshal(s.statusOf(user))
+				if _, err := w.WriteString("event: state\ndata: " + string(b) + "\n\n"); err != nil {
+					return
+				}
+				if err := w.Flush(); err != nil {
+					return
+				}
+				last, sent = e.Revision, true
+			}
+			wctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			_, _, err := s.o.Sandboxes.Wait(wctx, user, func(e kv.Entry[kv.Sandbox], _ bool) bool { return e.Revision != last })
+			cancel()
+			if err != nil {
+				// Quiet for a while: a comment keeps proxies from closing the
+				// stream and tells us whether the browser is still there.
+				if _, err := w.WriteString(": keep-alive\n\n"); err != nil {
+					return
+				}
+				if err := w.Flush(); err != nil {
+					return
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			default:
+			}
+		}
+	}))
+	return nil
+}

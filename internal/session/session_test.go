@@ -1,0 +1,163 @@
+package session_test
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/session"
+	"github.com/aaas-project/aaas/internal/testutil"
+)
+
+func TestValidateUser(t *testing.T) {
+	good := []string{"bob", "al", "x9", "a-b", "carol-2", strings.Repeat("a", 32)}
+	bad := []string{
+		"", "a", strings.Repeat("a", 33), "Bob", "BOB", "..", "a..b", "a.b", "a/b", "a b", "-ab", "ab-", "a--b", "9ab",
+		"bоb",       // Cyrillic о
+		"bob\u200b", // zero-width space
+		"dsh-bob", "dsh", "dshbob", "admin", "pool", "bob\n",
+	}
+	for _, n := range good {
+		if err := session.ValidateUser(n); err != nil {
+			t.Errorf("%q refused: %v", n, err)
+		}
+	}
+	for _, n := range bad {
+		if session.ValidateUser(n) == nil {
+			t.Errorf("%q accepted", n)
+		}
+	}
+}
+
+func TestTokens(t *testing.T) {
+	tok := session.NewToken("bob")
+	if u, ok := session.TokenUser(tok); !ok || u != "bob" {
+		t.Fatalf("TokenUser(%q) = %q %v", tok, u, ok)
+	}
+	h := session.HashHex(tok)
+	if !session.TokenMatches(tok, h) || session.TokenMatches(session.NewToken("bob"), h) || session.TokenMatches(tok, "") {
+		t.Fatal("token matching is wrong")
+	}
+	sid := session.NewSessionID()
+	if _, ok := session.TokenUser(sid); ok {
+		t.Fatal("a session id passes as a token")
+	}
+	for _, bad := range []string{"", "bob", "bob.", "Bob." + strings.Repeat("a", 43), "bob.short"} {
+		if _, ok := session.TokenUser(bad); ok {
+			t.Errorf("%q parsed as a token", bad)
+		}
+	}
+}
+
+func setup(t testing.TB) (*session.Store, *session.Limiter) {
+	t.Helper()
+	s := natstest.Start(t)
+	_, js := natstest.Connect(t, s.URL())
+	ctx := natstest.Context(t, time.Minute)
+	if err := kv.EnsureBuckets(ctx, js, kv.DefaultBucketsConfig()); err != nil {
+		t.Fatal(err)
+	}
+	store, err := session.NewStore(context.Background(), js, time.Hour, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := session.NewLimiter(ctx, js, 3, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if !store.Synced() {
+			return context.DeadlineExceeded
+		}
+		return nil
+	})
+	return store, lim
+}
+
+func TestStoreCreateLookupRevoke(t *testing.T) {
+	store, _ := setup(t)
+	ctx := natstest.Context(t, time.Minute)
+	sid, err := store.Create(ctx, "bob", "login")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if s, ok := store.Lookup([]byte(sid)); !ok || s.User != "bob" {
+			return context.DeadlineExceeded
+		}
+		return nil
+	})
+	for _, bad := range []string{"", "x", sid[:42], sid + "x", strings.Repeat("!", 43)} {
+		if _, ok := store.Lookup([]byte(bad)); ok {
+			t.Errorf("lookup of %q succeeded", bad)
+		}
+	}
+	other, _ := store.Create(ctx, "bob", "login")
+	if err := store.Revoke(ctx, "bob", sid); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if _, ok := store.Lookup([]byte(sid)); ok {
+			return context.DeadlineExceeded
+		}
+		return nil
+	})
+	if _, ok := store.Lookup([]byte(other)); !ok {
+		t.Fatal("revoking one session revoked another")
+	}
+	if err := store.RevokeAll(ctx, "bob"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if _, ok := store.Lookup([]byte(other)); ok {
+			return context.DeadlineExceeded
+		}
+		return nil
+	})
+}
+
+func TestLimiter(t *testing.T) {
+	_, lim := setup(t)
+	ctx := natstest.Context(t, time.Minute)
+	for i := 0; i < 3; i++ {
+		if ok, _, err := lim.Allow(ctx, "10.0.0.1"); !ok || err != nil {
+			t.Fatalf("attempt %d refused: %v", i+1, err)
+		}
+	}
+	ok, retry, err := lim.Allow(ctx, "10.0.0.1")
+	if ok || err != nil || retry <= 0 || retry > time.Minute {
+		t.Fatalf("4th attempt: ok=%v retry=%s err=%v", ok, retry, err)
+	}
+	if ok, _, _ := lim.Allow(ctx, "10.0.0.2"); !ok {
+		t.Fatal("another client was limited")
+	}
+}
+
+// BenchmarkSessionLookup is the per-request cost of authenticating a
+// cookie: validation, SHA-256 and a cache read.
+func BenchmarkSessionLookup(b *testing.B) {
+	store, _ := setup(b)
+	ctx := context.Background()
+	sids := make([][]byte, 1000)
+	for i := range sids {
+		sid, err := store.Create(ctx, "bob", "login")
+		if err != nil {
+			b.Fatal(err)
+		}
+		sids[i] = []byte(sid)
+	}
+	for store.Len() < len(sids) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, ok := store.Lookup(sids[i%len(sids)]); !ok {
+			b.Fatal("miss")
+		}
+	}
+}

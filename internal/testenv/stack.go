@@ -1,0 +1,111 @@
+package testenv
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/aaas-project/aaas/internal/embednats"
+	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/natsconn"
+)
+
+// Stack is one test's system: its own NATS server and namespace, and the
+// aaas processes the test starts into them.
+type Stack struct {
+	t    testing.TB
+	pkg  *Package
+	NATS *embednats.Server
+	JS   jetstream.JetStream
+	NS   *Namespace
+	// Key is the HANDSHAKE_KEY every process shares.
+	Key string
+	// Env is added to every process started after it is set.
+	Env   map[string]string
+	Procs []*Proc
+}
+
+// NewStack provisions NATS and a namespace (mutate adjusts the sandbox
+// template and pool).
+func (p *Package) NewStack(t testing.TB, mutate func(*extv1beta1.SandboxTemplate, *extv1beta1.SandboxWarmPool)) *Stack {
+	t.Helper()
+	s := natstest.Start(t)
+	_, js := natstest.Connect(t, s.URL())
+	if err := natsconn.Provision(Context(t, time.Minute), js, events.DefaultStreamsConfig(), kv.DefaultBucketsConfig()); err != nil {
+		t.Fatal(err)
+	}
+	return &Stack{t: t, pkg: p, NATS: s, JS: js, NS: p.NewNamespace(t, mutate), Key: HandshakeKey(), Env: map[string]string{}}
+}
+
+func (s *Stack) start(name string, env map[string]string) *Proc {
+	s.t.Helper()
+	full := map[string]string{"NATS_URL": s.NATS.URL(), "HANDSHAKE_KEY": s.Key}
+	for k, v := range s.Env {
+		full[k] = v
+	}
+	for k, v := range env {
+		full[k] = v
+	}
+	p := s.pkg.Start(s.t, name, full)
+	s.Procs = append(s.Procs, p)
+	return p
+}
+
+// Lifecycle starts a lifecycle worker as the manifests' ServiceAccount and
+// waits until it is ready.
+func (s *Stack) Lifecycle(id string) *Proc {
+	s.t.Helper()
+	p := s.start("lifecycle", map[string]string{
+		"KUBECONFIG": s.NS.Kubeconfig, "NAMESPACE": s.NS.Name, "INSTANCE_ID": id,
+		"LEASE_TTL": "2s", "COMMAND_ACK_WAIT": "2s",
+	})
+	p.WaitReady(s.t, time.Minute)
+	return p
+}
+
+// Edge is a running edge replica.
+type Edge struct {
+	*Proc
+	// URL is http://127.0.0.1:port.
+	URL string
+}
+
+// Edge starts an edge replica on a free port (plain HTTP, so insecure
+// cookies are allowed) and waits until it is ready.
+func (s *Stack) Edge(id string, env map[string]string) *Edge {
+	s.t.Helper()
+	addr := FreeAddr(s.t)
+	full := map[string]string{
+		"LISTEN_ADDR": addr, "INSTANCE_ID": id, "COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1",
+		"BEACON_INTERVAL": "1s", "SHUTDOWN_TIMEOUT": "5s",
+	}
+	for k, v := range env {
+		full[k] = v
+	}
+	p := s.start("edge", full)
+	p.WaitReady(s.t, time.Minute)
+	return &Edge{Proc: p, URL: "http://" + addr}
+}
+
+// Sweeper starts a sweeper and waits until it is ready.
+func (s *Stack) Sweeper(id string, env map[string]string) *Proc {
+	s.t.Helper()
+	full := map[string]string{"INSTANCE_ID": id, "LEASE_TTL": "2s"}
+	for k, v := range env {
+		full[k] = v
+	}
+	p := s.start("sweeper", full)
+	p.WaitReady(s.t, time.Minute)
+	return p
+}
+
+// NoRedirects is an HTTP client that returns redirects instead of
+// following them.
+func NoRedirects() *http.Client {
+	return &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }, Timeout: 2 * time.Minute}
+}

@@ -1,0 +1,73 @@
+// Package web holds the edge's own pages: the landing page (sign up, sign
+// in, your sandbox), the "starting your sandbox" page shown while a
+// sandbox wakes, and error pages. Templates and assets are embedded; the
+// pages work without JavaScript and use a little of it to follow state
+// live.
+package web
+
+import (
+	"embed"
+	"html/template"
+	"io"
+	"io/fs"
+	"mime"
+	"path"
+)
+
+//go:embed templates/*.html
+var templates embed.FS
+
+//go:embed static
+var static embed.FS
+
+var pages = template.Must(template.New("").ParseFS(templates, "templates/*.html"))
+
+// Landing is the data of the landing page.
+type Landing struct {
+	// User is the signed-in user, empty when signed out.
+	User   string
+	Phase  string
+	Reason string
+	// Invite asks for an invite code on signup; SSO hides the forms.
+	Invite bool
+	SSO    bool
+	// Error is shown above the forms.
+	Error      string
+	MaxUserLen int
+}
+
+// Starting is the data of the page shown while a sandbox wakes.
+type Starting struct {
+	User   string
+	Phase  string
+	Reason string
+}
+
+// Problem is an error page.
+type Problem struct {
+	Status int
+	Title  string
+	Detail string
+	// SignIn offers a link to the landing page.
+	SignIn bool
+}
+
+// RenderLanding writes the landing page.
+func RenderLanding(w io.Writer, d Landing) error { return pages.ExecuteTemplate(w, "landing.html", d) }
+
+// RenderStarting writes the starting page.
+func RenderStarting(w io.Writer, d Starting) error {
+	return pages.ExecuteTemplate(w, "starting.html", d)
+}
+
+// RenderProblem writes an error page.
+func RenderProblem(w io.Writer, d Problem) error { return pages.ExecuteTemplate(w, "problem.html", d) }
+
+// Asset returns an embedded static file and its content type.
+func Asset(name string) ([]byte, string, bool) {
+	b, err := fs.ReadFile(static, path.Join("static", path.Clean("/"+name)))
+	if err != nil {
+		return nil, "", false
+	}
+	return b, mime.TypeByExtension(path.Ext(name)), true
+}
