@@ -74,9 +74,6 @@ func (t *tracker) touch(user string) {
 	a.dirty.Store(true)
 }
 
-// inFlight is this edge's count for user.
-func (t *tracker) inFlight(user string) int64 { return t.get(user).inFlight.Load() }
-
 // run publishes until ctx ends.
 func (t *tracker) run(ctx context.Context) {
 	tick := time.NewTicker(time.Second)
