@@ -165,7 +165,7 @@ func errorPage(c *fiber.Ctx, err error) error {
 	}
 	c.Status(code)
 	c.Set(fiber.HeaderCacheControl, "no-store")
-	clientinfo.CloseIfBody(c)
+	clientinfo.DiscardBody(c)
 	if c.Accepts("text/html") == "text/html" {
 		c.Type("html")
 		return web.RenderProblem(c, web.Problem{Status: code, Title: "Not available", Detail: err.Error()})

@@ -91,6 +91,9 @@ func Start(o Options) (*Server, error) {
 // URL is the client URL.
 func (s *Server) URL() string { return fmt.Sprintf("nats://%s:%d", s.opts.Host, s.opts.Port) }
 
+// Restart starts a stopped node again with the same ports and store.
+func (s *Server) Restart() (*Server, error) { return Start(s.opts) }
+
 // Stop shuts the node down and waits until it has.
 func (s *Server) Stop() {
 	s.Shutdown()

@@ -117,10 +117,10 @@ func (p *Proxy) forward(c *fiber.Ctx, user, rest string, finish func(int)) (int,
 	}
 	if err != nil {
 		switch {
-		case body.clientFailed() || errors.Is(err, errClientGone):
-			return statusClientClosed, errClientGone
-		case errors.Is(err, errBodyTooLarge):
+		case body.tooLarge:
 			return fiber.StatusRequestEntityTooLarge, &waitError{fiber.StatusRequestEntityTooLarge, "Upload too large", "Request bodies are limited to " + strconv.FormatInt(p.o.MaxBody>>20, 10) + " MiB."}
+		case body.failure != nil || errors.Is(err, errClientGone):
+			return statusClientClosed, errClientGone
 		}
 		p.m.upstreamErrors.WithLabelValues("request").Inc()
 		return fiber.StatusBadGateway, err
@@ -131,7 +131,8 @@ func (p *Proxy) forward(c *fiber.Ctx, user, rest string, finish func(int)) (int,
 	}
 	p.m.bytes.WithLabelValues("up").Add(float64(body.n))
 	if clientinfo.HasBody(c) && !body.eof {
-		// DSH answered without reading all of it; see CloseIfBody.
+		// DSH answered without reading all of it, and the transport may
+		// still be sending the rest: the connection cannot be reused.
 		c.Context().SetConnectionClose()
 	}
 	p.respond(c, user, box, resp, finish)
@@ -252,13 +253,14 @@ var errBodyTooLarge = errors.New("request body exceeds MAX_BODY_MB")
 // remembers whether anything was read (a refused request can be retried
 // only then) and whether the browser failed mid-body.
 type bodyReader struct {
-	r       io.Reader
-	conn    net.Conn
-	idle    time.Duration
-	max     int64
-	n       int64
-	eof     bool
-	failure error
+	r        io.Reader
+	conn     net.Conn
+	idle     time.Duration
+	max      int64
+	n        int64
+	eof      bool
+	tooLarge bool
+	failure  error
 }
 
 func (p *Proxy) requestBody(c *fiber.Ctx) *bodyReader {
@@ -270,6 +272,7 @@ func (b *bodyReader) Read(buf []byte) (int, error) {
 	n, err := b.r.Read(buf)
 	b.n += int64(n)
 	if b.n > b.max {
+		b.tooLarge = true
 		return n, errBodyTooLarge
 	}
 	switch {
@@ -283,8 +286,7 @@ func (b *bodyReader) Read(buf []byte) (int, error) {
 
 func (b *bodyReader) Close() error { return nil }
 
-func (b *bodyReader) untouched() bool    { return b.n == 0 && b.failure == nil }
-func (b *bodyReader) clientFailed() bool { return b.failure != nil }
+func (b *bodyReader) untouched() bool { return b.n == 0 && b.failure == nil }
 
 // responseBody counts the bytes sent and runs done exactly once, when the
 // body is finished or abandoned (fasthttp closes it either way).

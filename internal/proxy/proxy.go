@@ -186,7 +186,7 @@ func (p *Proxy) serve(c *fiber.Ctx) error {
 func (p *Proxy) problem(c *fiber.Ctx, status int, title, detail string) error {
 	c.Status(status)
 	c.Set(fiber.HeaderCacheControl, "no-store")
-	clientinfo.CloseIfBody(c)
+	clientinfo.DiscardBody(c)
 	p.m.requests.WithLabelValues(class(status)).Inc()
 	if !strings.Contains(c.Get(fiber.HeaderAccept), "text/html") {
 		return c.JSON(fiber.Map{"error": detail})

@@ -197,13 +197,15 @@ func (p *Proxy) pump(user, dir string, dst, src *websocket.Conn) error {
 		}
 		n, err := io.Copy(w, r)
 		p.m.bytes.WithLabelValues(dir).Add(float64(n))
-		if cerr := w.Close(); err == nil {
-			err = cerr
-		}
 		if err != nil {
+			// Not w.Close(): that would deliver the truncated part as a
+			// whole message. A close frame now aborts it mid-message.
 			if errors.Is(err, websocket.ErrReadLimit) {
 				_ = dst.WriteControl(websocket.CloseMessage, closeFor(err), time.Now().Add(time.Second))
 			}
+			return err
+		}
+		if err := w.Close(); err != nil {
 			return err
 		}
 		p.tracker.touch(user)

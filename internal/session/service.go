@@ -218,7 +218,7 @@ func wantsJSON(c *fiber.Ctx) bool {
 func (s *Service) fail(c *fiber.Ctx, status int, msg string) error {
 	c.Status(status)
 	c.Set(fiber.HeaderCacheControl, "no-store")
-	clientinfo.CloseIfBody(c)
+	clientinfo.DiscardBody(c)
 	if wantsJSON(c) {
 		return c.JSON(fiber.Map{"error": msg})
 	}

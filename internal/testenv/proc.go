@@ -152,6 +152,9 @@ func (pr *Proc) Stop() {
 	}
 }
 
+// PID is the process id.
+func (pr *Proc) PID() int { return pr.cmd.Process.Pid }
+
 // Exited reports whether the process has ended.
 func (pr *Proc) Exited() bool {
 	select {
