@@ -34,10 +34,14 @@ lint: tools
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(STATICCHECK) ./...
 
-## bench: Go benchmarks and the wrk proxy benchmark (docs/BENCHMARKS.md)
+## bench: micro-benchmarks, devcluster benchmarks, and the wrk proxy benchmark (writes docs/BENCHMARKS.md)
 bench: tools build
 	@hack/tools.sh debian wrk
-	go test -run '^$$' -bench . -benchmem -count=1 ./...
+	go test -run '^$$' -bench . -benchmem -count=1 ./internal/kv/ ./internal/events/ ./internal/session/ ./internal/sweeper/
+	go test -run '^$$' -bench WakeOverhead -benchtime 50x -count=1 ./internal/lifecycle/
+	go test -run '^$$' -bench ClaimsFromWarmPool -benchtime 5x -count=1 ./internal/lifecycle/
+	go test -run '^$$' -bench SignupLatency -benchtime 30x -count=1 ./test/e2e/accounts/
+	go run ./hack/bench -bin $(BIN) -out docs/BENCHMARKS.md
 
 ## run: the whole system on this machine (embedded NATS, local control plane)
 run: tools build

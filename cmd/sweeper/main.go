@@ -1,9 +1,15 @@
-// Command sweeper is the aaas sweeper process; see the README for its configuration.
+// Command sweeper suspends idle sandboxes: it keeps idle clocks from the
+// activity stream and, on the one replica holding the lease, asks
+// lifecycle to suspend what nobody uses. It holds no Kubernetes
+// credentials; see the README for its configuration.
 package main
 
 import (
 	"github.com/aaas-project/aaas/internal/config"
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/process"
+	"github.com/aaas-project/aaas/internal/sweeper"
 )
 
 func main() {
@@ -16,6 +22,27 @@ func main() {
 		process.Fatal("sweeper", err)
 	}
 	defer p.Close()
-	p.SetReady(func() bool { return true })
-	<-p.Ctx.Done()
+	if err := run(p, cfg); err != nil {
+		p.Log.Error("sweeper stopped", "err", err)
+		p.Close()
+		process.Fatal("sweeper", err)
+	}
+}
+
+func run(p *process.Process, cfg config.Sweeper) error {
+	s, err := sweeper.New(p.Ctx, sweeper.Options{
+		JS: p.JS, Publisher: events.NewPublisher(p.JS, cfg.InstanceID, p.Log),
+		IdleTimeout: cfg.IdleTimeout, Interval: cfg.Interval, PruneInterval: cfg.PruneInterval,
+		Log: p.Log, Metrics: p.Metrics,
+	})
+	if err != nil {
+		return err
+	}
+	p.SetReady(s.Ready)
+	locks, err := kv.Open[kv.Holder](p.Ctx, p.JS, kv.BucketLocks)
+	if err != nil {
+		return err
+	}
+	go kv.NewLease(locks, "sweeper", cfg.InstanceID, cfg.LeaseTTL, p.Log).Run(p.Ctx, s.Lead)
+	return s.Follow(p.Ctx)
 }

@@ -178,10 +178,26 @@ func handshakeKey(e *Env) []byte {
 // Sweeper is the configuration of cmd/sweeper.
 type Sweeper struct {
 	Common
+	// IdleTimeout is IDLE_TIMEOUT: a Ready sandbox with no activity and
+	// nothing in flight for this long is suspended.
+	IdleTimeout time.Duration
+	// Interval is SWEEP_INTERVAL, default a tenth of IDLE_TIMEOUT (at
+	// most 30s).
+	Interval time.Duration
+	// LeaseTTL is LEASE_TTL: a standby takes over within it.
+	LeaseTTL time.Duration
+	// PruneInterval is PRUNE_INTERVAL, for orphaned sessions.
+	PruneInterval time.Duration
 }
 
 // LoadSweeper reads and validates the sweeper's variables.
 func LoadSweeper(e *Env) (Sweeper, error) {
-	c := Sweeper{Common: LoadCommon(e, ":9092")}
+	c := Sweeper{
+		Common:        LoadCommon(e, ":9092"),
+		IdleTimeout:   e.Duration("IDLE_TIMEOUT", 15*time.Minute, time.Second, 30*24*time.Hour),
+		LeaseTTL:      e.Duration("LEASE_TTL", 10*time.Second, time.Second, 5*time.Minute),
+		PruneInterval: e.Duration("PRUNE_INTERVAL", time.Minute, time.Second, 24*time.Hour),
+	}
+	c.Interval = e.Duration("SWEEP_INTERVAL", min(max(c.IdleTimeout/10, 100*time.Millisecond), 30*time.Second), 50*time.Millisecond, time.Hour)
 	return c, e.Err()
 }

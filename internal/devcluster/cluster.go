@@ -74,6 +74,11 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if o.DSHSim == "" {
 		return nil, errors.New("devcluster: Options.DSHSim (the dshsim binary) is required")
 	}
+	// Containers run in their pod's directory: a relative path would not
+	// resolve there.
+	if o.DSHSim, err = filepath.Abs(o.DSHSim); err != nil {
+		return nil, fmt.Errorf("devcluster: %w", err)
+	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}

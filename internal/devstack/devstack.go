@@ -36,19 +36,40 @@ type Options struct {
 	NATSPort int
 	// EdgePorts are where the edge replicas listen (one replica each).
 	EdgePorts []int
-	// MetricsPort is the first metrics port; processes take consecutive ones.
+	// MetricsPort is the first metrics port; processes take consecutive
+	// ones. Zero picks a free port for each.
 	MetricsPort int
 	// BinDir holds the aaas binaries (dshsim, edge, lifecycle, sweeper).
 	BinDir string
 	// Env adds to every process's environment (e.g. a short IDLE_TIMEOUT).
 	Env map[string]string
-	Out io.Writer
-	Log *slog.Logger
+	// Ready, if set, receives what a client of the stack needs once it
+	// serves.
+	Ready func(Info)
+	Out   io.Writer
+	Log   *slog.Logger
+}
+
+// Info describes a running stack.
+type Info struct {
+	NATSURL    string
+	Kubeconfig string // admin
+	EdgeURLs   []string
+	Invite     string
+	// Metrics and PIDs map a process name (lifecycle, edge-a, …) to its
+	// metrics address and process id.
+	Metrics map[string]string
+	PIDs    map[string]int
 }
 
 // Run starts the stack and blocks until ctx ends, then stops everything.
 func Run(ctx context.Context, o Options) error {
 	start := time.Now()
+	bin, err := filepath.Abs(o.BinDir)
+	if err != nil {
+		return err
+	}
+	o.BinDir = bin
 	if err := os.RemoveAll(o.StateDir); err != nil {
 		return fmt.Errorf("clean %s: %w", o.StateDir, err)
 	}
@@ -111,6 +132,17 @@ func Run(ctx context.Context, o Options) error {
 	}
 	fmt.Fprintf(o.Out, "invite     %s\n", invite)
 	fmt.Fprintf(o.Out, "ready in %s. Press Ctrl-C to stop.\n", time.Since(start).Round(100*time.Millisecond))
+	if o.Ready != nil {
+		info := Info{NATSURL: ns.URL(), Kubeconfig: cluster.Kubeconfig, Invite: invite, Metrics: map[string]string{}, PIDs: map[string]int{}}
+		for _, port := range o.EdgePorts {
+			info.EdgeURLs = append(info.EdgeURLs, fmt.Sprintf("http://localhost:%d", port))
+		}
+		for _, c := range children {
+			info.Metrics[c.name] = c.metrics
+			info.PIDs[c.name] = c.cmd.Process.Pid
+		}
+		o.Ready(info)
+	}
 	select {
 	case <-ctx.Done():
 	case name := <-exitedChild(children):
@@ -157,8 +189,13 @@ func startProcesses(o Options, natsURL, kubeconfig, invite string) ([]*child, er
 	}
 	metrics := o.MetricsPort
 	with := func(extra map[string]string) map[string]string {
-		env := map[string]string{"METRICS_ADDR": fmt.Sprintf("127.0.0.1:%d", metrics)}
-		metrics++
+		port := metrics
+		if o.MetricsPort == 0 {
+			port, _ = embednats.FreePort()
+		} else {
+			metrics++
+		}
+		env := map[string]string{"METRICS_ADDR": fmt.Sprintf("127.0.0.1:%d", port)}
 		for k, v := range common {
 			env[k] = v
 		}
@@ -172,6 +209,7 @@ func startProcesses(o Options, natsURL, kubeconfig, invite string) ([]*child, er
 		env  map[string]string
 	}{
 		{"lifecycle", with(map[string]string{"KUBECONFIG": kubeconfig, "NAMESPACE": Namespace, "INSTANCE_ID": "lifecycle-a"})},
+		{"sweeper", with(map[string]string{"INSTANCE_ID": "sweeper-a"})},
 	}
 	for i, port := range o.EdgePorts {
 		specs = append(specs, struct {
@@ -189,6 +227,7 @@ func startProcesses(o Options, natsURL, kubeconfig, invite string) ([]*child, er
 		if err != nil {
 			return children, err
 		}
+		c.metrics = s.env["METRICS_ADDR"]
 		children = append(children, c)
 	}
 	return children, nil

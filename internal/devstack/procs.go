@@ -12,10 +12,11 @@ import (
 
 // child is one aaas process of the stack, logging to its own file.
 type child struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  string
+	name    string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	log     string
+	metrics string
 }
 
 func startChild(name, bin, logDir string, env map[string]string) (*child, error) {

@@ -60,6 +60,7 @@ func Start(name string, common config.Common) (*Process, error) {
 		return nil, err
 	}
 	p.NC, p.JS = nc, js
+	registerNATSStats(p.Metrics, nc)
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := natsconn.Provision(pctx, js, common.Streams, common.Buckets); err != nil {
@@ -92,4 +93,17 @@ func (p *Process) Close() {
 func Fatal(name string, err error) {
 	fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 	os.Exit(1)
+}
+
+// registerNATSStats exposes the client connection's counters, so the cost
+// in NATS operations of anything the process does can be measured.
+func registerNATSStats(reg prometheus.Registerer, nc *nats.Conn) {
+	stat := func(name, help string, f func(nats.Statistics) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f(nc.Stats())) })
+	}
+	reg.MustRegister(
+		stat("aaas_nats_out_msgs_total", "Messages this process sent to NATS.", func(s nats.Statistics) uint64 { return s.OutMsgs }),
+		stat("aaas_nats_in_msgs_total", "Messages this process received from NATS.", func(s nats.Statistics) uint64 { return s.InMsgs }),
+		stat("aaas_nats_reconnects_total", "Reconnections to NATS.", func(s nats.Statistics) uint64 { return s.Reconnects }),
+	)
 }

@@ -1,0 +1,103 @@
+// Package sweeper decides when sandboxes are idle: it keeps an idle clock
+// per user from the activity stream (whose last message per subject is
+// every edge's latest beacon, so a restarted sweeper rebuilds the clocks
+// from it), and, while it holds the sweeper lease, asks lifecycle to
+// suspend sandboxes nobody has used for IDLE_TIMEOUT. It holds no
+// Kubernetes credentials; lifecycle re-checks each decision before acting.
+package sweeper
+
+import (
+	"sync"
+	"time"
+
+	"github.com/aaas-project/aaas/internal/events"
+)
+
+// clocks is the table of idle clocks: per user, the newest beacon of
+// each edge and the highest stream sequence seen.
+type clocks struct {
+	mu    sync.Mutex
+	users map[string]*clock
+}
+
+type clock struct {
+	edges map[string]beacon
+	seq   uint64
+}
+
+type beacon struct {
+	inFlight   int
+	lastActive time.Time
+	sentAt     time.Time
+	ttl        time.Duration
+}
+
+func newClocks() *clocks { return &clocks{users: map[string]*clock{}} }
+
+// observe records a beacon read at stream sequence seq.
+func (c *clocks) observe(b events.Beacon, seq uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	u := c.users[b.User]
+	if u == nil {
+		u = &clock{edges: map[string]beacon{}}
+		c.users[b.User] = u
+	}
+	if prev, ok := u.edges[b.Edge]; !ok || !b.SentAt.Before(prev.sentAt) {
+		u.edges[b.Edge] = beacon{inFlight: b.InFlight, lastActive: b.LastActive, sentAt: b.SentAt, ttl: b.TTL}
+	}
+	u.seq = max(u.seq, seq)
+}
+
+// view is what the sweeper knows about one user at a moment.
+type view struct {
+	// last is when the user was last seen active: the newest LastActive,
+	// or, for an edge that reported work in flight, the time of that
+	// report (an open WebSocket is activity while it lasts).
+	last time.Time
+	// busy means some edge has work in flight per a beacon still within
+	// its TTL; a dead edge stops counting once its beacons expire.
+	busy bool
+	seq  uint64
+}
+
+func (c *clocks) view(user string, now time.Time) view {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var v view
+	u := c.users[user]
+	if u == nil {
+		return v
+	}
+	v.seq = u.seq
+	for _, b := range u.edges {
+		seen := b.lastActive
+		if b.inFlight > 0 && b.sentAt.After(seen) {
+			seen = b.sentAt
+		}
+		if seen.After(v.last) {
+			v.last = seen
+		}
+		if b.inFlight > 0 && now.Sub(b.sentAt) < b.ttl {
+			v.busy = true
+		}
+	}
+	return v
+}
+
+// forget drops users no longer worth a clock.
+func (c *clocks) forget(keep func(user string) bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for u := range c.users {
+		if !keep(u) {
+			delete(c.users, u)
+		}
+	}
+}
+
+func (c *clocks) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.users)
+}

@@ -1,0 +1,270 @@
+package sweeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/kv"
+)
+
+// Options wires a Sweeper.
+type Options struct {
+	JS        jetstream.JetStream
+	Publisher *events.Publisher
+	// IdleTimeout is how long a Ready sandbox may go without activity.
+	IdleTimeout time.Duration
+	// Interval is how often the active sweeper looks.
+	Interval time.Duration
+	// PruneInterval is how often orphaned sessions are removed.
+	PruneInterval time.Duration
+	Log           *slog.Logger
+	Metrics       prometheus.Registerer
+}
+
+// Sweeper keeps idle clocks on every replica, so a standby that takes the
+// lease decides with complete clocks at once.
+type Sweeper struct {
+	o        Options
+	m        *metrics
+	clocks   *clocks
+	boxes    *kv.Cache[kv.Sandbox]
+	users    *kv.Cache[kv.User]
+	sessions *kv.Bucket[kv.Session]
+	synced   atomic.Bool
+
+	// Only the leader's loop touches these.
+	issued  map[string]issue
+	orphans map[string]bool
+}
+
+type issue struct{ rev, seq uint64 }
+
+// New opens the buckets and caches; Run starts following the stream.
+func New(ctx context.Context, o Options) (*Sweeper, error) {
+	s := &Sweeper{o: o, m: newMetrics(o.Metrics), clocks: newClocks(), issued: map[string]issue{}, orphans: map[string]bool{}}
+	boxes, err := kv.Open[kv.Sandbox](ctx, o.JS, kv.BucketSandboxes)
+	if err != nil {
+		return nil, err
+	}
+	users, err := kv.Open[kv.User](ctx, o.JS, kv.BucketUsers)
+	if err != nil {
+		return nil, err
+	}
+	if s.sessions, err = kv.Open[kv.Session](ctx, o.JS, kv.BucketSessions); err != nil {
+		return nil, err
+	}
+	if s.boxes, err = kv.NewCache(ctx, boxes, ">", o.Log); err != nil {
+		return nil, err
+	}
+	if s.users, err = kv.NewCache(ctx, users, ">", o.Log); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Ready reports whether the clocks and caches are complete.
+func (s *Sweeper) Ready() bool {
+	return s.synced.Load() && s.boxes.IsSynced() && s.users.IsSynced()
+}
+
+// Follow reads the activity stream into the clocks until ctx ends: first
+// the newest beacon of every (user, edge), then each new one. An ordered
+// consumer resumes by itself after a disconnect or a server restart, from
+// the last sequence it delivered, so no beacon is missed or counted twice.
+func (s *Sweeper) Follow(ctx context.Context) error {
+	cons, err := s.o.JS.OrderedConsumer(ctx, events.StreamActivity, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{events.ActivitySubjectsAll},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("follow activity: %w", err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("follow activity: %w", err)
+	}
+	if info.NumPending == 0 {
+		s.synced.Store(true)
+	}
+	start := time.Now()
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		meta, err := m.Metadata()
+		if err != nil {
+			return
+		}
+		b, err := events.Decode[events.Beacon](m.Data())
+		if err != nil {
+			s.o.Log.Warn("undecodable beacon ignored", "subject", m.Subject(), "err", err)
+		} else {
+			s.clocks.observe(b, meta.Sequence.Stream)
+		}
+		if meta.NumPending == 0 && !s.synced.Swap(true) {
+			s.o.Log.Info("idle clocks rebuilt", "users", s.clocks.len(), "took", time.Since(start).String())
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("follow activity: %w", err)
+	}
+	<-ctx.Done()
+	cc.Stop()
+	return nil
+}
+
+// Lead sweeps until ctx ends; the lease runs it on one replica.
+func (s *Sweeper) Lead(ctx context.Context) {
+	s.m.leader.Set(1)
+	defer s.m.leader.Set(0)
+	s.o.Log.Info("sweeping", "idle_timeout", s.o.IdleTimeout.String())
+	tick := time.NewTicker(s.o.Interval)
+	defer tick.Stop()
+	prune := time.NewTicker(s.o.PruneInterval)
+	defer prune.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if s.Ready() {
+				s.Sweep(ctx, time.Now())
+			}
+		case <-prune.C:
+			if s.Ready() {
+				s.prune(ctx)
+			}
+		}
+	}
+}
+
+// candidate is a Ready, managed sandbox.
+type candidate struct {
+	user       string
+	rev        uint64
+	readySince time.Time
+}
+
+// Sweep makes one round of decisions at now.
+func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
+	start := time.Now()
+	var cands []candidate
+	s.boxes.Range(func(e kv.Entry[kv.Sandbox]) bool {
+		// Only sandboxes this gateway created: a claim applied by hand is
+		// not ours to suspend.
+		if e.Value.Phase == kv.PhaseReady && e.Value.Managed {
+			cands = append(cands, candidate{user: e.Key, rev: e.Revision, readySince: e.Value.ReadySince})
+		}
+		return true
+	})
+	idle := 0
+	for _, c := range cands {
+		v := s.clocks.view(c.user, now)
+		last := v.last
+		if c.readySince.After(last) {
+			last = c.readySince
+		}
+		if v.busy || now.Sub(last) < s.o.IdleTimeout {
+			continue
+		}
+		idle++
+		if s.issued[c.user] == (issue{c.rev, v.seq}) {
+			continue // asked already; lifecycle is on it
+		}
+		dup, err := s.o.Publisher.Command(ctx, events.NewSuspend(c.user, v.seq, c.rev, last))
+		switch {
+		case err != nil:
+			s.m.suspends.WithLabelValues("error").Inc()
+			s.o.Log.Warn("suspend not requested", "user", c.user, "err", err)
+			continue
+		case dup:
+			s.m.suspends.WithLabelValues("duplicate").Inc()
+		default:
+			s.m.suspends.WithLabelValues("requested").Inc()
+			s.o.Publisher.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: c.user, Outcome: "requested",
+				Detail: fmt.Sprintf("idle since %s (%s)", last.UTC().Format(time.RFC3339), now.Sub(last).Round(time.Second))})
+			s.o.Log.Info("suspend requested", "user", c.user, "idle", now.Sub(last).Round(time.Second).String())
+		}
+		s.issued[c.user] = issue{c.rev, v.seq}
+	}
+	s.m.tracked.Set(float64(s.clocks.len()))
+	s.m.idle.Set(float64(idle))
+	s.m.tick.Observe(time.Since(start).Seconds())
+}
+
+// prune removes sessions of accounts that no longer exist (their claim was
+// deleted while no edge or lifecycle could purge them), and forgets idle
+// clocks of users without a sandbox. A session is removed only when its
+// user has been missing on two passes in a row, so an account whose
+// record is still on its way is not mistaken for a deleted one.
+func (s *Sweeper) prune(ctx context.Context) {
+	keys, err := s.sessions.Keys(ctx, ">")
+	if err != nil {
+		s.o.Log.Warn("prune: list sessions", "err", err)
+		return
+	}
+	missing := map[string]bool{}
+	removed := 0
+	for _, k := range keys {
+		user, _, _ := strings.Cut(k, ".")
+		if _, ok := s.users.Get(user); ok {
+			continue
+		}
+		missing[user] = true
+		if !s.orphans[user] {
+			continue
+		}
+		if err := s.sessions.Purge(ctx, k); err != nil && !errors.Is(err, context.Canceled) {
+			s.o.Log.Warn("prune: purge session", "user", user, "err", err)
+			continue
+		}
+		removed++
+	}
+	s.orphans = missing
+	if removed > 0 {
+		s.m.pruned.Add(float64(removed))
+		s.o.Log.Info("pruned orphaned sessions", "sessions", removed)
+	}
+	s.clocks.forget(func(user string) bool {
+		_, ok := s.boxes.Get(user)
+		return ok
+	})
+	for u := range s.issued {
+		if _, ok := s.boxes.Get(u); !ok {
+			delete(s.issued, u)
+		}
+	}
+}
+
+type metrics struct {
+	tracked  prometheus.Gauge
+	idle     prometheus.Gauge
+	suspends *prometheus.CounterVec
+	tick     prometheus.Histogram
+	pruned   prometheus.Counter
+	leader   prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		tracked: prometheus.NewGauge(prometheus.GaugeOpts{Name: "aaas_sweeper_users_tracked", Help: "Users with an idle clock."}),
+		idle:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "aaas_sweeper_idle", Help: "Ready sandboxes idle past IDLE_TIMEOUT at the last sweep."}),
+		suspends: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aaas_sweeper_suspends_total", Help: "Suspend decisions, by outcome (requested, duplicate, error).",
+		}, []string{"outcome"}),
+		tick: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "aaas_sweeper_tick_seconds", Help: "Time to make one round of decisions.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+		}),
+		pruned: prometheus.NewCounter(prometheus.CounterOpts{Name: "aaas_sweeper_pruned_sessions_total", Help: "Sessions removed because their account is gone."}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "aaas_sweeper_leader", Help: "1 while this replica is the active sweeper."}),
+	}
+	reg.MustRegister(m.tracked, m.idle, m.suspends, m.tick, m.pruned, m.leader)
+	return m
+}

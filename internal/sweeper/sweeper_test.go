@@ -1,0 +1,224 @@
+package sweeper_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/natsconn"
+	"github.com/aaas-project/aaas/internal/sweeper"
+	"github.com/aaas-project/aaas/internal/testutil"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+const idle = time.Minute
+
+type world struct {
+	t     testing.TB
+	js    jetstream.JetStream
+	pub   *events.Publisher
+	boxes *kv.Bucket[kv.Sandbox]
+	now   time.Time
+}
+
+func setup(t testing.TB) *world {
+	t.Helper()
+	s := natstest.Start(t)
+	_, js := natstest.Connect(t, s.URL())
+	ctx := natstest.Context(t, 10*time.Minute)
+	if err := natsconn.Provision(ctx, js, events.DefaultStreamsConfig(), kv.DefaultBucketsConfig()); err != nil {
+		t.Fatal(err)
+	}
+	boxes, err := kv.Open[kv.Sandbox](ctx, js, kv.BucketSandboxes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &world{t: t, js: js, pub: events.NewPublisher(js, "edge-a", quiet), boxes: boxes, now: time.Now()}
+}
+
+func (w *world) sweeper() *sweeper.Sweeper {
+	w.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	w.t.Cleanup(cancel)
+	s, err := sweeper.New(ctx, sweeper.Options{JS: w.js, Publisher: events.NewPublisher(w.js, "sweeper", quiet), IdleTimeout: idle, Interval: time.Hour, PruneInterval: time.Hour, Log: quiet, Metrics: prometheus.NewRegistry()})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	go func() { _ = s.Follow(ctx) }()
+	testutil.Eventually(w.t, 60*time.Second, func() error {
+		if !s.Ready() {
+			return fmt.Errorf("not ready")
+		}
+		return nil
+	})
+	return s
+}
+
+func (w *world) sandbox(user string, phase kv.Phase, managed bool, readySince time.Time) {
+	w.t.Helper()
+	if _, err := w.boxes.Put(context.Background(), user, kv.Sandbox{User: user, Phase: phase, Managed: managed, ReadySince: readySince}); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w *world) beacon(user, edge string, inFlight int, lastActive, sentAt time.Time) uint64 {
+	w.t.Helper()
+	f, err := w.pub.Beacon(events.Beacon{User: user, Edge: edge, InFlight: inFlight, LastActive: lastActive, SentAt: sentAt, TTL: 15 * time.Second})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	select {
+	case a := <-f.Ok():
+		return a.Sequence
+	case err := <-f.Err():
+		w.t.Fatal(err)
+	}
+	return 0
+}
+
+// suspends lists the suspend commands waiting in the work queue.
+func (w *world) suspends() map[string]events.Command {
+	w.t.Helper()
+	ctx := natstest.Context(w.t, time.Minute)
+	s, err := w.js.Stream(ctx, events.StreamCommands)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	info, _ := s.Info(ctx)
+	out := map[string]events.Command{}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			continue
+		}
+		c, err := events.Decode[events.Command](m.Data)
+		if err == nil && c.Verb == events.VerbSuspend {
+			out[c.User] = c
+		}
+	}
+	return out
+}
+
+func TestDecisions(t *testing.T) {
+	w := setup(t)
+	long := w.now.Add(-2 * idle)
+	w.sandbox("idle", kv.PhaseReady, true, long)
+	seq := w.beacon("idle", "edge-a", 0, long, long)
+	w.sandbox("busy", kv.PhaseReady, true, long)
+	w.beacon("busy", "edge-a", 1, long, w.now.Add(-time.Second)) // a WebSocket open, heartbeating
+	w.sandbox("dead-edge", kv.PhaseReady, true, long)
+	w.beacon("dead-edge", "edge-b", 1, long, long) // in flight, but the edge stopped reporting
+	w.sandbox("other-edge-busy", kv.PhaseReady, true, long)
+	w.beacon("other-edge-busy", "edge-a", 0, long, long)
+	w.beacon("other-edge-busy", "edge-b", 2, long, w.now.Add(-time.Second))
+	w.sandbox("recent", kv.PhaseReady, true, long)
+	w.beacon("recent", "edge-a", 0, w.now.Add(-idle/2), w.now.Add(-idle/2))
+	w.sandbox("just-woken", kv.PhaseReady, true, w.now.Add(-time.Second)) // no beacons at all
+	w.sandbox("unmanaged", kv.PhaseReady, false, long)
+	w.sandbox("asleep", kv.PhaseSuspended, true, long)
+	w.sandbox("never-used", kv.PhaseReady, true, long)
+
+	s := w.sweeper()
+	s.Sweep(context.Background(), w.now)
+	got := w.suspends()
+	var users []string
+	for u := range got {
+		users = append(users, u)
+	}
+	sort.Strings(users)
+	if fmt.Sprint(users) != "[dead-edge idle never-used]" {
+		t.Fatalf("suspended %v, want [dead-edge idle never-used]", users)
+	}
+	if got["idle"].Suspend.ActivitySeq != seq {
+		t.Fatalf("suspend carries activity seq %d, want %d", got["idle"].Suspend.ActivitySeq, seq)
+	}
+	if got["idle"].Suspend.IdleSince.Sub(long).Abs() > time.Millisecond {
+		t.Fatalf("idle since %s, want %s", got["idle"].Suspend.IdleSince, long)
+	}
+
+	// Sweeping again issues nothing new; new activity after a decision
+	// makes a new decision (with the new sequence) later.
+	before := len(w.suspends())
+	s.Sweep(context.Background(), w.now)
+	if after := len(w.suspends()); after != before {
+		t.Fatalf("second sweep published %d more", after-before)
+	}
+}
+
+func TestClocksSurviveARestart(t *testing.T) {
+	w := setup(t)
+	long := w.now.Add(-2 * idle)
+	w.sandbox("a", kv.PhaseReady, true, long)
+	w.beacon("a", "edge-a", 0, w.now.Add(-idle/2), w.now.Add(-idle/2))
+	first := w.sweeper()
+	first.Sweep(context.Background(), w.now)
+	if len(w.suspends()) != 0 {
+		t.Fatal("suspended a user active half an idle timeout ago")
+	}
+	// A new sweeper (the old one restarted, or a standby) knows the same
+	// clock: at now+idle/2 the user has been idle a whole timeout.
+	second := w.sweeper()
+	second.Sweep(context.Background(), w.now.Add(idle/2+time.Second))
+	if _, ok := w.suspends()["a"]; !ok {
+		t.Fatal("the restarted sweeper lost the idle clock")
+	}
+}
+
+// BenchmarkSweep100k measures, for 100k users with beacons from two
+// edges: rebuilding the clocks from the stream after a restart, one sweep
+// tick, and the memory the clocks take.
+func BenchmarkSweep100k(b *testing.B) {
+	const users = 100_000
+	w := setup(b)
+	long := w.now.Add(-2 * idle)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 64)
+	for i := 0; i < users; i++ {
+		u := fmt.Sprintf("u%d", i)
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			_, _ = w.boxes.Put(ctx, u, kv.Sandbox{User: u, Phase: kv.PhaseReady, Managed: true, ReadySince: long})
+		}()
+		for _, e := range []string{"edge-a", "edge-b"} {
+			if _, err := w.pub.Beacon(events.Beacon{User: u, Edge: e, InFlight: i % 2, LastActive: w.now, SentAt: w.now, TTL: time.Hour}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	wg.Wait()
+	<-w.js.PublishAsyncComplete()
+
+	runtime.GC()
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	start := time.Now()
+	s := w.sweeper()
+	catchUp := time.Since(start)
+	runtime.GC()
+	runtime.ReadMemStats(&m1)
+
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		s.Sweep(ctx, w.now.Add(time.Duration(i)*time.Nanosecond))
+	}
+	b.StopTimer()
+	b.ReportMetric(catchUp.Seconds(), "catchup-s")
+	b.ReportMetric(float64(int64(m1.HeapAlloc)-int64(m0.HeapAlloc))/(1<<20), "heap-MiB")
+	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "tick-ms")
+}
