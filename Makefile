@@ -10,7 +10,7 @@ CMDS := edge lifecycle sweeper dshsim devstack
 GOTEST_FLAGS ?=
 export AAAS_TOOLS_CACHE := $(TOOLS_CACHE)
 
-.PHONY: all build test lint bench run tools clean
+.PHONY: all build test lint bench run tools clean kind-up compose-up
 
 all: build
 
@@ -43,9 +43,17 @@ bench: tools build
 	go test -run '^$$' -bench SignupLatency -benchtime 30x -count=1 ./test/e2e/accounts/
 	go run ./hack/bench -bin $(BIN) -out docs/BENCHMARKS.md
 
-## run: the whole system on this machine (embedded NATS, local control plane)
+## run: the whole system on this machine (embedded NATS, local control plane); RUN_ARGS passes devstack flags
 run: tools build
-	$(BIN)/devstack
+	$(BIN)/devstack $(RUN_ARGS)
+
+## kind-up: a kind cluster with agent-sandbox and the dshsim template, for compose (needs docker, kind, kubectl)
+kind-up:
+	hack/kind-up.sh
+
+## compose-up: NATS, two edges, lifecycle and the sweeper in docker compose against the kind cluster
+compose-up:
+	docker compose up --build
 
 clean:
-	rm -rf $(BIN) .run
+	rm -rf $(BIN) .run .run-bench .kind test-artifacts

@@ -1,6 +1,9 @@
 package config_test
 
 import (
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -92,5 +95,31 @@ func TestEdgeRefusesInsecureCookiesUnlessAllowed(t *testing.T) {
 	d, err := config.LoadEdge(config.FromMap(map[string]string{"HANDSHAKE_KEY": key}))
 	if err != nil || !d.CookieSecure || d.MaxInFlightPerUser != 32 || d.WSMaxMessageBytes != 16<<20 || d.AuthRateLimit != 30 {
 		t.Fatalf("defaults: %+v %v", d, err)
+	}
+}
+
+// TestREADMEDocumentsEveryVariable keeps the configuration tables complete.
+func TestREADMEDocumentsEveryVariable(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob("*.go")
+	re := regexp.MustCompile(`e\.(?:String|Int|Bool|Duration|List|OneOf|Secret|Set)\("([A-Z][A-Z0-9_]+)"`)
+	seen := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, _ := os.ReadFile(f)
+		for _, m := range re.FindAllStringSubmatch(string(src), -1) {
+			seen++
+			if !strings.Contains(string(readme), "`"+m[1]+"`") {
+				t.Errorf("%s is read in %s but not documented in README.md", m[1], f)
+			}
+		}
+	}
+	if seen < 30 {
+		t.Fatalf("found only %d variables; the pattern is stale", seen)
 	}
 }

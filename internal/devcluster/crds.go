@@ -13,19 +13,31 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
+
+	"github.com/aaas-project/aaas"
 )
 
 // CRDs returns the agent-sandbox CRDs of the pinned release, with the
 // conversion webhook stanza removed: the webhook is off here, and a
 // conversion strategy pointing at a missing webhook would break every read.
 func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
-	dir, err := agentSandboxModuleDir()
+	return crdsFrom("sigs.k8s.io/agent-sandbox", aaas.Version("AGENT_SANDBOX_VERSION"), "k8s/crds")
+}
+
+// GatewayAPICRDs returns the standard-channel Gateway API CRDs of the
+// pinned release, for validating the gateway-api-sso exposure.
+func GatewayAPICRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
+	return crdsFrom("sigs.k8s.io/gateway-api", aaas.Version("GATEWAY_API_VERSION"), "config/crd/standard")
+}
+
+func crdsFrom(module, version, dir string) ([]*apiextensionsv1.CustomResourceDefinition, error) {
+	root, err := moduleDir(module, version)
 	if err != nil {
 		return nil, err
 	}
-	files, err := filepath.Glob(filepath.Join(dir, "k8s", "crds", "*.yaml"))
+	files, err := filepath.Glob(filepath.Join(root, dir, "*.yaml"))
 	if err != nil || len(files) == 0 {
-		return nil, fmt.Errorf("agent-sandbox CRDs not found in %s: %v", dir, err)
+		return nil, fmt.Errorf("CRDs not found in %s: %v", filepath.Join(root, dir), err)
 	}
 	var crds []*apiextensionsv1.CustomResourceDefinition
 	for _, f := range files {
@@ -37,10 +49,22 @@ func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 		if err := yaml.Unmarshal(b, crd); err != nil {
 			return nil, fmt.Errorf("decode CRD %s: %w", filepath.Base(f), err)
 		}
+		if crd.Kind != "CustomResourceDefinition" {
+			continue // policies shipped next to the CRDs
+		}
 		crd.Spec.Conversion = nil
 		crds = append(crds, crd)
 	}
 	return crds, nil
+}
+
+// InstallGatewayAPI adds the Gateway API CRDs to the cluster.
+func (c *Cluster) InstallGatewayAPI(ctx context.Context) error {
+	crds, err := GatewayAPICRDs()
+	if err != nil {
+		return err
+	}
+	return c.install(ctx, crds)
 }
 
 func (c *Cluster) installCRDs(ctx context.Context) error {
@@ -48,6 +72,11 @@ func (c *Cluster) installCRDs(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	return c.install(ctx, crds)
+}
+
+// install creates CRDs and waits until they are established.
+func (c *Cluster) install(ctx context.Context, crds []*apiextensionsv1.CustomResourceDefinition) error {
 	client, err := apiextensions.NewForConfig(c.Config)
 	if err != nil {
 		return fmt.Errorf("apiextensions client: %w", err)

@@ -3,19 +3,18 @@ package devcluster
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	sandboxclient "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned"
 	extclient "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
-	"sigs.k8s.io/yaml"
 
-	"github.com/aaas-project/aaas"
+	"github.com/aaas-project/aaas/internal/manifests"
 )
 
 // SandboxClients returns admin clients for the agent-sandbox API groups.
@@ -31,21 +30,22 @@ func (c *Cluster) SandboxClients() (sandboxclient.Interface, extclient.Interface
 	return sc, ec, nil
 }
 
-// SandboxManifests decodes the SandboxTemplate and SandboxWarmPool that
+// SandboxManifests renders the SandboxTemplate and SandboxWarmPool that
 // operators deploy (manifests/sandbox) and puts them in namespace.
 func SandboxManifests(namespace string) (*extv1beta1.SandboxTemplate, *extv1beta1.SandboxWarmPool, error) {
+	objs, err := manifests.Render("manifests/sandbox")
+	if err != nil {
+		return nil, nil, err
+	}
 	tmpl := &extv1beta1.SandboxTemplate{}
 	pool := &extv1beta1.SandboxWarmPool{}
-	for file, obj := range map[string]any{
-		"manifests/sandbox/sandboxtemplate.yaml": tmpl,
-		"manifests/sandbox/sandboxwarmpool.yaml": pool,
-	} {
-		b, err := fs.ReadFile(aaas.Manifests, file)
-		if err != nil {
-			return nil, nil, fmt.Errorf("read %s: %w", file, err)
+	for kind, into := range map[string]any{"SandboxTemplate": tmpl, "SandboxWarmPool": pool} {
+		found := manifests.Pick(objs, kind)
+		if len(found) != 1 {
+			return nil, nil, fmt.Errorf("manifests/sandbox has %d %s objects, want 1", len(found), kind)
 		}
-		if err := yaml.UnmarshalStrict(b, obj); err != nil {
-			return nil, nil, fmt.Errorf("decode %s: %w", file, err)
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(found[0].Object, into, true); err != nil {
+			return nil, nil, fmt.Errorf("decode %s: %w", kind, err)
 		}
 	}
 	tmpl.Namespace, pool.Namespace = namespace, namespace

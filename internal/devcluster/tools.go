@@ -49,10 +49,10 @@ func findBinaries() (binaries, error) {
 	return b, nil
 }
 
-// agentSandboxModuleDir returns the agent-sandbox module source (for its
-// CRDs), downloading it through the Go module proxy if needed.
-func agentSandboxModuleDir() (string, error) {
-	mod := "sigs.k8s.io/agent-sandbox@" + aaas.Version("AGENT_SANDBOX_VERSION")
+// moduleDir returns the source of a pinned Go module (for the CRDs it
+// ships), downloading it through the Go module proxy if needed.
+func moduleDir(path, version string) (string, error) {
+	mod := path + "@" + version
 	out, err := exec.Command("go", "mod", "download", "-json", mod).Output()
 	if err != nil {
 		return "", fmt.Errorf("go mod download %s: %w", mod, err)

@@ -23,6 +23,7 @@ import (
 	"github.com/aaas-project/aaas/internal/embednats"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/manifests"
 	"github.com/aaas-project/aaas/internal/natsconn"
 )
 
@@ -156,20 +157,15 @@ func Run(ctx context.Context, o Options) error {
 // manifests/base and returns a kubeconfig for it, so the local worker runs
 // with exactly the production rights.
 func lifecycleCredentials(ctx context.Context, c *devcluster.Cluster) (string, error) {
-	objs, err := devcluster.Manifest("manifests/base/lifecycle-rbac.yaml")
+	objs, err := manifests.Render("manifests/base")
 	if err != nil {
 		return "", err
 	}
-	for _, o := range objs {
-		// kustomize fills in the subject's namespace; here we do.
-		if subjects, ok, _ := unstructured.NestedSlice(o.Object, "subjects"); ok {
-			for _, s := range subjects {
-				s.(map[string]any)["namespace"] = Namespace
-			}
-			_ = unstructured.SetNestedSlice(o.Object, subjects, "subjects")
-		}
+	var rbac []*unstructured.Unstructured
+	for _, kind := range []string{"ServiceAccount", "Role", "RoleBinding"} {
+		rbac = append(rbac, manifests.Pick(objs, kind)...)
 	}
-	if err := c.Apply(ctx, Namespace, objs...); err != nil {
+	if err := c.Apply(ctx, Namespace, rbac...); err != nil {
 		return "", err
 	}
 	path, _, err := c.ServiceAccountKubeconfig(ctx, Namespace, "aaas-lifecycle")

@@ -9,22 +9,20 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/apimachinery/pkg/runtime"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
-	"github.com/aaas-project/aaas"
 	"github.com/aaas-project/aaas/internal/devcluster"
 	"github.com/aaas-project/aaas/internal/devcluster/devclustertest"
+	"github.com/aaas-project/aaas/internal/manifests"
 )
 
 // Package is what TestMain sets up once.
@@ -70,20 +68,25 @@ func HandshakeKey() string {
 	return base64.StdEncoding.EncodeToString(b)
 }
 
-// LifecycleRole decodes the ServiceAccount, Role and RoleBinding that
-// manifests/base grants the lifecycle worker.
+// LifecycleRole renders manifests/base and returns the ServiceAccount,
+// Role and RoleBinding it grants the lifecycle worker: the tests run
+// lifecycle under exactly what operators deploy.
 func LifecycleRole() (*corev1.ServiceAccount, *rbacv1.Role, *rbacv1.RoleBinding, error) {
-	b, err := fs.ReadFile(aaas.Manifests, "manifests/base/lifecycle-rbac.yaml")
+	objs, err := manifests.Render("manifests/base")
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	sa, role, rb := &corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}
-	dec := yaml.NewYAMLOrJSONDecoder(strings.NewReader(string(b)), 4096)
-	for _, obj := range []any{sa, role, rb} {
-		if err := dec.Decode(obj); err != nil {
-			return nil, nil, nil, fmt.Errorf("decode lifecycle-rbac.yaml: %w", err)
+	for kind, into := range map[string]any{"ServiceAccount": sa, "Role": role, "RoleBinding": rb} {
+		found := manifests.Pick(objs, kind)
+		if len(found) != 1 {
+			return nil, nil, nil, fmt.Errorf("manifests/base has %d %s objects, want 1", len(found), kind)
+		}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(found[0].Object, into); err != nil {
+			return nil, nil, nil, fmt.Errorf("decode %s: %w", kind, err)
 		}
 	}
+	sa.Namespace, role.Namespace, rb.Namespace = "", "", ""
 	return sa, role, rb, nil
 }
 

@@ -1,0 +1,351 @@
+// Package deploy tests what operators and developers deploy: every
+// kustomize overlay against devcluster's API server (server-side dry-run),
+// the security properties of the rendered objects, compose.yaml, the
+// Dockerfile, and `make run` as a newcomer runs it.
+package deploy_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/compose-spec/compose-go/v2/cli"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/aaas-project/aaas"
+	"github.com/aaas-project/aaas/internal/devcluster"
+	"github.com/aaas-project/aaas/internal/devcluster/devclustertest"
+	"github.com/aaas-project/aaas/internal/embednats"
+	"github.com/aaas-project/aaas/internal/manifests"
+	"github.com/aaas-project/aaas/internal/testenv"
+	"github.com/aaas-project/aaas/internal/testutil"
+)
+
+var cluster *devcluster.Cluster
+
+func TestMain(m *testing.M) { os.Exit(devclustertest.Main(m, &cluster)) }
+
+// root is the repository root.
+func root(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out)))
+}
+
+func TestEveryOverlayIsAcceptedByTheAPIServer(t *testing.T) {
+	ctx := testenv.Context(t, 5*time.Minute)
+	if err := cluster.InstallGatewayAPI(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.CreateNamespace(ctx, "dsh-demo"); err != nil {
+		t.Fatal(err)
+	}
+	dirs, err := manifests.Overlays()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"manifests/base", "manifests/sandbox", "manifests/exposure/ingress", "manifests/exposure/gateway-api-sso", "manifests/hardening", "manifests/dev/kind"}
+	for _, w := range want {
+		if !contains(dirs, w) {
+			t.Fatalf("overlay %s missing from %v", w, dirs)
+		}
+	}
+	for _, dir := range dirs {
+		objs, err := manifests.Render(dir)
+		if err != nil {
+			t.Fatalf("%s: %v", dir, err)
+		}
+		if err := cluster.ApplyWith(ctx, "dsh-demo", devcluster.ApplyOptions{DryRun: true}, objs...); err != nil {
+			t.Fatalf("%s refused by the API server: %v", dir, err)
+		}
+		t.Logf("%s: %d objects accepted", dir, len(objs))
+	}
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if x == y {
+			return true
+		}
+	}
+	return false
+}
+
+func get(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	t.Helper()
+	for _, o := range manifests.Pick(objs, kind) {
+		if o.GetName() == name {
+			return o
+		}
+	}
+	t.Fatalf("no %s %s", kind, name)
+	return nil
+}
+
+func podSpec(t *testing.T, d *unstructured.Unstructured) map[string]any {
+	spec, _, _ := unstructured.NestedMap(d.Object, "spec", "template", "spec")
+	return spec
+}
+
+func env(t *testing.T, d *unstructured.Unstructured) map[string]string {
+	containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+	out := map[string]string{}
+	for _, e := range containers[0].(map[string]any)["env"].([]any) {
+		m := e.(map[string]any)
+		v, _ := m["value"].(string)
+		out[m["name"].(string)] = v
+	}
+	return out
+}
+
+func TestBaseKeepsKubernetesRightsToLifecycle(t *testing.T) {
+	objs, err := manifests.Render("manifests/base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(manifests.Pick(objs, "Role")); n != 1 {
+		t.Fatalf("%d Roles in base, want only lifecycle's", n)
+	}
+	lc := get(t, objs, "Deployment", "aaas-lifecycle")
+	if sa := podSpec(t, lc)["serviceAccountName"]; sa != "aaas-lifecycle" {
+		t.Fatalf("lifecycle runs as %v", sa)
+	}
+	rb := get(t, objs, "RoleBinding", "aaas-lifecycle")
+	subjects, _, _ := unstructured.NestedSlice(rb.Object, "subjects")
+	if s := subjects[0].(map[string]any); s["name"] != "aaas-lifecycle" || s["namespace"] != "dsh-demo" {
+		t.Fatalf("RoleBinding subject %v", s)
+	}
+	for _, name := range []string{"aaas-edge", "aaas-sweeper"} {
+		spec := podSpec(t, get(t, objs, "Deployment", name))
+		if spec["automountServiceAccountToken"] != false || spec["serviceAccountName"] != nil {
+			t.Fatalf("%s may get Kubernetes credentials: %v", name, spec["automountServiceAccountToken"])
+		}
+	}
+	replicas := map[string]int64{"aaas-edge": 3, "aaas-lifecycle": 2, "aaas-sweeper": 2}
+	for name, want := range replicas {
+		got, _, _ := unstructured.NestedInt64(get(t, objs, "Deployment", name).Object, "spec", "replicas")
+		if got != want {
+			t.Errorf("%s replicas %d, want %d", name, got, want)
+		}
+	}
+	ss := get(t, objs, "StatefulSet", "nats")
+	if r, _, _ := unstructured.NestedInt64(ss.Object, "spec", "replicas"); r != 3 {
+		t.Fatalf("nats replicas %d", r)
+	}
+	containers, _, _ := unstructured.NestedSlice(ss.Object, "spec", "template", "spec", "containers")
+	if img := containers[0].(map[string]any)["image"]; img != aaas.Version("NATS_IMAGE") {
+		t.Fatalf("nats image %v, versions.env says %s", img, aaas.Version("NATS_IMAGE"))
+	}
+	if get(t, objs, "ConfigMap", "aaas-config").Object["data"].(map[string]any)["STREAM_REPLICAS"] != "3" {
+		t.Fatal("streams are not replicated three ways")
+	}
+}
+
+func TestExposureVariantsAreDistinct(t *testing.T) {
+	ingress, err := manifests.Render("manifests/exposure/ingress")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sso, err := manifests.Render("manifests/exposure/gateway-api-sso")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := env(t, get(t, ingress, "Deployment", "aaas-edge"))["AUTH_PROXY_HEADER"]; ok {
+		t.Fatal("the ingress variant trusts an identity header")
+	}
+	if env(t, get(t, sso, "Deployment", "aaas-edge"))["AUTH_PROXY_HEADER"] != "X-Forwarded-User" {
+		t.Fatal("the SSO variant does not take the identity from oauth2-proxy")
+	}
+	if len(manifests.Pick(sso, "Ingress")) != 0 {
+		t.Fatal("the SSO variant has a second path to the edge")
+	}
+	get(t, sso, "NetworkPolicy", "aaas-edge-from-oauth2-proxy")
+	get(t, ingress, "NetworkPolicy", "aaas-edge-ingress")
+	route := get(t, sso, "HTTPRoute", "aaas")
+	if !strings.Contains(fmt.Sprint(route.Object["spec"]), "oauth2-proxy") || strings.Contains(fmt.Sprint(route.Object["spec"]), "aaas-edge") {
+		t.Fatal("the HTTPRoute must send everything to oauth2-proxy")
+	}
+	for _, objs := range [][]*unstructured.Unstructured{ingress, sso} {
+		if typ, _, _ := unstructured.NestedString(get(t, objs, "Service", "aaas-edge").Object, "spec", "type"); typ != "ClusterIP" {
+			t.Fatalf("edge Service type %s", typ)
+		}
+	}
+}
+
+func TestComposeFile(t *testing.T) {
+	dir := root(t)
+	t.Setenv("HANDSHAKE_KEY", testenv.HandshakeKey())
+	opts, err := cli.NewProjectOptions([]string{filepath.Join(dir, "compose.yaml")}, cli.WithWorkingDirectory(dir), cli.WithOsEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := opts.LoadProject(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"nats": "", "edge-a": "edge", "edge-b": "edge", "lifecycle": "lifecycle", "sweeper": "sweeper"}
+	if len(p.Services) != len(want) {
+		t.Fatalf("services %v", p.ServiceNames())
+	}
+	for name, bin := range want {
+		s, ok := p.Services[name]
+		if !ok {
+			t.Fatalf("no service %s", name)
+		}
+		if name == "nats" {
+			if s.Image != aaas.Version("NATS_IMAGE") {
+				t.Fatalf("nats image %s, versions.env says %s", s.Image, aaas.Version("NATS_IMAGE"))
+			}
+			continue
+		}
+		if s.Build == nil || s.Build.Context != dir || s.Image != "aaas:dev" {
+			t.Fatalf("%s is not built from the Dockerfile: %+v %s", name, s.Build, s.Image)
+		}
+		if len(s.Entrypoint) != 1 || s.Entrypoint[0] != "/usr/local/bin/"+bin {
+			t.Fatalf("%s runs %v", name, s.Entrypoint)
+		}
+		if *s.Environment["NATS_URL"] != "nats://nats:4222" || s.Environment["HANDSHAKE_KEY"] == nil {
+			t.Fatalf("%s environment %v", name, s.Environment)
+		}
+	}
+	if a, b := *p.Services["edge-a"].Environment["LISTEN_ADDR"], *p.Services["edge-b"].Environment["LISTEN_ADDR"]; a != ":8080" || b != ":8081" {
+		t.Fatalf("edges listen on %s and %s", a, b)
+	}
+	lc := p.Services["lifecycle"]
+	if *lc.Environment["KUBECONFIG"] != "/kube/config" || len(lc.Volumes) != 1 || lc.Volumes[0].Target != "/kube/config" || !lc.Volumes[0].ReadOnly {
+		t.Fatalf("lifecycle kubeconfig mount: %+v %v", lc.Volumes, lc.Environment["KUBECONFIG"])
+	}
+	for _, name := range []string{"edge-a", "edge-b", "lifecycle"} {
+		if !strings.HasPrefix(p.Services[name].NetworkMode, "container:") {
+			t.Fatalf("%s does not share the kind node's network", name)
+		}
+	}
+	if _, ok := p.Services["sweeper"].Environment["KUBECONFIG"]; ok {
+		t.Fatal("the sweeper got Kubernetes credentials")
+	}
+}
+
+func TestDockerfile(t *testing.T) {
+	dir := root(t)
+	b, err := os.ReadFile(filepath.Join(dir, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	df := string(b)
+	gomod, _ := os.ReadFile(filepath.Join(dir, "go.mod"))
+	goVersion := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindStringSubmatch(string(gomod))[1]
+	if !strings.Contains(df, "ARG GO_VERSION="+goVersion) {
+		t.Fatalf("Dockerfile does not build with go %s", goVersion)
+	}
+	cmds, _ := filepath.Glob(filepath.Join(dir, "cmd", "*"))
+	for _, c := range cmds {
+		name := filepath.Base(c)
+		if name == "devstack" {
+			continue // the local stack is not shipped
+		}
+		if !strings.Contains(df, "./cmd/"+name) {
+			t.Errorf("the image lacks %s", name)
+		}
+	}
+	stages := regexp.MustCompile(`(?m)^FROM .*`).FindAllString(df, -1)
+	if len(stages) != 2 || !strings.Contains(df, "CGO_ENABLED=0") || !strings.Contains(stages[1], "nonroot") || !regexp.MustCompile(`(?m)^USER nonroot`).MatchString(df) {
+		t.Fatalf("want a two-stage static build on a non-root base: %v", stages)
+	}
+}
+
+// TestMakeRun starts `make run` as a newcomer would (on free ports),
+// signs up on both edges, and stops it with Ctrl-C.
+func TestMakeRun(t *testing.T) {
+	dir := root(t)
+	nats, _ := embednats.FreePort()
+	a, _ := embednats.FreePort()
+	b, _ := embednats.FreePort()
+	state := t.TempDir()
+	cmd := exec.Command("make", "-s", "run", fmt.Sprintf("RUN_ARGS=-state %s -nats-port %d -edge-ports %d,%d -metrics-port 0", state, nats, a, b))
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+	lines := make(chan string, 100)
+	go func() {
+		s := bufio.NewScanner(out)
+		for s.Scan() {
+			lines <- s.Text()
+		}
+		close(lines)
+	}()
+	var invite string
+	var log []string
+	deadline := time.After(4 * time.Minute)
+	for ready := false; !ready; {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("make run ended early:\n%s", strings.Join(log, "\n"))
+			}
+			log = append(log, l)
+			if f := strings.Fields(l); len(f) == 2 && f[0] == "invite" {
+				invite = f[1]
+			}
+			ready = strings.HasPrefix(l, "ready in")
+		case <-deadline:
+			t.Fatalf("make run not ready after 4 minutes:\n%s", strings.Join(log, "\n"))
+		}
+	}
+	t.Logf("make run ready")
+	for i, port := range []int{a, b} {
+		c := testenv.NewClient(t, fmt.Sprintf("http://localhost:%d", port))
+		if r := c.Do("GET", "/", nil); r.StatusCode != 200 || !strings.Contains(string(r.Body), "Create your sandbox") {
+			t.Fatalf("landing page on %d: %d", port, r.StatusCode)
+		}
+		user := fmt.Sprintf("newcomer%d", i)
+		c.Signup(user, invite)
+		if r := c.Do("GET", "/u/"+user+"/api/files", nil); r.StatusCode != 200 {
+			t.Fatalf("sandbox of %s: %d %s", user, r.StatusCode, r.Body)
+		}
+	}
+	t.Logf("signed up on both edges")
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		for l := range lines {
+			log = append(log, l)
+		}
+		done <- cmd.Wait()
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatalf("make run did not stop:\n%s", strings.Join(log, "\n"))
+	}
+	t.Logf("stopped")
+	if !contains(log, "stopping…") {
+		t.Fatalf("no clean stop:\n%s", strings.Join(log, "\n"))
+	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if out, _ := exec.Command("pgrep", "-f", state).Output(); len(out) > 0 {
+			return fmt.Errorf("processes survived: %s", out)
+		}
+		return nil
+	})
+}
