@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -28,14 +29,14 @@ func (p *Proxy) serveHTTP(c *fiber.Ctx, user, rest string) error {
 	rid := requestID(c)
 	id, err := p.o.Authenticate(c)
 	if err != nil {
-		return p.problem(c, fiber.StatusUnauthorized, "Please sign in", err.Error())
+		return p.reject(c, fiber.StatusUnauthorized, "Please sign in", err.Error())
 	}
 	if id.User != user {
-		return p.problem(c, fiber.StatusForbidden, "Not your sandbox", "This sandbox belongs to another user.")
+		return p.reject(c, fiber.StatusForbidden, "Not your sandbox", "This sandbox belongs to another user.")
 	}
 	if !p.slots.acquire(user) {
 		c.Set(fiber.HeaderRetryAfter, "1")
-		return p.problem(c, fiber.StatusServiceUnavailable, "Too many requests", "Too many requests to your sandbox are in flight; retry shortly.")
+		return p.reject(c, fiber.StatusServiceUnavailable, "Too many requests", "Too many requests to your sandbox are in flight; retry shortly.")
 	}
 	start := time.Now()
 	p.tracker.begin(user)
@@ -65,8 +66,11 @@ func (p *Proxy) serveHTTP(c *fiber.Ctx, user, rest string) error {
 		p.o.Log.Warn("proxy error", "request_id", rid, "user", user, "status", status, "err", err)
 		return p.problem(c, status, "Sandbox unreachable", "Your sandbox did not answer: "+err.Error())
 	}
-	p.m.duration.WithLabelValues(class(status)).Observe(time.Since(start).Seconds())
-	p.o.Log.Debug("proxied", "request_id", rid, "user", user, "method", c.Method(), "status", status, "took", time.Since(start).String())
+	took := time.Since(start)
+	p.m.duration.WithLabelValues(class(status)).Observe(took.Seconds())
+	if p.o.Log.Enabled(context.Background(), slog.LevelDebug) {
+		p.o.Log.Debug("proxied", "request_id", rid, "user", user, "method", c.Method(), "status", status, "took", took.String())
+	}
 	return nil
 }
 
@@ -162,23 +166,26 @@ func (p *Proxy) roundTrip(c *fiber.Ctx, user, rest string, box kv.Sandbox, cooki
 		}
 	}
 
+	// Most answers come quickly; only a slow one gets a watcher that
+	// cancels it when the browser leaves.
 	done := make(chan struct{})
-	go func() {
+	watch := time.AfterFunc(poll, func() {
 		t := time.NewTicker(poll)
 		defer t.Stop()
 		for {
+			if clientGone(c.Context().Conn()) {
+				cancel()
+				return
+			}
 			select {
 			case <-done:
 				return
 			case <-t.C:
-				if clientGone(c.Context().Conn()) {
-					cancel()
-					return
-				}
 			}
 		}
-	}()
+	})
 	resp, err := p.transport.RoundTrip(req)
+	watch.Stop()
 	close(done)
 	if err != nil {
 		cancel()

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -157,7 +158,7 @@ func splitUserPath(raw string) (user, rest string, ok bool) {
 func (p *Proxy) serve(c *fiber.Ctx) error {
 	user, rest, ok := splitUserPath(string(c.Request().URI().PathOriginal()))
 	if !ok || !p.o.ValidUser(user) {
-		return p.problem(c, fiber.StatusNotFound, "No such sandbox", "There is no sandbox at this address.")
+		return p.reject(c, fiber.StatusNotFound, "No such sandbox", "There is no sandbox at this address.")
 	}
 	if rest == "" {
 		loc := "/u/" + user + "/"
@@ -173,12 +174,18 @@ func (p *Proxy) serve(c *fiber.Ctx) error {
 	if p.draining.Load() {
 		c.Set(fiber.HeaderConnection, "close")
 		c.Set(fiber.HeaderRetryAfter, "1")
-		return p.problem(c, fiber.StatusServiceUnavailable, "Edge shutting down", "This gateway replica is shutting down; retry.")
+		return p.reject(c, fiber.StatusServiceUnavailable, "Edge shutting down", "This gateway replica is shutting down; retry.")
 	}
 	if websocket.FastHTTPIsWebSocketUpgrade(c.Context()) {
 		return p.serveWebSocket(c, user, rest)
 	}
 	return p.serveHTTP(c, user, rest)
+}
+
+// reject counts a request refused before it took a slot and answers it.
+func (p *Proxy) reject(c *fiber.Ctx, status int, title, detail string) error {
+	p.m.requests.WithLabelValues(class(status)).Inc()
+	return p.problem(c, status, title, detail)
 }
 
 // problem answers an error as JSON for API clients and as a page for
@@ -187,7 +194,6 @@ func (p *Proxy) problem(c *fiber.Ctx, status int, title, detail string) error {
 	c.Status(status)
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	clientinfo.DiscardBody(c)
-	p.m.requests.WithLabelValues(class(status)).Inc()
 	if !strings.Contains(c.Get(fiber.HeaderAccept), "text/html") {
 		return c.JSON(fiber.Map{"error": detail})
 	}
@@ -195,11 +201,20 @@ func (p *Proxy) problem(c *fiber.Ctx, status int, title, detail string) error {
 	return web.RenderProblem(c, web.Problem{Status: status, Title: title, Detail: detail, SignIn: status == fiber.StatusUnauthorized})
 }
 
+// requestIDs are a random per-process prefix and a counter: unique across
+// replicas without a random draw per request.
+var (
+	requestPrefix = func() string {
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		return hex.EncodeToString(b) + "-"
+	}()
+	requestCounter atomic.Uint64
+)
+
 // requestID names a request in logs and in the response.
 func requestID(c *fiber.Ctx) string {
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	id := hex.EncodeToString(b)
+	id := requestPrefix + strconv.FormatUint(requestCounter.Add(1), 10)
 	c.Set("X-Request-Id", id)
 	return id
 }
