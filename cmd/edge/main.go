@@ -25,19 +25,7 @@ import (
 
 func main() {
 	cfg, err := config.LoadEdge(config.FromOS())
-	if err != nil {
-		process.Fatal("edge", err)
-	}
-	p, err := process.Start("edge", cfg.Common)
-	if err != nil {
-		process.Fatal("edge", err)
-	}
-	defer p.Close()
-	if err := run(p, cfg); err != nil {
-		p.Log.Error("edge stopped", "err", err)
-		p.Close()
-		process.Fatal("edge", err)
-	}
+	process.Main("edge", cfg.Common, err, func(p *process.Process) error { return run(p, cfg) })
 }
 
 func run(p *process.Process, cfg config.Edge) error {

@@ -20,19 +20,7 @@ import (
 
 func main() {
 	cfg, err := config.LoadLifecycle(config.FromOS())
-	if err != nil {
-		process.Fatal("lifecycle", err)
-	}
-	p, err := process.Start("lifecycle", cfg.Common)
-	if err != nil {
-		process.Fatal("lifecycle", err)
-	}
-	defer p.Close()
-	if err := run(p, cfg); err != nil {
-		p.Log.Error("lifecycle stopped", "err", err)
-		p.Close()
-		process.Fatal("lifecycle", err)
-	}
+	process.Main("lifecycle", cfg.Common, err, func(p *process.Process) error { return run(p, cfg) })
 }
 
 func run(p *process.Process, cfg config.Lifecycle) error {

@@ -14,19 +14,7 @@ import (
 
 func main() {
 	cfg, err := config.LoadSweeper(config.FromOS())
-	if err != nil {
-		process.Fatal("sweeper", err)
-	}
-	p, err := process.Start("sweeper", cfg.Common)
-	if err != nil {
-		process.Fatal("sweeper", err)
-	}
-	defer p.Close()
-	if err := run(p, cfg); err != nil {
-		p.Log.Error("sweeper stopped", "err", err)
-		p.Close()
-		process.Fatal("sweeper", err)
-	}
+	process.Main("sweeper", cfg.Common, err, func(p *process.Process) error { return run(p, cfg) })
 }
 
 func run(p *process.Process, cfg config.Sweeper) error {

@@ -88,6 +88,26 @@ func (p *Process) Close() {
 	p.stop()
 }
 
+// Main is the whole life of an aaas binary: a configuration error (from
+// loading, passed in as loadErr) or a start-up failure is reported and
+// exits 1; otherwise run gets the started process and the binary exits
+// when it returns, 1 if it failed.
+func Main(name string, common config.Common, loadErr error, run func(*Process) error) {
+	if loadErr != nil {
+		Fatal(name, loadErr)
+	}
+	p, err := Start(name, common)
+	if err != nil {
+		Fatal(name, err)
+	}
+	if err := run(p); err != nil {
+		p.Log.Error(name+" stopped", "err", err)
+		p.Close()
+		Fatal(name, err)
+	}
+	p.Close()
+}
+
 // Fatal reports a start-up error the way operators expect from every aaas
 // binary, then exits with status 1.
 func Fatal(name string, err error) {
