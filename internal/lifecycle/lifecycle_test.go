@@ -60,7 +60,7 @@ func setup(t testing.TB, mutate func(*extv1beta1.SandboxTemplate, *extv1beta1.Sa
 	f.sessions = must(kv.Open[kv.Session](ctx, st.JS, kv.BucketSessions))
 	f.handshakes = must(kv.Open[kv.Handshake](ctx, st.JS, kv.BucketHandshakes))
 	f.requests = must(kv.Open[kv.Result](ctx, st.JS, kv.BucketRequests))
-	f.boxes = must(kv.NewCache(ctx, f.sandboxes, ">", testenv.Logger()))
+	f.boxes = st.Sandboxes()
 	return f
 }
 
@@ -471,7 +471,7 @@ func podTokens(t *testing.T, ns, pod string) []string {
 // assertNoSecrets greps process output and the whole audit stream.
 func assertNoSecrets(t *testing.T, f *fixture, procs []*testenv.Proc, secrets []string) {
 	t.Helper()
-	audit := f.auditText()
+	audit := f.AuditLog()
 	if audit == "" {
 		t.Fatal("no audit events at all")
 	}

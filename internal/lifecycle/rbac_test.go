@@ -52,7 +52,7 @@ func TestLifecycleRoleIsMinimal(t *testing.T) {
 			box, _ := f.boxes.Get("mo")
 			f.command(events.NewSuspend("mo", f.lastActivitySeq("mo"), box.Revision, time.Now()))
 			testutil.Eventually(t, 30*time.Second, func() error {
-				if !strings.Contains(f.auditText(), `"kind":"command_failed","user":"mo"`) {
+				if !strings.Contains(f.AuditLog(), `"kind":"command_failed","user":"mo"`) {
 					return errors.New("no failure recorded")
 				}
 				return nil
@@ -144,21 +144,6 @@ func (f *fixture) notReady(t *testing.T, verb string) {
 			t.Fatalf("lifecycle became ready without %s", verb)
 		}
 	}
-}
-
-func (f *fixture) auditText() string {
-	s, err := f.JS.Stream(ctx(f.t), events.StreamAudit)
-	if err != nil {
-		return ""
-	}
-	info, _ := s.Info(ctx(f.t))
-	var b strings.Builder
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
-		if m, err := s.GetMsg(ctx(f.t), seq); err == nil {
-			b.Write(m.Data)
-		}
-	}
-	return b.String()
 }
 
 func (f *fixture) handshakeRev(user string) uint64 {

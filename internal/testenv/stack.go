@@ -1,7 +1,9 @@
 package testenv
 
 import (
+	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,4 +110,44 @@ func (s *Stack) Sweeper(id string, env map[string]string) *Proc {
 // following them.
 func NoRedirects() *http.Client {
 	return &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }, Timeout: 2 * time.Minute}
+}
+
+// Sandboxes is a watch cache of the sandboxes bucket, alive for the rest of
+// the test: tests wait on its phases the way the edge does.
+func (s *Stack) Sandboxes() *kv.Cache[kv.Sandbox] {
+	s.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s.t.Cleanup(cancel)
+	b, err := kv.Open[kv.Sandbox](ctx, s.JS, kv.BucketSandboxes)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	c, err := kv.NewCache(ctx, b, ">", Logger())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return c
+}
+
+// AuditLog is the whole audit stream, one JSON event per line, so tests can
+// look for an event or make sure a secret never reached it.
+func (s *Stack) AuditLog() string {
+	s.t.Helper()
+	ctx := Context(s.t, time.Minute)
+	st, err := s.JS.Stream(ctx, events.StreamAudit)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var b strings.Builder
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		if m, err := st.GetMsg(ctx, seq); err == nil {
+			b.Write(m.Data)
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
 }

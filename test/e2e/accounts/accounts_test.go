@@ -17,7 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
-	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
@@ -48,22 +47,6 @@ func (w *world) claims() int {
 		w.t.Fatal(err)
 	}
 	return len(l.Items)
-}
-
-func (w *world) audit() string {
-	s, err := w.JS.Stream(testenv.Context(w.t, time.Minute), events.StreamAudit)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	info, _ := s.Info(testenv.Context(w.t, time.Minute))
-	var b strings.Builder
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
-		if m, err := s.GetMsg(testenv.Context(w.t, time.Minute), seq); err == nil {
-			b.Write(m.Data)
-			b.WriteByte('\n')
-		}
-	}
-	return b.String()
 }
 
 func expect(t *testing.T, r *testenv.Response, status int, what string) {
@@ -99,7 +82,7 @@ func TestSignupRefusesBadInputAndCreatesNothing(t *testing.T) {
 	if n := w.claims(); n != 0 {
 		t.Fatalf("%d claims after only bad requests", n)
 	}
-	if a := w.audit(); !strings.Contains(a, `"kind":"invite_rejected"`) {
+	if a := w.AuditLog(); !strings.Contains(a, `"kind":"invite_rejected"`) {
 		t.Fatal("no audit event for the rejected invites")
 	}
 
@@ -198,7 +181,7 @@ func TestFormSignupLoginLogoutDeleteRecreate(t *testing.T) {
 		return nil
 	})
 
-	audit := w.audit()
+	audit := w.AuditLog()
 	for _, kind := range []string{"signup", "login", "logout", "recreate", "delete"} {
 		if !strings.Contains(audit, `"kind":"`+kind+`"`) {
 			t.Errorf("no %s audit event", kind)
@@ -260,7 +243,7 @@ func TestTwoEdgesShareSessionsAndTheRateLimit(t *testing.T) {
 	expect(t, clients[0].Form("/login", "token", "x"), http.StatusTooManyRequests, "same client")
 	r := clients[0].Do("POST", "/login", strings.NewReader("token=x"), "Content-Type", "application/x-www-form-urlencoded", "X-Forwarded-For", "203.0.113.9, 198.51.100.7", "Accept", "application/json")
 	expect(t, r, http.StatusUnauthorized, "another client behind the proxy")
-	if !strings.Contains(w.audit(), `"kind":"rate_limited"`) {
+	if !strings.Contains(w.AuditLog(), `"kind":"rate_limited"`) {
 		t.Fatal("no audit event for the rate limit")
 	}
 }

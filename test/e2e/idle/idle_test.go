@@ -41,16 +41,7 @@ func newWorld(t *testing.T, idle time.Duration) *world {
 	s.Env["IDLE_TIMEOUT"] = idle.String()
 	s.Env["SWEEP_INTERVAL"] = "200ms"
 	s.Lifecycle("lc-a")
-	ctx := testenv.Context(t, 15*time.Minute)
-	b, err := kv.Open[kv.Sandbox](ctx, s.JS, kv.BucketSandboxes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	boxes, err := kv.NewCache(ctx, b, ">", testenv.Logger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &world{Stack: s, t: t, boxes: boxes, idle: idle}
+	return &world{Stack: s, t: t, boxes: s.Sandboxes(), idle: idle}
 }
 
 // suspendedAt waits for user's sandbox to be Suspended and returns when

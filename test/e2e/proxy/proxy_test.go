@@ -45,16 +45,7 @@ type world struct {
 func newWorld(t *testing.T, mutate func(*extv1beta1.SandboxTemplate, *extv1beta1.SandboxWarmPool)) *world {
 	s := pkg.NewStack(t, mutate)
 	s.Lifecycle("lc-a")
-	ctx := testenv.Context(t, 10*time.Minute)
-	b, err := kv.Open[kv.Sandbox](ctx, s.JS, kv.BucketSandboxes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	boxes, err := kv.NewCache(ctx, b, ">", testenv.Logger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &world{Stack: s, t: t, boxes: boxes, pub: events.NewPublisher(s.JS, "test", testenv.Logger())}
+	return &world{Stack: s, t: t, boxes: s.Sandboxes(), pub: events.NewPublisher(s.JS, "test", testenv.Logger())}
 }
 
 func (w *world) box(user string) kv.Sandbox {
