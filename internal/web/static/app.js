@@ -43,14 +43,7 @@ if (signup) {
 const account = document.getElementById("account");
 if (account) {
   const user = account.dataset.user;
-  const es = new EventSource("/_/status/stream");
-  es.addEventListener("state", (ev) => {
-    const s = JSON.parse(ev.data);
-    const phase = document.getElementById("phase");
-    phase.textContent = s.phase;
-    phase.className = "phase phase-" + s.phase;
-    document.getElementById("reason").textContent = s.reason || "";
-  });
+  followStatus();
   for (const [id, method, url] of [["recreate", "POST", "/recreate"], ["delete", "DELETE", "/users/" + user]]) {
     const b = document.getElementById(id);
     b.addEventListener("click", async () => {

@@ -1,11 +1,4 @@
-// Follows the sandbox's state and reloads once it is Ready.
-const es = new EventSource("/_/status/stream");
-es.addEventListener("state", (ev) => {
-  const s = JSON.parse(ev.data);
-  const phase = document.getElementById("phase");
-  phase.textContent = s.phase;
-  phase.className = "phase phase-" + s.phase;
-  document.getElementById("reason").textContent = s.reason || "";
+// Reloads once the sandbox is Ready; retries the whole page if the stream fails.
+followStatus((s, es) => {
   if (s.phase === "Ready") { es.close(); location.reload(); }
-});
-es.onerror = () => setTimeout(() => location.reload(), 3000);
+}).onerror = () => setTimeout(() => location.reload(), 3000);
