@@ -14,6 +14,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 // BenchmarkWakeOverhead measures how long after a woken pod turns Ready
@@ -61,12 +62,19 @@ func BenchmarkWakeOverhead(b *testing.B) {
 		ready := f.waitPhase("wb", kv.PhaseReady)
 		kvAt := time.Now()
 		b.StopTimer()
-		mu.Lock()
-		podAt, ok := readyAt[ready.PodUID]
-		mu.Unlock()
-		if !ok {
-			b.Fatalf("KV said Ready before the pod watch did (pod %s)", ready.PodUID)
-		}
+		// The benchmark's pod watch and lifecycle's informer are separate
+		// streams: ours may deliver the Ready pod after KV already said so,
+		// which makes that sample's overhead negative rather than missing.
+		var podAt time.Time
+		testutil.Eventually(b, 10*time.Second, func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			var ok bool
+			if podAt, ok = readyAt[ready.PodUID]; !ok {
+				return fmt.Errorf("pod %s not seen Ready by the benchmark's watch", ready.PodUID)
+			}
+			return nil
+		})
 		overheads = append(overheads, kvAt.Sub(podAt))
 		b.StartTimer()
 	}
