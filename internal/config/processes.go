@@ -57,7 +57,7 @@ func LoadEdge(e *Env) (Edge, error) {
 		ListenAddr:         e.String("LISTEN_ADDR", ":8080"),
 		CookieSecure:       e.Bool("COOKIE_SECURE", true),
 		CookieName:         e.String("COOKIE_NAME", ""),
-		AuthRateLimit:      e.Int("AUTH_RATE_LIMIT", 30, 1, 1_000_000),
+		AuthRateLimit:      e.Int("AUTH_RATE_LIMIT", 30, 1, 10_000),
 		InviteCode:         e.Secret("SIGNUP_INVITE_CODE"),
 		AuthProxyHeader:    e.String("AUTH_PROXY_HEADER", ""),
 		MaxInFlightPerUser: e.Int("MAX_IN_FLIGHT_PER_USER", 32, 1, 100_000),

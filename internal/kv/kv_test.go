@@ -82,15 +82,15 @@ func TestCreateUpdateDelete(t *testing.T) {
 func TestMutateRetriesConflicts(t *testing.T) {
 	_, js := setup(t)
 	ctx := natstest.Context(t, 20*time.Second)
-	counters := open[kv.Counter](t, js, kv.BucketRateLimit)
+	logs := open[kv.Attempts](t, js, kv.BucketRateLimit)
 	const writers, each = 4, 10
 	errs := make(chan error, writers)
 	for w := 0; w < writers; w++ {
 		go func() {
 			for i := 0; i < each; i++ {
-				_, err := counters.Mutate(ctx, "client", func(c kv.Counter, _ bool) (kv.Counter, bool, error) {
-					c.N++
-					return c, true, nil
+				_, err := logs.Mutate(ctx, "client", func(a kv.Attempts, _ bool) (kv.Attempts, bool, error) {
+					a.At = append(a.At, int64(w*each+i))
+					return a, true, nil
 				})
 				if err != nil {
 					errs <- err
@@ -105,9 +105,9 @@ func TestMutateRetriesConflicts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e, err := counters.Get(ctx, "client")
-	if err != nil || e.Value.N != writers*each {
-		t.Fatalf("counter = %+v %v, want %d (no lost update)", e.Value, err, writers*each)
+	e, err := logs.Get(ctx, "client")
+	if err != nil || len(e.Value.At) != writers*each {
+		t.Fatalf("log holds %d entries (%v), want %d (no lost update)", len(e.Value.At), err, writers*each)
 	}
 }
 

@@ -28,7 +28,7 @@ type BucketsConfig struct {
 	HandshakeTTL time.Duration
 	// RequestTTL is how long a command's answer waits for its requester.
 	RequestTTL time.Duration
-	// RateWindow is AUTH_RATE_WINDOW; counters live two windows.
+	// RateWindow is AUTH_RATE_WINDOW; attempt logs live at most two windows.
 	RateWindow time.Duration
 }
 
@@ -162,9 +162,10 @@ const (
 	OutcomeFailed    = "failed"
 )
 
-// Counter is a rate-limit counter.
-type Counter struct {
-	N int `json:"n"`
+// Attempts is one client's recent auth attempts (Unix milliseconds), the
+// sliding log behind the shared rate limit.
+type Attempts struct {
+	At []int64 `json:"at"`
 }
 
 // Holder is the value of a lease key.

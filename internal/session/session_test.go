@@ -137,6 +137,40 @@ func TestLimiter(t *testing.T) {
 	}
 }
 
+// The window slides: once the oldest attempt leaves it, exactly one more
+// attempt fits, wherever a fixed window's boundary would have fallen.
+func TestLimiterWindowSlides(t *testing.T) {
+	_, js := natstest.Connect(t, natstest.Start(t).URL())
+	ctx := natstest.Context(t, time.Minute)
+	if err := kv.EnsureBuckets(ctx, js, kv.DefaultBucketsConfig()); err != nil {
+		t.Fatal(err)
+	}
+	const window = 2 * time.Second
+	lim, err := session.NewLimiter(ctx, js, 3, window)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allow := func(what string, want bool) time.Duration {
+		t.Helper()
+		ok, retry, err := lim.Allow(ctx, "10.0.0.3")
+		if err != nil || ok != want {
+			t.Fatalf("%s: allowed=%v err=%v, want allowed=%v", what, ok, err, want)
+		}
+		return retry
+	}
+	allow("first", true)
+	time.Sleep(window / 2)
+	allow("second", true)
+	allow("third", true)
+	retry := allow("fourth", false)
+	if retry <= 0 || retry > window/2+100*time.Millisecond {
+		t.Fatalf("retry after %s, want about %s (when the first attempt leaves)", retry, window/2)
+	}
+	time.Sleep(retry + 50*time.Millisecond)
+	allow("after the first left", true)
+	allow("while the second and third are in the window", false)
+}
+
 // BenchmarkSessionLookup is the per-request cost of authenticating a
 // cookie: validation, SHA-256 and a cache read.
 func BenchmarkSessionLookup(b *testing.B) {

@@ -6,7 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"strconv"
+	"slices"
 	"strings"
 	"time"
 
@@ -99,41 +99,48 @@ func (s *Store) RevokeAll(ctx context.Context, user string) error {
 // Len is the number of cached sessions.
 func (s *Store) Len() int { return s.cache.Len() }
 
-// Limiter is the auth rate limit shared by every edge: a counter per
-// client and fixed window in the ratelimit bucket, so a client gets
-// AUTH_RATE_LIMIT attempts per window however many edges it spreads them
-// over.
+// Limiter is the auth rate limit shared by every edge: a sliding log of
+// attempt times per client in the ratelimit bucket, so a client gets
+// AUTH_RATE_LIMIT attempts in any AUTH_RATE_WINDOW, however many edges it
+// spreads them over and wherever the window starts. (Fixed windows would let
+// a client spend two budgets back to back across a boundary.)
 type Limiter struct {
-	bucket *kv.Bucket[kv.Counter]
+	bucket *kv.Bucket[kv.Attempts]
 	limit  int
 	window time.Duration
 }
 
 // NewLimiter opens the ratelimit bucket.
 func NewLimiter(ctx context.Context, js jetstream.JetStream, limit int, window time.Duration) (*Limiter, error) {
-	b, err := kv.Open[kv.Counter](ctx, js, kv.BucketRateLimit)
+	b, err := kv.Open[kv.Attempts](ctx, js, kv.BucketRateLimit)
 	if err != nil {
 		return nil, err
 	}
 	return &Limiter{bucket: b, limit: limit, window: window}, nil
 }
 
-// Allow counts one attempt by client and reports whether it is within the
-// limit, and if not, how long until the window resets.
+// Allow records an attempt by client if it is within the limit. A refused
+// attempt is not recorded, and the duration says when the attempt that
+// blocks it leaves the window, so a client that waits that long gets in.
 func (l *Limiter) Allow(ctx context.Context, client string) (bool, time.Duration, error) {
 	now := time.Now()
-	win := now.UnixNano() / int64(l.window)
-	key := HashHex(client)[:32] + "." + strconv.FormatInt(win, 10)
-	e, err := l.bucket.Mutate(ctx, key, func(c kv.Counter, _ bool) (kv.Counter, bool, error) {
-		c.N++
-		return c, true, nil
-	}, kv.WithTTL(2*l.window))
+	since := now.Add(-l.window).UnixMilli()
+	var (
+		ok    bool
+		retry time.Duration
+	)
+	_, err := l.bucket.Mutate(ctx, HashHex(client)[:32], func(a kv.Attempts, _ bool) (kv.Attempts, bool, error) {
+		recent := slices.DeleteFunc(a.At, func(at int64) bool { return at <= since })
+		// Edges' clocks differ a little, so the log is not assumed sorted.
+		slices.Sort(recent)
+		if ok = len(recent) < l.limit; !ok {
+			retry = time.UnixMilli(recent[len(recent)-l.limit]).Add(l.window).Sub(now)
+			return a, false, nil
+		}
+		return kv.Attempts{At: append(recent, now.UnixMilli())}, true, nil
+	}, kv.WithTTL(l.window))
 	if err != nil {
 		return false, 0, fmt.Errorf("rate limit: %w", err)
 	}
-	if e.Value.N <= l.limit {
-		return true, 0, nil
-	}
-	reset := time.Unix(0, (win+1)*int64(l.window))
-	return false, reset.Sub(now), nil
+	return ok, retry, nil
 }
