@@ -51,7 +51,7 @@ func (p *Process) isReady() bool {
 // metrics.
 func Start(name string, common config.Common) (*Process, error) {
 	log := telemetry.Logger(name, common.InstanceID, common.LogLevel)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := notifyContext(log)
 	p := &Process{Name: name, Common: common, Log: log, Metrics: telemetry.Registry(), Ctx: ctx, stop: stop}
 
 	nc, js, err := natsconn.Connect(natsconn.Options{URL: common.NATSURL, Name: name + "/" + common.InstanceID, CredsFile: common.NATSCreds}, log)
@@ -73,6 +73,27 @@ func Start(name string, common config.Common) (*Process, error) {
 	}
 	log.Info("started", "nats", nc.ConnectedUrlRedacted())
 	return p, nil
+}
+
+// notifyContext is signal.NotifyContext that also logs which signal ended
+// the process, so an unexpected stop says whether it was asked for with
+// SIGTERM (an orchestrator) or SIGINT (a terminal).
+func notifyContext(log *slog.Logger) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		select {
+		case sig := <-sigs:
+			log.Info("stopping on signal", "signal", sig.String())
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		cancel()
+	}
 }
 
 // Close drains the NATS connection (flushing pending publishes) and
