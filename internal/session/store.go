@@ -135,7 +135,7 @@ func (l *Limiter) Allow(ctx context.Context, client string) (bool, time.Duration
 		slices.Sort(recent)
 		if ok = len(recent) < l.limit; !ok {
 			retry = time.UnixMilli(recent[len(recent)-l.limit]).Add(l.window).Sub(now)
-			return a, false, nil
+			return kv.Attempts{}, false, nil
 		}
 		return kv.Attempts{At: append(recent, now.UnixMilli())}, true, nil
 	}, kv.WithTTL(l.window))
