@@ -14,6 +14,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/jsconfig"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
 
@@ -51,6 +52,21 @@ func TestEnsureStreamsIsIdempotentAndUpdates(t *testing.T) {
 	act, _ := js.Stream(ctx, events.StreamActivity)
 	if act.CachedInfo().Config.MaxMsgsPerSubject != 1 {
 		t.Fatal("activity stream does not keep only the last message per subject")
+	}
+	// What the server reports back already holds what we asked for, so the
+	// next process to start leaves the streams alone; a changed setting
+	// does not hold and is applied.
+	for i, sc := range events.StreamConfigs(cfg) {
+		s, err := js.Stream(ctx, sc.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !jsconfig.Holds(s.CachedInfo().Config, sc) {
+			t.Errorf("stream %s would be updated on every start", sc.Name)
+		}
+		if sc.Name == events.StreamAudit && jsconfig.Holds(s.CachedInfo().Config, events.StreamConfigs(events.DefaultStreamsConfig())[i]) {
+			t.Error("a changed audit retention is not seen as a change")
+		}
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/aaas-project/aaas/internal/jsconfig"
 )
 
 // Stream names.
@@ -88,10 +90,14 @@ func StreamConfigs(c StreamsConfig) []jetstream.StreamConfig {
 // exhausted their deliveries.
 const MaxDeliveriesAdvisory = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + StreamCommands
 
-// EnsureStreams creates the streams or updates their configuration in place.
-// It is idempotent and safe to run from every process at start.
+// EnsureStreams creates the streams or updates their configuration in place
+// when it differs. It is idempotent and safe to run from every process at
+// start.
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error {
 	for _, sc := range StreamConfigs(c) {
+		if s, err := js.Stream(ctx, sc.Name); err == nil && jsconfig.Holds(s.CachedInfo().Config, sc) {
+			continue
+		}
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
 			return fmt.Errorf("ensure stream %s: %w", sc.Name, err)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/jsconfig"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
@@ -76,6 +77,43 @@ func TestCreateUpdateDelete(t *testing.T) {
 	// A deleted key can be created again.
 	if _, err := users.Create(ctx, "bob", kv.User{Name: "bob"}); err != nil {
 		t.Fatalf("create after delete: %v", err)
+	}
+}
+
+func TestEnsureBucketsUpdatesOnlyWhatChanged(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 20*time.Second)
+	holds := func(c kv.BucketsConfig) map[string]bool {
+		t.Helper()
+		out := map[string]bool{}
+		for _, bc := range kv.BucketConfigs(c) {
+			b, err := js.KeyValue(ctx, bc.Bucket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := b.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[bc.Bucket] = jsconfig.Holds(st.Config(), bc)
+		}
+		return out
+	}
+	for name, ok := range holds(kv.DefaultBucketsConfig()) {
+		if !ok {
+			t.Errorf("bucket %s would be updated on every start", name)
+		}
+	}
+	cfg := kv.DefaultBucketsConfig()
+	cfg.SessionTTL = 2 * time.Hour
+	if holds(cfg)[kv.BucketSessions] {
+		t.Fatal("a changed session TTL is not seen as a change")
+	}
+	if err := kv.EnsureBuckets(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !holds(cfg)[kv.BucketSessions] {
+		t.Fatal("the changed session TTL was not applied")
 	}
 }
 

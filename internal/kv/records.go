@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/aaas-project/aaas/internal/jsconfig"
 )
 
 // Bucket names.
@@ -60,9 +62,15 @@ func BucketConfigs(c BucketsConfig) []jetstream.KeyValueConfig {
 	}
 }
 
-// EnsureBuckets creates the buckets or updates their configuration.
+// EnsureBuckets creates the buckets or updates their configuration when it
+// differs.
 func EnsureBuckets(ctx context.Context, js jetstream.JetStream, c BucketsConfig) error {
 	for _, bc := range BucketConfigs(c) {
+		if b, err := js.KeyValue(ctx, bc.Bucket); err == nil {
+			if st, err := b.Status(ctx); err == nil && jsconfig.Holds(st.Config(), bc) {
+				continue
+			}
+		}
 		if _, err := js.CreateOrUpdateKeyValue(ctx, bc); err != nil {
 			return fmt.Errorf("ensure bucket %s: %w", bc.Bucket, err)
 		}
