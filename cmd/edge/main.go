@@ -81,7 +81,6 @@ func run(p *process.Process, cfg config.Edge) error {
 
 	var draining atomic.Bool
 	ready := func() bool { return !draining.Load() && accounts.Ready() && handshakes.IsSynced() }
-	p.SetReady(ready)
 
 	app := fiber.New(fiber.Config{
 		AppName:                      "aaas-edge",
@@ -116,6 +115,9 @@ func run(p *process.Process, cfg config.Edge) error {
 	if err != nil {
 		return err
 	}
+	// Ready only once the socket is open: earlier, a probe (or a test) could
+	// route a client here and get "connection refused".
+	p.SetReady(ready)
 	p.Log.Info("serving", "addr", ln.Addr().String(), "cookie", accounts.CookieName())
 	served := make(chan error, 1)
 	go func() { served <- app.Listener(ln) }()
