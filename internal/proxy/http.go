@@ -79,15 +79,12 @@ func (p *Proxy) serveHTTP(c *fiber.Ctx, user, rest string) error {
 func (p *Proxy) forward(c *fiber.Ctx, user, rest string, finish func(int)) (int, error) {
 	req := &c.Request().Header
 	if n := req.ContentLength(); int64(n) > p.o.MaxBody {
-		return fiber.StatusRequestEntityTooLarge, &waitError{fiber.StatusRequestEntityTooLarge, "Upload too large", "Request bodies are limited to " + strconv.FormatInt(p.o.MaxBody>>20, 10) + " MiB."}
+		return p.tooLarge()
 	}
 	navigation := c.Method() == fiber.MethodGet && strings.Contains(c.Get(fiber.HeaderAccept), "text/html")
 	box, starting, err := p.ready(c, user, navigation)
-	if errors.Is(err, errClientGone) {
-		return statusClientClosed, err
-	}
 	if err != nil {
-		return fiber.StatusServiceUnavailable, err
+		return refused(err)
 	}
 	if starting {
 		finish(fiber.StatusServiceUnavailable)
@@ -98,11 +95,8 @@ func (p *Proxy) forward(c *fiber.Ctx, user, rest string, finish func(int)) (int,
 		return fiber.StatusServiceUnavailable, web.RenderStarting(c, web.Starting{User: user, Phase: string(box.Phase), Reason: box.Reason})
 	}
 	cookie, rev, err := p.handshakeCookie(c, user, box, 0)
-	if errors.Is(err, errClientGone) {
-		return statusClientClosed, err
-	}
 	if err != nil {
-		return fiber.StatusServiceUnavailable, err
+		return refused(err)
 	}
 
 	body := p.requestBody(c)
@@ -112,17 +106,14 @@ func (p *Proxy) forward(c *fiber.Ctx, user, rest string, finish func(int)) (int,
 		// one retry. Expect: 100-continue kept the body unread for it.
 		resp.Body.Close()
 		if cookie, _, err = p.handshakeCookie(c, user, box, rev); err != nil {
-			if errors.Is(err, errClientGone) {
-				return statusClientClosed, err
-			}
-			return fiber.StatusServiceUnavailable, err
+			return refused(err)
 		}
 		resp, err = p.roundTrip(c, user, rest, box, cookie, body)
 	}
 	if err != nil {
 		switch {
 		case body.tooLarge:
-			return fiber.StatusRequestEntityTooLarge, &waitError{fiber.StatusRequestEntityTooLarge, "Upload too large", "Request bodies are limited to " + strconv.FormatInt(p.o.MaxBody>>20, 10) + " MiB."}
+			return p.tooLarge()
 		case body.failure != nil || errors.Is(err, errClientGone):
 			return statusClientClosed, errClientGone
 		}
@@ -133,7 +124,7 @@ func (p *Proxy) forward(c *fiber.Ctx, user, rest string, finish func(int)) (int,
 		resp.Body.Close()
 		return fiber.StatusServiceUnavailable, handshakeFailed("DSH kept refusing its auth cookie")
 	}
-	p.m.bytes.WithLabelValues("up").Add(float64(body.n))
+	p.m.bytesUp.Add(float64(body.n))
 	if clientinfo.HasBody(c) && !body.eof {
 		// DSH answered without reading all of it, and the transport may
 		// still be sending the rest: the connection cannot be reused.
@@ -141,6 +132,20 @@ func (p *Proxy) forward(c *fiber.Ctx, user, rest string, finish func(int)) (int,
 	}
 	p.respond(c, user, box, resp, finish)
 	return resp.StatusCode, nil
+}
+
+// refused is the answer to a failure before DSH was asked: 499 for a
+// client that left, 503 for everything else (the wait and handshake errors
+// carry their own readable text).
+func refused(err error) (int, error) {
+	if errors.Is(err, errClientGone) {
+		return statusClientClosed, err
+	}
+	return fiber.StatusServiceUnavailable, err
+}
+
+func (p *Proxy) tooLarge() (int, error) {
+	return fiber.StatusRequestEntityTooLarge, &waitError{fiber.StatusRequestEntityTooLarge, "Upload too large", "Request bodies are limited to " + strconv.FormatInt(p.o.MaxBody>>20, 10) + " MiB."}
 }
 
 // roundTrip sends the request to DSH with the headers we allow and set,
@@ -238,7 +243,7 @@ func (p *Proxy) respond(c *fiber.Ctx, user string, box kv.Sandbox, resp *http.Re
 	}
 	status := resp.StatusCode
 	body := &responseBody{r: resp.Body, done: func(n int64) {
-		p.m.bytes.WithLabelValues("down").Add(float64(n))
+		p.m.bytesDown.Add(float64(n))
 		p.tracker.touch(user)
 		finish(status)
 	}}

@@ -10,7 +10,9 @@ type metrics struct {
 	wakeDuration   prometheus.Histogram
 	inFlight       prometheus.Gauge
 	websockets     prometheus.Gauge
-	bytes          *prometheus.CounterVec
+	// Body bytes by direction, resolved once: they are counted on every
+	// request and WebSocket message.
+	bytesUp, bytesDown prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -38,11 +40,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		websockets: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "aaas_edge_websockets_open", Help: "WebSockets bridged by this edge.",
 		}),
-		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "aaas_edge_proxied_bytes_total", Help: "Body bytes proxied, by direction (up: to DSH, down: to browsers).",
-		}, []string{"direction"}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.upstreamErrors, m.wakes, m.wakeDuration, m.inFlight, m.websockets, m.bytes)
+	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "aaas_edge_proxied_bytes_total", Help: "Body bytes proxied, by direction (up: to DSH, down: to browsers).",
+	}, []string{"direction"})
+	m.bytesUp, m.bytesDown = bytes.WithLabelValues("up"), bytes.WithLabelValues("down")
+	reg.MustRegister(m.requests, m.duration, m.upstreamErrors, m.wakes, m.wakeDuration, m.inFlight, m.websockets, bytes)
 	return m
 }
 

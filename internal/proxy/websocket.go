@@ -10,6 +10,7 @@ import (
 
 	"github.com/fasthttp/websocket"
 	"github.com/gofiber/fiber/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"github.com/aaas-project/aaas/internal/clientinfo"
@@ -162,8 +163,8 @@ func (p *Proxy) bridge(user string, down, up *websocket.Conn) {
 	forwardControl(up, down)
 
 	errs := make(chan error, 2)
-	go func() { errs <- p.pump(user, "up", up, down) }()
-	go func() { errs <- p.pump(user, "down", down, up) }()
+	go func() { errs <- p.pump(user, p.m.bytesUp, up, down) }()
+	go func() { errs <- p.pump(user, p.m.bytesDown, down, up) }()
 	<-errs
 	// One side ended; the close it caused ends the other pump.
 	down.Close()
@@ -183,8 +184,8 @@ func forwardControl(from, to *websocket.Conn) {
 
 // pump copies messages read from src to dst until src ends, then passes
 // src's close code on to dst (1009 when src sent too much; the library has
-// already told src). dir labels the bytes: up is towards DSH.
-func (p *Proxy) pump(user, dir string, dst, src *websocket.Conn) error {
+// already told src). bytes counts what passes in this direction.
+func (p *Proxy) pump(user string, bytes prometheus.Counter, dst, src *websocket.Conn) error {
 	for {
 		typ, r, err := src.NextReader()
 		if err != nil {
@@ -196,7 +197,7 @@ func (p *Proxy) pump(user, dir string, dst, src *websocket.Conn) error {
 			return err
 		}
 		n, err := io.Copy(w, r)
-		p.m.bytes.WithLabelValues(dir).Add(float64(n))
+		bytes.Add(float64(n))
 		if err != nil {
 			// Not w.Close(): that would deliver the truncated part as a
 			// whole message. A close frame now aborts it mid-message.
