@@ -203,6 +203,16 @@ func TestOptionsFromEnv(t *testing.T) {
 			TrustedHosts: []string{"a.example", "B.example"}, AuthTTL: 300 * time.Millisecond,
 			CrashAfter: 3 * time.Second, SlowStart: 5 * time.Millisecond, NoToken: false, Noise: true,
 		},
+	}, {
+		name: "DSH Web's own command line",
+		args: []string{"web", "--host", "0.0.0.0", "--port", "3080"},
+		env:  map[string]string{"HOME": "/workspace"},
+		want: Options{Listen: "0.0.0.0:3080", DSHHome: "/home/node/.dsh", Workspace: "/workspace", AuthTTL: 24 * time.Hour},
+	}, {
+		name: "port alone keeps the default host",
+		args: []string{"web", "--port=4000"},
+		env:  map[string]string{"HOME": "/workspace", "DSHSIM_LISTEN": "127.0.0.1:9"},
+		want: Options{Listen: "127.0.0.1:4000", DSHHome: "/home/node/.dsh", Workspace: "/workspace", AuthTTL: 24 * time.Hour},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -227,6 +237,8 @@ func TestOptionsFromEnv(t *testing.T) {
 		{"bad bool", nil, map[string]string{"HOME": "/w", "DSHSIM_NO_TOKEN": "maybe"}, "DSHSIM_NO_TOKEN"},
 		{"unknown flag", []string{"--bogus"}, map[string]string{"HOME": "/w"}, "bogus"},
 		{"bad flag duration", []string{"web", "--crash-after", "x"}, map[string]string{"HOME": "/w"}, "crash-after"},
+		{"bad port", []string{"web", "--port", "http"}, map[string]string{"HOME": "/w"}, "--port"},
+		{"port out of range", []string{"web", "--port", "70000"}, map[string]string{"HOME": "/w"}, "--port"},
 	}
 	for _, tt := range bad {
 		t.Run(tt.name, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -13,7 +14,7 @@ import (
 // Options configures the simulator. OptionsFromEnv fills every field except
 // RotateSignals from flags and environment variables.
 type Options struct {
-	Listen       string        // --listen, DSHSIM_LISTEN; default ":3080"
+	Listen       string        // --listen (or DSH's own --host and --port), DSHSIM_LISTEN; default ":3080"
 	DSHHome      string        // DSH_HOME; default "/home/node/.dsh"
 	Workspace    string        // HOME; default the user's home directory
 	TrustedHosts []string      // DSH_TRUSTED_HOSTS, comma separated; localhost and 127.0.0.1 are always trusted
@@ -70,6 +71,11 @@ func OptionsFromEnv(args []string, getenv func(string) string) (Options, error) 
 	fs.DurationVar(&o.SlowStart, "slow-start", o.SlowStart, "sleep this long before listening")
 	fs.BoolVar(&o.NoToken, "no-token", o.NoToken, "never print the launch token line")
 	fs.BoolVar(&o.Noise, "noise", o.Noise, "print log noise and fake model output")
+	// DSH Web is started as `dsh web --host H --port P` (the SandboxTemplate's
+	// args); the stand-in must accept the same command line.
+	var host, port string
+	fs.StringVar(&host, "host", "", "listen host, as DSH Web takes it")
+	fs.StringVar(&port, "port", "", "listen port, as DSH Web takes it")
 	for {
 		if err := fs.Parse(args); err != nil {
 			return Options{}, fmt.Errorf("parse flags: %w", err)
@@ -80,6 +86,22 @@ func OptionsFromEnv(args []string, getenv func(string) string) (Options, error) 
 		args = fs.Args()[1:]
 	}
 
+	if host != "" || port != "" {
+		h, p, err := net.SplitHostPort(o.Listen)
+		if err != nil {
+			return Options{}, fmt.Errorf("parse options: listen address %q: %w", o.Listen, err)
+		}
+		if host != "" {
+			h = host
+		}
+		if port != "" {
+			if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+				return Options{}, fmt.Errorf("parse options: --port %q is not a port", port)
+			}
+			p = port
+		}
+		o.Listen = net.JoinHostPort(h, p)
+	}
 	if o.Listen == "" {
 		return Options{}, fmt.Errorf("parse options: empty listen address")
 	}
