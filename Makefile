@@ -43,9 +43,10 @@ bench: tools build
 	go test -run '^$$' -bench SignupLatency -benchtime 30x -count=1 ./test/e2e/accounts/
 	go run ./hack/bench -bin $(BIN) -out docs/BENCHMARKS.md
 
-## run: the whole system on this machine (embedded NATS, local control plane); RUN_ARGS passes devstack flags
+## run: the whole system on this machine (embedded NATS, local control plane); NODE=real runs the
+## documented install on a real kubelet; RUN_ARGS passes devstack flags; settings come from the environment
 run: tools build
-	$(BIN)/devstack $(RUN_ARGS)
+	$(BIN)/devstack $(if $(NODE),-node $(NODE)) $(RUN_ARGS)
 
 ## kind-up: a kind cluster with agent-sandbox and the dshsim template, for compose (needs docker, kind, kubectl)
 kind-up:

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Installs what the tests and `make run` need, once per version, into a cache
 # outside the repository (so a fresh clone in CI reuses it):
-#   debian: etcd-server (Debian's etcd 3.4 serves kube-apiserver fine) and
-#           chromium for the browser tests, via apt-get when missing;
-#   go:     kube-apiserver and kube-controller-manager from k8s.io/kubernetes,
-#           agent-sandbox-controller, staticcheck; built from Go modules.
+#   debian: etcd-server (Debian's etcd 3.4 serves kube-apiserver fine),
+#           chromium for the browser tests, and the real node's runtime:
+#           containerd, runc, the CNI plugins, iptables, ipset, conntrack;
+#           via apt-get when missing;
+#   go:     kube-apiserver, kube-controller-manager, and the real node's
+#           kubelet, kube-proxy and kube-scheduler from k8s.io/kubernetes;
+#           agent-sandbox-controller, kube-router, CoreDNS (its plugins the
+#           node uses only), staticcheck; built from Go modules.
 # Usage: hack/tools.sh [debian|go|all] [extra debian packages...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +21,7 @@ shift || true
 
 debian() {
   local missing=()
-  for p in etcd-server chromium "$@"; do
+  for p in etcd-server chromium containerd runc containernetworking-plugins iptables ipset conntrack "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -29,17 +33,19 @@ debian() {
 }
 
 # build DIR MODULE_DIR PKG... builds into a temp dir and renames it into
-# place, so an interrupted build never looks finished.
+# place, so an interrupted build never looks finished. LDFLAGS adds to the
+# linker flags.
 build() {
   local dir="$1" mod="$2"
   shift 2
   [ -d "$dir" ] && return 0
   echo "tools: building $(basename "$dir") (first time only; several minutes)"
-  local tmp="$dir.tmp.$$"
+  local tmp="$dir.tmp.$$" start=$SECONDS
   rm -rf "$tmp"
   mkdir -p "$tmp"
-  (cd "$mod" && GOBIN="$tmp" CGO_ENABLED=0 go install -trimpath -ldflags="-s -w" "$@")
+  (cd "$mod" && GOBIN="$tmp" CGO_ENABLED=0 go install -trimpath -ldflags="-s -w ${LDFLAGS:-}" "$@")
   mv "$tmp" "$dir"
+  echo "tools: built $(basename "$dir") in $((SECONDS - start))s"
 }
 
 gotools() {
@@ -49,6 +55,15 @@ gotools() {
     sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller
   build "$CACHE/staticcheck-$STATICCHECK_VERSION" hack/tools/staticcheck \
     honnef.co/go/tools/cmd/staticcheck
+  # The real node. The kubelet reports its version to the API server, so
+  # it is stamped like a release build.
+  local minor=${KUBERNETES_VERSION#v1.}
+  LDFLAGS="-X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor%%.*}" \
+    build "$CACHE/kubernetes-node-$KUBERNETES_VERSION" hack/tools/kubernetes \
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kube-scheduler
+  build "$CACHE/kube-router-$KUBE_ROUTER_VERSION" hack/tools/kube-router \
+    github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
+  build "$CACHE/coredns-$COREDNS_VERSION" hack/tools/coredns .
 }
 
 case "$what" in

@@ -1,6 +1,7 @@
 // Command devstack runs the whole aaas system on this machine (`make run`):
 // embedded NATS, a local Kubernetes control plane with a warm pool of
-// dshsim sandboxes, lifecycle, the sweeper and two edges.
+// dshsim sandboxes, lifecycle, the sweeper and two edges; with -node real,
+// the documented install on a real kubelet instead.
 package main
 
 import (
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/aaas-project/aaas/internal/devcluster"
 	"github.com/aaas-project/aaas/internal/devstack"
 )
 
@@ -23,6 +25,7 @@ func main() {
 	natsPort := flag.Int("nats-port", 4222, "NATS client port")
 	edgePorts := flag.String("edge-ports", "8080,8081", "comma-separated edge ports, one replica each")
 	metricsPort := flag.Int("metrics-port", 9090, "first metrics port (0: free ports)")
+	node := flag.String("node", "sim", "sim: the simulated node; real: a real kubelet with containerd (needs root)")
 	flag.Parse()
 
 	var ports []int
@@ -46,6 +49,7 @@ func main() {
 		NATSPort:    *natsPort,
 		EdgePorts:   ports,
 		MetricsPort: *metricsPort,
+		Node:        devcluster.NodeKind(*node),
 		BinDir:      filepath.Dir(exe),
 		Out:         os.Stdout,
 		Log:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),

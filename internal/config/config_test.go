@@ -123,3 +123,12 @@ func TestREADMEDocumentsEveryVariable(t *testing.T) {
 		t.Fatalf("found only %d variables; the pattern is stale", seen)
 	}
 }
+
+func TestVariablesListsWhatEveryProcessReads(t *testing.T) {
+	got := strings.Join(config.Variables(), " ")
+	for _, v := range []string{"NATS_URL", "LISTEN_ADDR", "ALLOW_INSECURE_COOKIES", "HANDSHAKE_KEY", "NAMESPACE", "IDLE_TIMEOUT", "SWEEP_INTERVAL", "COOKIE_MAX_AGE"} {
+		if !strings.Contains(" "+got+" ", " "+v+" ") {
+			t.Errorf("Variables() lacks %s: %s", v, got)
+		}
+	}
+}

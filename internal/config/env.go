@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -26,6 +27,24 @@ func FromOS() *Env { return &Env{lookup: os.LookupEnv} }
 // process environment.
 func FromMap(m map[string]string) *Env {
 	return &Env{lookup: func(k string) (string, bool) { v, ok := m[k]; return v, ok }}
+}
+
+// Variables lists, sorted, every environment variable an aaas process
+// reads: each loader runs against an empty environment that records what
+// it is asked for. Tools that start processes (devstack) use it to pass
+// the operator's settings through.
+func Variables() []string {
+	seen := map[string]bool{}
+	e := &Env{lookup: func(k string) (string, bool) { seen[k] = true; return "", false }}
+	_, _ = LoadEdge(e)
+	_, _ = LoadLifecycle(e)
+	_, _ = LoadSweeper(e)
+	names := make([]string, 0, len(seen))
+	for k := range seen {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	return names
 }
 
 // Err returns every problem found so far, joined, or nil.

@@ -70,7 +70,7 @@ func LoadEdge(e *Env) (Edge, error) {
 		BeaconInterval:     e.Duration("BEACON_INTERVAL", 5*time.Second, 100*time.Millisecond, 5*time.Minute),
 		ShutdownTimeout:    e.Duration("SHUTDOWN_TIMEOUT", 25*time.Second, 0, 10*time.Minute),
 	}
-	if !c.CookieSecure && !e.Bool("ALLOW_INSECURE_COOKIES", false) {
+	if allowInsecure := e.Bool("ALLOW_INSECURE_COOKIES", false); !c.CookieSecure && !allowInsecure {
 		e.Fail("COOKIE_SECURE", "false sends the session cookie over plain HTTP; set ALLOW_INSECURE_COOKIES=1 as well, for a local plain-HTTP demo only")
 	}
 	if c.CookieName != "" && !cookieNameRE.MatchString(c.CookieName) {

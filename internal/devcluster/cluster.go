@@ -1,9 +1,19 @@
-// Package devcluster runs a real Kubernetes control plane on loopback for
-// tests and `make run`: etcd, kube-apiserver (RBAC, service-account
-// tokens), kube-controller-manager (garbage collector, namespace,
-// service-account and PVC-protection controllers), the agent-sandbox CRDs
-// and controller, and a simulated node that runs each pod's container as a
-// real dshsim process on its own loopback IP.
+// Package devcluster runs a real Kubernetes control plane on this machine
+// for tests and `make run`: etcd, kube-apiserver (RBAC, service-account
+// tokens) and kube-controller-manager, with one of two nodes.
+//
+// The simulated node (the default, for the fast tests) runs on loopback
+// beside the agent-sandbox CRDs and controller as host processes: it runs
+// each pod's container as a real dshsim process on its own loopback IP and
+// ignores images, container args and NetworkPolicy.
+//
+// The real node (Options.Node = NodeReal) is a kubelet with containerd,
+// runc and the CNI bridge, kube-scheduler, kube-proxy, kube-router
+// enforcing NetworkPolicy, CoreDNS and a volume provisioner. It runs the
+// images it is given and nothing else (no registry is ever reached), keeps
+// all pod traffic on this machine, needs root, runs one at a time, and
+// leaves the machine as it found it. agent-sandbox is installed on it the
+// way operators install it (InstallAgentSandbox).
 package devcluster
 
 import (
@@ -26,13 +36,28 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
+// NodeKind selects the node a cluster runs.
+type NodeKind string
+
+const (
+	// NodeSimulated runs every container as a dshsim process.
+	NodeSimulated NodeKind = "sim"
+	// NodeReal runs a real kubelet with containerd.
+	NodeReal NodeKind = "real"
+)
+
 // Options configures a cluster.
 type Options struct {
 	// Dir holds all state; a new temp dir (removed on Stop) when empty.
 	Dir string
+	// Node is NodeSimulated (default) or NodeReal.
+	Node NodeKind
 	// DSHSim is the dshsim binary the simulated node runs for every
-	// container.
+	// container (simulated node only).
 	DSHSim string
+	// Images are docker-archive tarballs the real node imports before it
+	// reports ready (the pause image is built and imported by devcluster).
+	Images []string
 	// ProbePeriod caps probe periods so tests need not wait a pod's full
 	// periodSeconds (default 250ms).
 	ProbePeriod time.Duration
@@ -52,8 +77,10 @@ type Cluster struct {
 	// Config and Client are admin access.
 	Config *rest.Config
 	Client kubernetes.Interface
-	// Node is the simulated node.
+	// Node is the simulated node (nil on a real node).
 	Node *Node
+	// Real is the real node (nil on a simulated node).
+	Real *RealNode
 
 	ownDir  bool
 	pki     *pki
@@ -71,13 +98,20 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if o.DSHSim == "" {
-		return nil, errors.New("devcluster: Options.DSHSim (the dshsim binary) is required")
-	}
-	// Containers run in their pod's directory: a relative path would not
-	// resolve there.
-	if o.DSHSim, err = filepath.Abs(o.DSHSim); err != nil {
-		return nil, fmt.Errorf("devcluster: %w", err)
+	switch o.Node {
+	case "", NodeSimulated:
+		o.Node = NodeSimulated
+		if o.DSHSim == "" {
+			return nil, errors.New("devcluster: Options.DSHSim (the dshsim binary) is required")
+		}
+		// Containers run in their pod's directory: a relative path would not
+		// resolve there.
+		if o.DSHSim, err = filepath.Abs(o.DSHSim); err != nil {
+			return nil, fmt.Errorf("devcluster: %w", err)
+		}
+	case NodeReal:
+	default:
+		return nil, fmt.Errorf("devcluster: unknown node kind %q (want %s or %s)", o.Node, NodeSimulated, NodeReal)
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
@@ -111,7 +145,19 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if c.pki, err = newPKI(filepath.Join(c.Dir, "pki")); err != nil {
 		return nil, err
 	}
-	if err := c.pki.all(); err != nil {
+	if o.Node == NodeReal {
+		// The lock, a killed run's leftovers and the network the API
+		// server binds to come before anything else.
+		if c.Real, err = prepareRealNode(c, bins); err != nil {
+			return nil, err
+		}
+		if err := c.pki.all(apiServiceIP, gatewayIP); err != nil {
+			return nil, err
+		}
+		if err := c.pki.realNode(realNodeName, gatewayIP); err != nil {
+			return nil, err
+		}
+	} else if err := c.pki.all(simServiceIP); err != nil {
 		return nil, err
 	}
 
@@ -121,6 +167,19 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	}
 	if err := c.startAPIServer(ctx, bins.apiserver, etcdURL); err != nil {
 		return nil, err
+	}
+	if c.Real != nil {
+		if err := c.startControllerManager(bins.controllerManager); err != nil {
+			return nil, err
+		}
+		if err := c.startScheduler(bins.scheduler); err != nil {
+			return nil, err
+		}
+		if err := c.Real.start(ctx, bins, o.Images); err != nil {
+			return nil, err
+		}
+		c.log.Info("devcluster ready", "node", "real", "dir", c.Dir, "server", c.server, "took", time.Since(c.started).Round(time.Millisecond))
+		return c, nil
 	}
 	// CRDs before the controller manager: its garbage collector discovers
 	// resource types at start and otherwise only on a 30s resync, so claims
@@ -149,8 +208,20 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 // first, and removes the directory if Start created it. It is safe to call
 // more than once.
 func (c *Cluster) Stop() {
+	if err := c.stop(); err != nil {
+		c.log.Warn("devcluster stop", "err", err)
+	}
+}
+
+// StopChecked is Stop that reports what it could not clean up.
+func (c *Cluster) StopChecked() error { return c.stop() }
+
+func (c *Cluster) stop() error {
 	if c.Node != nil {
 		c.Node.shutdown()
+	}
+	if c.Real != nil {
+		c.Real.stopNode()
 	}
 	if c.cancel != nil {
 		c.cancel()
@@ -159,9 +230,17 @@ func (c *Cluster) Stop() {
 		c.procs[i].stop(10 * time.Second)
 	}
 	c.procs = nil
-	if c.ownDir && c.Dir != "" {
-		_ = os.RemoveAll(c.Dir)
+	var err error
+	if c.Real != nil {
+		err = c.Real.release()
+		c.Real = nil
 	}
+	if c.ownDir && c.Dir != "" {
+		if rerr := os.RemoveAll(c.Dir); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	}
+	return err
 }
 
 // PIDs lists the control-plane and container processes still running.
@@ -248,34 +327,50 @@ func (c *Cluster) startEtcd(bin string) (string, error) {
 	return client, c.waitHealthy(p, client+"/health", http.DefaultClient, 30*time.Second)
 }
 
+// simServiceIP is the API server's Service address on the simulated node,
+// which has no Services otherwise.
+const simServiceIP = "10.0.0.1"
+
 func (c *Cluster) startAPIServer(ctx context.Context, bin, etcdURL string) error {
 	port, err := freePort()
 	if err != nil {
 		return err
 	}
-	c.server = "https://127.0.0.1:" + strconv.Itoa(port)
-	const issuer = "https://kubernetes.default.svc.cluster.local"
-	p, err := c.start("kube-apiserver", bin, []string{
-		"--etcd-servers=" + etcdURL,
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port=" + strconv.Itoa(port),
-		"--cert-dir=" + filepath.Join(c.Dir, "pki"),
-		"--tls-cert-file=" + c.pki.path("apiserver.crt"), "--tls-private-key-file=" + c.pki.path("apiserver.key"),
-		"--client-ca-file=" + c.pki.path("ca.crt"),
+	// On the simulated node everything is loopback. The real node's pods
+	// reach the API server through the kubernetes Service, whose endpoint
+	// is the address advertised here: the bridge gateway.
+	addr, nodeArgs := "127.0.0.1", []string{
 		"--authorization-mode=RBAC",
-		"--service-account-issuer=" + issuer, "--api-audiences=" + issuer,
-		"--service-account-key-file=" + c.pki.path("sa.pub"),
-		"--service-account-signing-key-file=" + c.pki.path("sa.key"),
 		"--service-cluster-ip-range=10.0.0.0/24",
 		"--endpoint-reconciler-type=none",
-		"--kubelet-client-certificate=" + c.pki.path("apiserver-kubelet-client.crt"),
-		"--kubelet-client-key=" + c.pki.path("apiserver-kubelet-client.key"),
+	}
+	if c.Real != nil {
+		addr, nodeArgs = gatewayIP, []string{
+			"--authorization-mode=Node,RBAC",
+			"--enable-admission-plugins=NodeRestriction",
+			"--service-cluster-ip-range=" + serviceCIDR,
+		}
+	}
+	c.server = "https://" + addr + ":" + strconv.Itoa(port)
+	const issuer = "https://kubernetes.default.svc.cluster.local"
+	p, err := c.start("kube-apiserver", bin, append(nodeArgs,
+		"--etcd-servers="+etcdURL,
+		"--bind-address="+addr, "--advertise-address="+addr, "--secure-port="+strconv.Itoa(port),
+		"--cert-dir="+filepath.Join(c.Dir, "pki"),
+		"--tls-cert-file="+c.pki.path("apiserver.crt"), "--tls-private-key-file="+c.pki.path("apiserver.key"),
+		"--client-ca-file="+c.pki.path("ca.crt"),
+		"--service-account-issuer="+issuer, "--api-audiences="+issuer,
+		"--service-account-key-file="+c.pki.path("sa.pub"),
+		"--service-account-signing-key-file="+c.pki.path("sa.key"),
+		"--kubelet-client-certificate="+c.pki.path("apiserver-kubelet-client.crt"),
+		"--kubelet-client-key="+c.pki.path("apiserver-kubelet-client.key"),
 		"--kubelet-preferred-address-types=InternalIP",
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--enable-priority-and-fairness=false",
 		"--event-ttl=1h",
 		"--v=0",
-	}, nil)
+	), nil)
 	if err != nil {
 		return err
 	}
@@ -327,24 +422,75 @@ func (c *Cluster) startControllerManager(bin string) error {
 	if err != nil {
 		return err
 	}
-	p, err := c.start("kube-controller-manager", bin, []string{
-		"--kubeconfig=" + c.Kubeconfig,
-		"--authentication-kubeconfig=" + c.Kubeconfig,
-		"--authorization-kubeconfig=" + c.Kubeconfig,
+	// The simulated node needs only the controllers behind what it fakes;
+	// the real node gets all of them (workloads, endpoints, volume binding,
+	// node IPAM), each with its own service account, as kubeadm runs them.
+	kubeconfig, nodeArgs := c.Kubeconfig, []string{
 		"--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,serviceaccount-token-controller,persistentvolumeclaim-protection-controller,root-ca-certificate-publisher-controller",
-		"--service-account-private-key-file=" + c.pki.path("sa.key"),
-		"--root-ca-file=" + c.pki.path("ca.crt"),
+		"--use-service-account-credentials=false",
+	}
+	if c.Real != nil {
+		if kubeconfig, err = c.componentKubeconfig("kube-controller-manager"); err != nil {
+			return err
+		}
+		nodeArgs = []string{
+			"--use-service-account-credentials=true",
+			"--allocate-node-cidrs=true", "--cluster-cidr=" + podCIDR, "--node-cidr-mask-size=24",
+			"--service-cluster-ip-range=" + serviceCIDR,
+		}
+	}
+	p, err := c.start("kube-controller-manager", bin, append(nodeArgs,
+		"--kubeconfig="+kubeconfig,
+		"--authentication-kubeconfig="+kubeconfig,
+		"--authorization-kubeconfig="+kubeconfig,
+		"--service-account-private-key-file="+c.pki.path("sa.key"),
+		"--root-ca-file="+c.pki.path("ca.crt"),
+		"--leader-elect=false",
+		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port),
+		"--cert-dir="+filepath.Join(c.Dir, "pki", "kcm"),
+		"--v=0",
+	), nil)
+	if err != nil {
+		return err
+	}
+	return c.waitHealthy(p, "https://127.0.0.1:"+strconv.Itoa(port)+"/healthz", insecureClient, 60*time.Second)
+}
+
+// insecureClient polls the components' self-signed health endpoints.
+var insecureClient = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+
+// startScheduler runs kube-scheduler for the real node (the simulated node
+// binds pods itself).
+func (c *Cluster) startScheduler(bin string) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	kubeconfig, err := c.componentKubeconfig("kube-scheduler")
+	if err != nil {
+		return err
+	}
+	p, err := c.start("kube-scheduler", bin, []string{
+		"--kubeconfig=" + kubeconfig,
+		"--authentication-kubeconfig=" + kubeconfig,
+		"--authorization-kubeconfig=" + kubeconfig,
 		"--leader-elect=false",
 		"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(port),
-		"--cert-dir=" + filepath.Join(c.Dir, "pki", "kcm"),
-		"--use-service-account-credentials=false",
 		"--v=0",
 	}, nil)
 	if err != nil {
 		return err
 	}
-	insecure := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-	return c.waitHealthy(p, "https://127.0.0.1:"+strconv.Itoa(port)+"/healthz", insecure, 60*time.Second)
+	return c.waitHealthy(p, "https://127.0.0.1:"+strconv.Itoa(port)+"/healthz", insecureClient, 60*time.Second)
+}
+
+// componentKubeconfig writes a kubeconfig for the client certificate
+// <name>.crt and returns its path.
+func (c *Cluster) componentKubeconfig(name string) (string, error) {
+	path := filepath.Join(c.Dir, name+".kubeconfig")
+	return path, writeKubeconfig(path, c.server, c.pki.caPEM(), &clientcmdapi.AuthInfo{
+		ClientCertificate: c.pki.path(name + ".crt"), ClientKey: c.pki.path(name + ".key"),
+	})
 }
 
 func (c *Cluster) startAgentSandbox(bin string) error {

@@ -31,7 +31,7 @@ func GatewayAPICRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 }
 
 func crdsFrom(module, version, dir string) ([]*apiextensionsv1.CustomResourceDefinition, error) {
-	root, err := moduleDir(module, version)
+	root, err := ModuleDir(module, version)
 	if err != nil {
 		return nil, err
 	}

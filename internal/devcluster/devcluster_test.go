@@ -27,6 +27,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/devcluster"
 	"github.com/aaas-project/aaas/internal/devcluster/devclustertest"
+	"github.com/aaas-project/aaas/internal/gobuild"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
@@ -448,7 +449,7 @@ func TestServiceAccountKubeconfigHasOnlyItsRoleRights(t *testing.T) {
 }
 
 func TestStopLeavesNoProcessAndNoDirectory(t *testing.T) {
-	bin, err := devclustertest.BuildBinary(t.TempDir(), "github.com/aaas-project/aaas/cmd/dshsim")
+	bin, err := gobuild.Binary(t.TempDir(), "github.com/aaas-project/aaas/cmd/dshsim")
 	if err != nil {
 		t.Fatal(err)
 	}

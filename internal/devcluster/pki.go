@@ -120,13 +120,18 @@ func (p *pki) serviceAccountKey() error {
 	return p.write("sa.pub", "PUBLIC KEY", pub)
 }
 
-// all issues every certificate the control plane uses.
-func (p *pki) all() error {
+// all issues every certificate the control plane uses. apiIPs are the
+// addresses the API server is reached at besides loopback (its Service IP,
+// and the real node's gateway).
+func (p *pki) all(apiIPs ...string) error {
 	loopback := []net.IP{net.ParseIP("127.0.0.1")}
+	serving := append([]net.IP{}, loopback...)
+	for _, ip := range apiIPs {
+		serving = append(serving, net.ParseIP(ip))
+	}
 	steps := []func() error{
 		func() error {
-			return p.issue("apiserver", "kube-apiserver", nil,
-				append(loopback, net.ParseIP("10.0.0.1")),
+			return p.issue("apiserver", "kube-apiserver", nil, serving,
 				[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
 				x509.ExtKeyUsageServerAuth)
 		},
@@ -147,4 +152,28 @@ func (p *pki) all() error {
 		}
 	}
 	return nil
+}
+
+// realNode issues what a real node's components authenticate with: the
+// kubelet's client and serving certificates (NodeRestriction keys on
+// system:node:<name>), kube-proxy, the scheduler and the controller
+// manager, each with its own identity and RBAC.
+func (p *pki) realNode(node, ip string) error {
+	steps := [][]string{
+		{"kubelet-client", "system:node:" + node, "system:nodes"},
+		{"kube-proxy", "system:kube-proxy", ""},
+		{"kube-scheduler", "system:kube-scheduler", ""},
+		{"kube-controller-manager", "system:kube-controller-manager", ""},
+	}
+	for _, s := range steps {
+		var orgs []string
+		if s[2] != "" {
+			orgs = []string{s[2]}
+		}
+		if err := p.issue(s[0], s[1], orgs, nil, nil, x509.ExtKeyUsageClientAuth); err != nil {
+			return err
+		}
+	}
+	return p.issue("kubelet-serving", "system:node:"+node, []string{"system:nodes"},
+		[]net.IP{net.ParseIP(ip), net.ParseIP("127.0.0.1")}, []string{node, "localhost"}, x509.ExtKeyUsageServerAuth)
 }

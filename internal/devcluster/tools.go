@@ -27,14 +27,23 @@ func toolsCache() string {
 // to get the missing ones.
 type binaries struct {
 	etcd, apiserver, controllerManager, agentSandbox string
+	// The real node's.
+	kubelet, kubeProxy, scheduler, kubeRouter, coreDNS string
 }
 
 func findBinaries() (binaries, error) {
 	cache := toolsCache()
+	k8s := filepath.Join(cache, "kubernetes-"+aaas.Version("KUBERNETES_VERSION"))
+	node := filepath.Join(cache, "kubernetes-node-"+aaas.Version("KUBERNETES_VERSION"))
 	b := binaries{
-		apiserver:         filepath.Join(cache, "kubernetes-"+aaas.Version("KUBERNETES_VERSION"), "kube-apiserver"),
-		controllerManager: filepath.Join(cache, "kubernetes-"+aaas.Version("KUBERNETES_VERSION"), "kube-controller-manager"),
-		agentSandbox:      filepath.Join(cache, "agent-sandbox-"+aaas.Version("AGENT_SANDBOX_VERSION"), "agent-sandbox-controller"),
+		apiserver:         filepath.Join(k8s, "kube-apiserver"),
+		controllerManager: filepath.Join(k8s, "kube-controller-manager"),
+		agentSandbox:      AgentSandboxBinary(),
+		kubelet:           filepath.Join(node, "kubelet"),
+		kubeProxy:         filepath.Join(node, "kube-proxy"),
+		scheduler:         filepath.Join(node, "kube-scheduler"),
+		kubeRouter:        filepath.Join(cache, "kube-router-"+aaas.Version("KUBE_ROUTER_VERSION"), "kube-router"),
+		coreDNS:           filepath.Join(cache, "coredns-"+aaas.Version("COREDNS_VERSION"), "coredns"),
 	}
 	etcd, err := exec.LookPath("etcd")
 	if err != nil {
@@ -49,9 +58,15 @@ func findBinaries() (binaries, error) {
 	return b, nil
 }
 
-// moduleDir returns the source of a pinned Go module (for the CRDs it
+// AgentSandboxBinary is the agent-sandbox controller `make tools` built
+// from the pinned module (the real node runs it from an image of it).
+func AgentSandboxBinary() string {
+	return filepath.Join(toolsCache(), "agent-sandbox-"+aaas.Version("AGENT_SANDBOX_VERSION"), "agent-sandbox-controller")
+}
+
+// ModuleDir returns the source of a pinned Go module (for the CRDs it
 // ships), downloading it through the Go module proxy if needed.
-func moduleDir(path, version string) (string, error) {
+func ModuleDir(path, version string) (string, error) {
 	mod := path + "@" + version
 	out, err := exec.Command("go", "mod", "download", "-json", mod).Output()
 	if err != nil {

@@ -1,7 +1,13 @@
-// Package devstack runs the whole system on one machine for `make run`: an
-// embedded NATS server with the streams and buckets provisioned, a local
-// Kubernetes control plane (devcluster) with a warm pool of dshsim
-// sandboxes, and the aaas processes. Every run starts from a clean state.
+// Package devstack runs the whole system on one machine for `make run`.
+// On the simulated node (the default): an embedded NATS server with the
+// streams and buckets provisioned, a local Kubernetes control plane
+// (devcluster) with a warm pool of dshsim sandboxes, and the aaas
+// processes as local processes. On the real node (`make run NODE=real`):
+// the documented install (agent-sandbox, then base, sandbox and the ingress
+// exposure) from locally built images on a real kubelet, with the edges'
+// Service forwarded to the same local ports. Either way the processes take
+// the operator's settings (config.Variables) from the environment, and
+// every run starts from a clean state.
 package devstack
 
 import (
@@ -19,6 +25,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/devcluster"
 	"github.com/aaas-project/aaas/internal/embednats"
 	"github.com/aaas-project/aaas/internal/events"
@@ -42,8 +49,13 @@ type Options struct {
 	MetricsPort int
 	// BinDir holds the aaas binaries (dshsim, edge, lifecycle, sweeper).
 	BinDir string
-	// Env adds to every process's environment (e.g. a short IDLE_TIMEOUT).
+	// Node is devcluster.NodeSimulated (default) or devcluster.NodeReal.
+	Node devcluster.NodeKind
+	// Env adds to every process's environment (e.g. a short IDLE_TIMEOUT);
+	// it wins over the settings taken from the environment.
 	Env map[string]string
+	// Getenv reads the operator's settings (os.Getenv when nil).
+	Getenv func(string) string
 	// Ready, if set, receives what a client of the stack needs once it
 	// serves.
 	Ready func(Info)
@@ -63,6 +75,33 @@ type Info struct {
 	PIDs    map[string]int
 }
 
+// owned are the settings devstack itself decides: where each process
+// listens, how it finds NATS and Kubernetes, and its name.
+var owned = map[string]bool{
+	"NATS_URL": true, "LISTEN_ADDR": true, "METRICS_ADDR": true, "INSTANCE_ID": true,
+	"KUBECONFIG": true, "NAMESPACE": true,
+}
+
+// settings are the operator's settings from the environment (every
+// variable an aaas process reads, except the ones devstack owns), with
+// o.Env on top.
+func (o Options) settings() map[string]string {
+	getenv := o.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	out := map[string]string{}
+	for _, name := range config.Variables() {
+		if v := getenv(name); v != "" && !owned[name] {
+			out[name] = v
+		}
+	}
+	for k, v := range o.Env {
+		out[k] = v
+	}
+	return out
+}
+
 // Run starts the stack and blocks until ctx ends, then stops everything.
 func Run(ctx context.Context, o Options) error {
 	start := time.Now()
@@ -74,19 +113,22 @@ func Run(ctx context.Context, o Options) error {
 	if err := os.RemoveAll(o.StateDir); err != nil {
 		return fmt.Errorf("clean %s: %w", o.StateDir, err)
 	}
+	if o.Node == devcluster.NodeReal {
+		return runReal(ctx, o, start)
+	}
 	ns, err := embednats.Start(embednats.Options{Dir: filepath.Join(o.StateDir, "nats"), Port: o.NATSPort, Name: "devstack"})
 	if err != nil {
 		return fmt.Errorf("start nats: %w", err)
 	}
 	defer ns.Stop()
-	nc, js, err := natsconn.Connect(natsconn.Options{URL: ns.URL(), Name: "devstack"}, o.Log)
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	nc, js, err := natsconn.Connect(pctx, natsconn.Options{URL: ns.URL(), Name: "devstack"}, o.Log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := natsconn.Provision(pctx, js, events.DefaultStreamsConfig(), kv.DefaultBucketsConfig()); err != nil {
+	if err := natsconn.Provision(pctx, js, events.DefaultStreamsConfig(), kv.DefaultBucketsConfig(), o.Log); err != nil {
 		return err
 	}
 	fmt.Fprintf(o.Out, "NATS       %s (streams %s, %s, %s)\n", ns.URL(), events.StreamCommands, events.StreamActivity, events.StreamAudit)
@@ -113,8 +155,14 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	invite := randomString(9)
-	children, err := startProcesses(o, ns.URL(), kubeconfig, invite)
+	env := map[string]string{
+		"HANDSHAKE_KEY": randomKey(), "LOG_LEVEL": "info", "SIGNUP_INVITE_CODE": randomString(9),
+		"COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1",
+	}
+	for k, v := range o.settings() {
+		env[k] = v
+	}
+	children, err := startProcesses(o, ns.URL(), kubeconfig, env)
 	defer func() {
 		// Edges first (they drain), then the workers.
 		for i := len(children) - 1; i >= 0; i-- {
@@ -128,22 +176,12 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	fmt.Fprintf(o.Out, "logs       %s\n", filepath.Join(o.StateDir, "logs"))
-	for _, port := range o.EdgePorts {
-		fmt.Fprintf(o.Out, "open       http://localhost:%d/\n", port)
+	info := Info{NATSURL: ns.URL(), Kubeconfig: cluster.Kubeconfig, Invite: env["SIGNUP_INVITE_CODE"], Metrics: map[string]string{}, PIDs: map[string]int{}}
+	for _, c := range children {
+		info.Metrics[c.name] = c.metrics
+		info.PIDs[c.name] = c.cmd.Process.Pid
 	}
-	fmt.Fprintf(o.Out, "invite     %s\n", invite)
-	fmt.Fprintf(o.Out, "ready in %s. Press Ctrl-C to stop.\n", time.Since(start).Round(100*time.Millisecond))
-	if o.Ready != nil {
-		info := Info{NATSURL: ns.URL(), Kubeconfig: cluster.Kubeconfig, Invite: invite, Metrics: map[string]string{}, PIDs: map[string]int{}}
-		for _, port := range o.EdgePorts {
-			info.EdgeURLs = append(info.EdgeURLs, fmt.Sprintf("http://localhost:%d", port))
-		}
-		for _, c := range children {
-			info.Metrics[c.name] = c.metrics
-			info.PIDs[c.name] = c.cmd.Process.Pid
-		}
-		o.Ready(info)
-	}
+	o.ready(info, start)
 	select {
 	case <-ctx.Done():
 	case name := <-exitedChild(children):
@@ -151,6 +189,21 @@ func Run(ctx context.Context, o Options) error {
 	}
 	fmt.Fprintln(o.Out, "stopping…")
 	return nil
+}
+
+// ready prints what to open and hands info to o.Ready.
+func (o Options) ready(info Info, start time.Time) {
+	for _, port := range o.EdgePorts {
+		fmt.Fprintf(o.Out, "open       http://localhost:%d/\n", port)
+		info.EdgeURLs = append(info.EdgeURLs, fmt.Sprintf("http://localhost:%d", port))
+	}
+	if info.Invite != "" {
+		fmt.Fprintf(o.Out, "invite     %s\n", info.Invite)
+	}
+	fmt.Fprintf(o.Out, "ready in %s. Press Ctrl-C to stop.\n", time.Since(start).Round(100*time.Millisecond))
+	if o.Ready != nil {
+		o.Ready(info)
+	}
 }
 
 // lifecycleCredentials applies the lifecycle ServiceAccount and Role from
@@ -172,15 +225,13 @@ func lifecycleCredentials(ctx context.Context, c *devcluster.Cluster) (string, e
 	return path, err
 }
 
-func startProcesses(o Options, natsURL, kubeconfig, invite string) ([]*child, error) {
+func startProcesses(o Options, natsURL, kubeconfig string, env map[string]string) ([]*child, error) {
 	logDir := filepath.Join(o.StateDir, "logs")
 	if err := os.MkdirAll(logDir, 0o700); err != nil {
 		return nil, err
 	}
-	common := map[string]string{
-		"NATS_URL": natsURL, "HANDSHAKE_KEY": randomKey(), "LOG_LEVEL": "info", "PATH": os.Getenv("PATH"),
-	}
-	for k, v := range o.Env {
+	common := map[string]string{"NATS_URL": natsURL, "PATH": os.Getenv("PATH")}
+	for k, v := range env {
 		common[k] = v
 	}
 	metrics := o.MetricsPort
@@ -213,7 +264,6 @@ func startProcesses(o Options, natsURL, kubeconfig, invite string) ([]*child, er
 			env  map[string]string
 		}{fmt.Sprintf("edge-%c", 'a'+i), with(map[string]string{
 			"LISTEN_ADDR": fmt.Sprintf(":%d", port), "INSTANCE_ID": fmt.Sprintf("edge-%c", 'a'+i),
-			"COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1", "SIGNUP_INVITE_CODE": invite,
 		})})
 	}
 	var children []*child

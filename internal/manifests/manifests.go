@@ -1,35 +1,95 @@
-// Package manifests renders the kustomize overlays under manifests/ (from
-// the copy embedded in the binary), so tests, devcluster and `make run`
-// apply exactly what operators deploy.
+// Package manifests renders the kustomizations under manifests/ (from the
+// copy embedded in the binary), and operators' own kustomizations that
+// compose them, so tests, devcluster and `make run` apply exactly what
+// operators deploy.
 package manifests
 
 import (
 	"fmt"
 	"io/fs"
 	"path"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/api/resmap"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
 
 	"github.com/aaas-project/aaas"
 )
 
-// Overlays lists every kustomization under manifests/.
-func Overlays() ([]string, error) {
+// Source is how operators' kustomizations refer to this repository's
+// manifests (README, "Deploying to Kubernetes"); RenderKustomization maps
+// it onto the embedded copy.
+const Source = "https://github.com/aaas-project/aaas//manifests/"
+
+// Overlays lists every kustomization (kind Kustomization) under manifests/.
+func Overlays() ([]string, error) { return dirsOfKind("Kustomization") }
+
+// Components lists every kustomize Component under manifests/: the
+// exposures and hardening, which an install composes with base and sandbox.
+func Components() ([]string, error) { return dirsOfKind("Component") }
+
+func dirsOfKind(kind string) ([]string, error) {
 	var dirs []string
 	err := fs.WalkDir(aaas.Manifests, "manifests", func(p string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && path.Base(p) == "kustomization.yaml" {
+		if err != nil || d.IsDir() || path.Base(p) != "kustomization.yaml" {
+			return err
+		}
+		b, err := fs.ReadFile(aaas.Manifests, p)
+		if err != nil {
+			return err
+		}
+		var k struct{ Kind string }
+		if err := yaml.Unmarshal(b, &k); err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		if k.Kind == kind || (k.Kind == "" && kind == "Kustomization") {
 			dirs = append(dirs, path.Dir(p))
 		}
-		return err
+		return nil
 	})
 	return dirs, err
 }
 
-// Render builds the overlay at dir (e.g. "manifests/base") and returns its
-// objects.
+// Render builds the kustomization at dir (e.g. "manifests/base") and
+// returns its objects.
 func Render(dir string) ([]*unstructured.Unstructured, error) {
+	mem, err := embedded()
+	if err != nil {
+		return nil, err
+	}
+	return run(mem, "/"+dir)
+}
+
+// RenderKustomization builds an operator's kustomization.yaml, whose
+// resources and components name this repository's manifests by Source
+// (any ?ref= is the embedded version).
+func RenderKustomization(kustomization string) ([]*unstructured.Unstructured, error) {
+	mem, err := embedded()
+	if err != nil {
+		return nil, err
+	}
+	var lines []string
+	for _, l := range strings.Split(kustomization, "\n") {
+		if i := strings.Index(l, Source); i >= 0 {
+			ref := l[i+len(Source):]
+			if j := strings.IndexAny(ref, "? \t#"); j >= 0 {
+				ref = ref[:j]
+			}
+			l = l[:i] + "../manifests/" + ref
+		}
+		lines = append(lines, l)
+	}
+	if err := mem.WriteFile("/install/kustomization.yaml", []byte(strings.Join(lines, "\n"))); err != nil {
+		return nil, err
+	}
+	return run(mem, "/install")
+}
+
+// embedded is an in-memory file system with manifests/ at its root.
+func embedded() (filesys.FileSystem, error) {
 	mem := filesys.MakeFsInMemory()
 	err := fs.WalkDir(aaas.Manifests, "manifests", func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
@@ -44,12 +104,26 @@ func Render(dir string) ([]*unstructured.Unstructured, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load manifests: %w", err)
 	}
-	resmap, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(mem, "/"+dir)
+	return mem, nil
+}
+
+// RenderDir builds a kustomization on disk (such as a Go module's own
+// manifests).
+func RenderDir(dir string) ([]*unstructured.Unstructured, error) {
+	return run(filesys.MakeFsOnDisk(), dir)
+}
+
+func run(fsys filesys.FileSystem, dir string) ([]*unstructured.Unstructured, error) {
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(fsys, dir)
 	if err != nil {
 		return nil, fmt.Errorf("kustomize build %s: %w", dir, err)
 	}
+	return objects(m, dir)
+}
+
+func objects(m resmap.ResMap, dir string) ([]*unstructured.Unstructured, error) {
 	var objs []*unstructured.Unstructured
-	for _, r := range resmap.Resources() {
+	for _, r := range m.Resources() {
 		// Through JSON, so numbers are the int64s and float64s the
 		// Kubernetes libraries expect.
 		b, err := r.MarshalJSON()

@@ -47,29 +47,29 @@ func (p *Process) isReady() bool {
 	return f != nil && (*f)()
 }
 
-// Start connects to NATS, provisions streams and buckets, and serves
-// metrics.
+// Start serves metrics (not ready yet), connects to NATS and provisions
+// streams and buckets. Both wait for NATS as long as it takes, until
+// SIGTERM: in a rollout the processes start beside NATS, and exiting would
+// only put them in CrashLoopBackOff, whose growing delay outlasts NATS's
+// own start by far.
 func Start(name string, common config.Common) (*Process, error) {
 	log := telemetry.Logger(name, common.InstanceID, common.LogLevel)
 	ctx, stop := notifyContext(log)
 	p := &Process{Name: name, Common: common, Log: log, Metrics: telemetry.Registry(), Ctx: ctx, stop: stop}
-
-	nc, js, err := natsconn.Connect(natsconn.Options{URL: common.NATSURL, Name: name + "/" + common.InstanceID, CredsFile: common.NATSCreds}, log)
+	if err := telemetry.ServeMetrics(ctx, common.MetricsAddr, p.Metrics, p.isReady, log); err != nil {
+		stop()
+		return nil, err
+	}
+	nc, js, err := natsconn.Connect(ctx, natsconn.Options{URL: common.NATSURL, Name: name + "/" + common.InstanceID, CredsFile: common.NATSCreds}, log)
 	if err != nil {
 		stop()
 		return nil, err
 	}
 	p.NC, p.JS = nc, js
 	registerNATSStats(p.Metrics, nc)
-	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := natsconn.Provision(pctx, js, common.Streams, common.Buckets); err != nil {
+	if err := natsconn.Provision(ctx, js, common.Streams, common.Buckets, log); err != nil {
 		p.Close()
 		return nil, fmt.Errorf("provision nats: %w", err)
-	}
-	if err := telemetry.ServeMetrics(ctx, common.MetricsAddr, p.Metrics, p.isReady, log); err != nil {
-		p.Close()
-		return nil, err
 	}
 	log.Info("started", "nats", nc.ConnectedUrlRedacted())
 	return p, nil

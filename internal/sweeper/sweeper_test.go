@@ -38,7 +38,7 @@ func setup(t testing.TB) *world {
 	s := natstest.Start(t)
 	_, js := natstest.Connect(t, s.URL())
 	ctx := natstest.Context(t, 10*time.Minute)
-	if err := natsconn.Provision(ctx, js, events.DefaultStreamsConfig(), kv.DefaultBucketsConfig()); err != nil {
+	if err := natsconn.Provision(ctx, js, events.DefaultStreamsConfig(), kv.DefaultBucketsConfig(), slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
 	boxes, err := kv.Open[kv.Sandbox](ctx, js, kv.BucketSandboxes)

@@ -38,7 +38,7 @@ func (p *Package) NewStack(t testing.TB, mutate func(*extv1beta1.SandboxTemplate
 	t.Helper()
 	s := natstest.Start(t)
 	_, js := natstest.Connect(t, s.URL())
-	if err := natsconn.Provision(Context(t, time.Minute), js, events.DefaultStreamsConfig(), kv.DefaultBucketsConfig()); err != nil {
+	if err := natsconn.Provision(Context(t, time.Minute), js, events.DefaultStreamsConfig(), kv.DefaultBucketsConfig(), Logger()); err != nil {
 		t.Fatal(err)
 	}
 	return &Stack{t: t, pkg: p, NATS: s, JS: js, NS: p.NewNamespace(t, mutate), Key: HandshakeKey(), Env: map[string]string{}}

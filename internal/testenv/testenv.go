@@ -11,6 +11,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,6 +25,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/devcluster"
 	"github.com/aaas-project/aaas/internal/devcluster/devclustertest"
+	"github.com/aaas-project/aaas/internal/gobuild"
 	"github.com/aaas-project/aaas/internal/manifests"
 )
 
@@ -44,7 +48,7 @@ func Main(m *testing.M, pkg *Package) int {
 	defer os.RemoveAll(dir)
 	pkg.Bins = map[string]string{}
 	for _, cmd := range []string{"lifecycle", "edge", "sweeper"} {
-		bin, err := devclustertest.BuildBinary(dir, "github.com/aaas-project/aaas/cmd/"+cmd)
+		bin, err := gobuild.Binary(dir, "github.com/aaas-project/aaas/cmd/"+cmd)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -142,4 +146,13 @@ func Logger() *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	return slog.New(slog.DiscardHandler)
+}
+
+// Root is the repository root (where go.mod is).
+func Root() string {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		panic(fmt.Sprintf("go env GOMOD: %v", err))
+	}
+	return filepath.Dir(strings.TrimSpace(string(out)))
 }

@@ -1,7 +1,8 @@
 //go:build tools
 
-// Package tools pins the Kubernetes control-plane binaries that
-// internal/devcluster runs. It is a separate module because k8s.io/kubernetes
+// Package tools pins the Kubernetes binaries that internal/devcluster runs:
+// the control plane, and the real node's kubelet, kube-proxy and
+// kube-scheduler. It is a separate module because k8s.io/kubernetes
 // cannot be required without replacing every staging module, and those
 // replacements must not leak into the main module.
 package tools
@@ -9,4 +10,7 @@ package tools
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )

@@ -7,12 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/aaas-project/aaas/internal/devcluster"
+	"github.com/aaas-project/aaas/internal/gobuild"
 )
 
 // Main builds dshsim, starts a cluster into *c, runs the package's tests
@@ -24,7 +23,7 @@ func Main(m *testing.M, c **devcluster.Cluster, opts ...func(*devcluster.Options
 		return 1
 	}
 	defer os.RemoveAll(tmp)
-	dshsim, err := BuildBinary(tmp, "github.com/aaas-project/aaas/cmd/dshsim")
+	dshsim, err := gobuild.Binary(tmp, "github.com/aaas-project/aaas/cmd/dshsim")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -49,17 +48,6 @@ func Main(m *testing.M, c **devcluster.Cluster, opts ...func(*devcluster.Options
 	code := m.Run()
 	cl.Stop()
 	return code
-}
-
-// BuildBinary compiles a main package into dir and returns its path.
-func BuildBinary(dir, pkg string) (string, error) {
-	out := filepath.Join(dir, filepath.Base(pkg))
-	cmd := exec.Command("go", "build", "-o", out, pkg)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build %s: %w\n%s", pkg, err, b)
-	}
-	return out, nil
 }
 
 // Namespace creates a fresh namespace for one test and deletes it after.

@@ -1,0 +1,195 @@
+package devstack
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/aaas-project/aaas/internal/devcluster"
+	"github.com/aaas-project/aaas/internal/image"
+	"github.com/aaas-project/aaas/internal/manifests"
+)
+
+// The images a real-node stack builds and runs.
+const (
+	aaasRef = "registry.local/aaas:dev"
+	dshRef  = "registry.local/dsh-web:dev"
+)
+
+// realKustomization is the README's install with this stack's images.
+const realKustomization = `apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: ` + Namespace + `
+resources:
+  - ` + manifests.Source + `base
+  - ` + manifests.Source + `sandbox
+components:
+  - ` + manifests.Source + `exposure/ingress
+images:
+  - name: ghcr.io/aaas-project/aaas
+    newName: registry.local/aaas
+    newTag: dev
+  - name: dsh-web
+    newName: registry.local/dsh-web
+    newTag: dev
+`
+
+// runReal installs the stack on a real node: images, agent-sandbox, the
+// namespace with its Secret and ConfigMaps, the install itself with the
+// operator's settings in aaas-config, and local ports forwarded to the
+// edge Service.
+func runReal(ctx context.Context, o Options, start time.Time) error {
+	fmt.Fprintln(o.Out, "building images (aaas, DSH stand-in, NATS, agent-sandbox)…")
+	tars, err := image.Install(o.BinDir, filepath.Join(o.StateDir, "images"), aaasRef, dshRef, devcluster.AgentSandboxBinary())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(o.Out, "starting the local control plane and a real node (containerd, kubelet, kube-proxy, kube-router, CoreDNS)…")
+	cluster, err := devcluster.Start(ctx, devcluster.Options{Node: devcluster.NodeReal, Dir: filepath.Join(o.StateDir, "devcluster"), Images: tars, Log: o.Log})
+	if err != nil {
+		return fmt.Errorf("start devcluster: %w", err)
+	}
+	defer cluster.Stop()
+	fmt.Fprintln(o.Out, "installing agent-sandbox and aaas…")
+	if err := cluster.InstallAgentSandbox(ctx); err != nil {
+		return err
+	}
+	if err := cluster.CreateNamespace(ctx, Namespace); err != nil {
+		return err
+	}
+	settings := map[string]string{
+		// Plain HTTP on localhost.
+		"COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1",
+	}
+	for k, v := range o.settings() {
+		settings[k] = v
+	}
+	invite := settings["SIGNUP_INVITE_CODE"]
+	if invite == "" {
+		invite = randomString(9)
+	}
+	key := settings["HANDSHAKE_KEY"]
+	if key == "" {
+		key = randomKey()
+	}
+	// Secrets go where the manifests read them from, not into the ConfigMap.
+	delete(settings, "SIGNUP_INVITE_CODE")
+	delete(settings, "HANDSHAKE_KEY")
+	core := cluster.Client.CoreV1()
+	if _, err := core.Secrets(Namespace).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "aaas-secrets"},
+		StringData: map[string]string{"handshake-key": key, "invite-code": invite},
+	}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	if _, err := core.ConfigMaps(Namespace).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "dsh-web"}, Data: map[string]string{"trusted-hosts": "localhost"},
+	}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	objs, err := manifests.RenderKustomization(realKustomization)
+	if err != nil {
+		return err
+	}
+	for _, cm := range manifests.Pick(objs, "ConfigMap") {
+		if cm.GetName() != "aaas-config" {
+			continue
+		}
+		data := cm.Object["data"].(map[string]any)
+		for k, v := range settings {
+			data[k] = v
+		}
+	}
+	if err := cluster.Apply(ctx, Namespace, objs...); err != nil {
+		return err
+	}
+	if err := cluster.WaitRollout(ctx, Namespace, 5*time.Minute); err != nil {
+		return err
+	}
+	svc, err := core.Services(Namespace).Get(ctx, "aaas-edge", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(o.Out, "Kubernetes %s\n           kubectl --kubeconfig %s -n %s get sandboxes,pods\n", cluster.Config.Host, cluster.Kubeconfig, Namespace)
+	var fwd []*forwarder
+	defer func() {
+		for _, f := range fwd {
+			f.close()
+		}
+	}()
+	target := net.JoinHostPort(svc.Spec.ClusterIP, "8080")
+	for _, port := range o.EdgePorts {
+		f, err := forward(fmt.Sprintf("127.0.0.1:%d", port), target)
+		if err != nil {
+			return err
+		}
+		fwd = append(fwd, f)
+	}
+	if err := waitPool(ctx, cluster); err != nil {
+		return err
+	}
+	fmt.Fprintf(o.Out, "logs       kubectl --kubeconfig %s -n %s logs deploy/aaas-edge\n", cluster.Kubeconfig, Namespace)
+	o.ready(Info{Kubeconfig: cluster.Kubeconfig, Invite: invite}, start)
+	<-ctx.Done()
+	fmt.Fprintln(o.Out, "stopping…")
+	return nil
+}
+
+func waitPool(ctx context.Context, c *devcluster.Cluster) error {
+	_, ext, err := c.SandboxClients()
+	if err != nil {
+		return err
+	}
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := ext.ExtensionsV1beta1().SandboxWarmPools(Namespace).Get(ctx, "dsh-pool", metav1.GetOptions{})
+		return err == nil && p.Spec.Replicas != nil && p.Status.ReadyReplicas >= *p.Spec.Replicas, nil
+	})
+}
+
+// forwarder relays local TCP connections to the edge Service, as a load
+// balancer in front of the cluster would.
+type forwarder struct {
+	ln net.Listener
+	wg sync.WaitGroup
+}
+
+func forward(listen, target string) (*forwarder, error) {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, err
+	}
+	f := &forwarder{ln: ln}
+	f.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go relay(c, target)
+		}
+	})
+	return f, nil
+}
+
+func (f *forwarder) close() { f.ln.Close(); f.wg.Wait() }
+
+func relay(c net.Conn, target string) {
+	defer c.Close()
+	up, err := net.DialTimeout("tcp", target, 5*time.Second)
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
+	<-done
+}
