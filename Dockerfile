@@ -1,6 +1,10 @@
 # syntax=docker/dockerfile:1
-# One small image with every aaas binary (edge, lifecycle, sweeper, and
-# dshsim for demos); each Deployment or compose service picks its command.
+# The aaas image: edge, lifecycle and sweeper, static, on distroless,
+# running as the numeric user 65532 (distroless's nonroot: the kubelet can
+# only verify runAsNonRoot against a numeric user). Each Deployment or
+# compose service picks its command. `--target dshsim` builds the DSH Web
+# stand-in for demos instead. hack/image builds the same images without
+# Docker; a test keeps the two in step.
 ARG GO_VERSION=1.26
 
 FROM golang:${GO_VERSION}-bookworm AS build
@@ -12,9 +16,14 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
     CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ \
       ./cmd/edge ./cmd/lifecycle ./cmd/sweeper ./cmd/dshsim
 
-# Static binaries need no libc: distroless static, running as nonroot.
+FROM gcr.io/distroless/static-debian12:nonroot AS dshsim
+COPY --from=build /out/dshsim /usr/local/bin/dshsim
+USER 65532:65532
+EXPOSE 3080
+ENTRYPOINT ["/usr/local/bin/dshsim"]
+
 FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /out/ /usr/local/bin/
-USER nonroot:nonroot
+COPY --from=build /out/edge /out/lifecycle /out/sweeper /usr/local/bin/
+USER 65532:65532
 EXPOSE 8080 9090
 ENTRYPOINT ["/usr/local/bin/edge"]

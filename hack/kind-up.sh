@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates the kind cluster for docker compose development (README, "Docker
 # compose against kind"): agent-sandbox at the pinned version, the dev
-# sandbox template running dshsim from the aaas:dev image, and the
+# sandbox template running dshsim from the dshsim:dev image, and the
 # kubeconfig compose mounts. Needs docker, kind and kubectl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,12 +14,12 @@ if ! kind get clusters | grep -qx "$cluster"; then
   kind create cluster --config hack/kind.yaml
 fi
 release="https://github.com/kubernetes-sigs/agent-sandbox/releases/download/${AGENT_SANDBOX_VERSION}"
-kubectl --context "kind-$cluster" apply --server-side -f "$release/manifest.yaml"
-kubectl --context "kind-$cluster" apply --server-side -f "$release/extensions.yaml"
+kubectl --context "kind-$cluster" apply --server-side -f "$release/sandbox-with-extensions.yaml"
 kubectl --context "kind-$cluster" -n agent-sandbox-system rollout status deploy --timeout=180s
 
 docker build -t aaas:dev .
-kind load docker-image aaas:dev --name "$cluster"
+docker build --target dshsim -t dshsim:dev .
+kind load docker-image aaas:dev dshsim:dev --name "$cluster"
 kubectl --context "kind-$cluster" create namespace dsh-demo --dry-run=client -o yaml | kubectl --context "kind-$cluster" apply -f -
 kubectl --context "kind-$cluster" apply -k manifests/dev/kind
 

@@ -7,11 +7,13 @@ package deploy_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,7 +25,9 @@ import (
 	"github.com/aaas-project/aaas"
 	"github.com/aaas-project/aaas/internal/devcluster"
 	"github.com/aaas-project/aaas/internal/devcluster/devclustertest"
+	"github.com/aaas-project/aaas/internal/dshsim"
 	"github.com/aaas-project/aaas/internal/embednats"
+	"github.com/aaas-project/aaas/internal/image"
 	"github.com/aaas-project/aaas/internal/manifests"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
@@ -43,7 +47,31 @@ func root(t *testing.T) string {
 	return filepath.Dir(strings.TrimSpace(string(out)))
 }
 
-func TestEveryOverlayIsAcceptedByTheAPIServer(t *testing.T) {
+// install is an operator's kustomization of base and sandbox with the
+// given components (as README shows it).
+func install(components ...string) string {
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: dsh-demo\nresources:\n" +
+		"  - " + manifests.Source + "base\n  - " + manifests.Source + "sandbox\ncomponents:\n"
+	for _, c := range components {
+		k += "  - " + manifests.Source + strings.TrimPrefix(c, "manifests/") + "\n"
+	}
+	return k
+}
+
+func renderInstall(t *testing.T, components ...string) []*unstructured.Unstructured {
+	t.Helper()
+	objs, err := manifests.RenderKustomization(install(components...))
+	if err != nil {
+		t.Fatalf("base + sandbox + %v: %v", components, err)
+	}
+	return objs
+}
+
+// TestEveryKustomizationAndComponentIsAcceptedByTheAPIServer renders every
+// kustomization, and base + sandbox with each component and with the
+// components that compose (an exposure and hardening), and has a real API
+// server admit them (server-side dry-run).
+func TestEveryKustomizationAndComponentIsAcceptedByTheAPIServer(t *testing.T) {
 	ctx := testenv.Context(t, 5*time.Minute)
 	if err := cluster.InstallGatewayAPI(ctx); err != nil {
 		t.Fatal(err)
@@ -55,21 +83,47 @@ func TestEveryOverlayIsAcceptedByTheAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"manifests/base", "manifests/sandbox", "manifests/exposure/ingress", "manifests/exposure/gateway-api-sso", "manifests/hardening", "manifests/dev/kind"}
-	for _, w := range want {
+	components, err := manifests.Components()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"manifests/base", "manifests/sandbox", "manifests/dev/kind"} {
 		if !contains(dirs, w) {
-			t.Fatalf("overlay %s missing from %v", w, dirs)
+			t.Fatalf("kustomization %s missing from %v", w, dirs)
 		}
+	}
+	for _, w := range []string{"manifests/exposure/ingress", "manifests/exposure/gateway-api-sso", "manifests/hardening"} {
+		if !contains(components, w) {
+			t.Fatalf("component %s missing from %v", w, components)
+		}
+	}
+	apply := func(what string, objs []*unstructured.Unstructured) {
+		t.Helper()
+		if err := cluster.ApplyWith(ctx, "dsh-demo", devcluster.ApplyOptions{DryRun: true}, objs...); err != nil {
+			t.Fatalf("%s refused by the API server: %v", what, err)
+		}
+		t.Logf("%s: %d objects accepted", what, len(objs))
 	}
 	for _, dir := range dirs {
 		objs, err := manifests.Render(dir)
 		if err != nil {
 			t.Fatalf("%s: %v", dir, err)
 		}
-		if err := cluster.ApplyWith(ctx, "dsh-demo", devcluster.ApplyOptions{DryRun: true}, objs...); err != nil {
-			t.Fatalf("%s refused by the API server: %v", dir, err)
+		apply(dir, objs)
+	}
+	for _, c := range components {
+		apply("base + sandbox + "+c, renderInstall(t, c))
+	}
+	for _, exposure := range []string{"manifests/exposure/ingress", "manifests/exposure/gateway-api-sso"} {
+		objs := renderInstall(t, exposure, "manifests/hardening")
+		if n := len(manifests.Pick(objs, "Namespace")); n != 1 {
+			t.Fatalf("%d Namespaces", n)
 		}
-		t.Logf("%s: %d objects accepted", dir, len(objs))
+		tmpl := get(t, objs, "SandboxTemplate", "dsh-web")
+		if rc, _, _ := unstructured.NestedString(tmpl.Object, "spec", "podTemplate", "spec", "runtimeClassName"); rc != "gvisor" {
+			t.Fatalf("hardening with %s: the template runs in %q", exposure, rc)
+		}
+		apply("base + sandbox + "+exposure+" + hardening", objs)
 	}
 }
 
@@ -153,14 +207,8 @@ func TestBaseKeepsKubernetesRightsToLifecycle(t *testing.T) {
 }
 
 func TestExposureVariantsAreDistinct(t *testing.T) {
-	ingress, err := manifests.Render("manifests/exposure/ingress")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sso, err := manifests.Render("manifests/exposure/gateway-api-sso")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ingress := renderInstall(t, "manifests/exposure/ingress")
+	sso := renderInstall(t, "manifests/exposure/gateway-api-sso")
 	if _, ok := env(t, get(t, ingress, "Deployment", "aaas-edge"))["AUTH_PROXY_HEADER"]; ok {
 		t.Fatal("the ingress variant trusts an identity header")
 	}
@@ -236,6 +284,52 @@ func TestComposeFile(t *testing.T) {
 	}
 }
 
+// dockerStage is what a Dockerfile stage puts in its image.
+type dockerStage struct {
+	files      []string
+	user       string
+	entrypoint []string
+}
+
+// dockerStages reads the stages of a Dockerfile by name (the last one also
+// as ""): the files each COPY --from=build adds, USER and ENTRYPOINT.
+func dockerStages(t *testing.T, df string) map[string]*dockerStage {
+	t.Helper()
+	stages := map[string]*dockerStage{}
+	var cur *dockerStage
+	for _, line := range strings.Split(df, "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 0:
+		case f[0] == "FROM":
+			cur = &dockerStage{}
+			if len(f) == 4 && strings.EqualFold(f[2], "AS") {
+				stages[f[3]] = cur
+			}
+			stages[""] = cur
+		case f[0] == "COPY" && len(f) >= 4 && f[1] == "--from=build":
+			dst := f[len(f)-1]
+			for _, src := range f[2 : len(f)-1] {
+				if strings.HasSuffix(dst, "/") {
+					cur.files = append(cur.files, dst+filepath.Base(src))
+				} else {
+					cur.files = append(cur.files, dst)
+				}
+			}
+		case f[0] == "USER":
+			cur.user = f[1]
+		case f[0] == "ENTRYPOINT":
+			if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "ENTRYPOINT ")), &cur.entrypoint); err != nil {
+				t.Fatalf("ENTRYPOINT %q: %v", line, err)
+			}
+		}
+	}
+	return stages
+}
+
+// TestDockerfile checks the Dockerfile's build and that its images are the
+// ones hack/image builds without Docker (the real-node tests run those):
+// the same files, the same numeric user, the same entrypoint.
 func TestDockerfile(t *testing.T) {
 	dir := root(t)
 	b, err := os.ReadFile(filepath.Join(dir, "Dockerfile"))
@@ -248,6 +342,29 @@ func TestDockerfile(t *testing.T) {
 	if !strings.Contains(df, "ARG GO_VERSION="+goVersion) {
 		t.Fatalf("Dockerfile does not build with go %s", goVersion)
 	}
+	if !strings.Contains(df, "CGO_ENABLED=0") {
+		t.Fatal("the binaries are not static")
+	}
+	stages := dockerStages(t, df)
+	for name, spec := range map[string]image.Spec{"": image.AAAS("/bin", "aaas"), "dshsim": image.DSHSim("/bin", "dshsim")} {
+		st := stages[name]
+		if st == nil {
+			t.Fatalf("no stage %q in the Dockerfile", name)
+		}
+		var want []string
+		for f := range spec.Files {
+			want = append(want, f)
+		}
+		slices.Sort(want)
+		slices.Sort(st.files)
+		if !slices.Equal(st.files, want) || st.user != spec.User || !slices.Equal(st.entrypoint, spec.Entrypoint) {
+			t.Errorf("stage %q: Dockerfile has files %v, user %q, entrypoint %v; hack/image builds %v, %q, %v",
+				name, st.files, st.user, st.entrypoint, want, spec.User, spec.Entrypoint)
+		}
+		if !regexp.MustCompile(`^\d+:\d+$`).MatchString(st.user) {
+			t.Errorf("stage %q runs as %q: the kubelet can verify runAsNonRoot only for a numeric user", name, st.user)
+		}
+	}
 	cmds, _ := filepath.Glob(filepath.Join(dir, "cmd", "*"))
 	for _, c := range cmds {
 		name := filepath.Base(c)
@@ -255,12 +372,8 @@ func TestDockerfile(t *testing.T) {
 			continue // the local stack is not shipped
 		}
 		if !strings.Contains(df, "./cmd/"+name) {
-			t.Errorf("the image lacks %s", name)
+			t.Errorf("the Dockerfile does not build %s", name)
 		}
-	}
-	stages := regexp.MustCompile(`(?m)^FROM .*`).FindAllString(df, -1)
-	if len(stages) != 2 || !strings.Contains(df, "CGO_ENABLED=0") || !strings.Contains(stages[1], "nonroot") || !regexp.MustCompile(`(?m)^USER nonroot`).MatchString(df) {
-		t.Fatalf("want a two-stage static build on a non-root base: %v", stages)
 	}
 }
 
@@ -274,6 +387,9 @@ func TestMakeRun(t *testing.T) {
 	state := t.TempDir()
 	cmd := exec.Command("make", "-s", "run", fmt.Sprintf("RUN_ARGS=-state %s -nats-port %d -edge-ports %d,%d -metrics-port 0", state, nats, a, b))
 	cmd.Dir = dir
+	// Settings come from the environment, as README documents them.
+	const invite = "from-the-environment"
+	cmd.Env = append(os.Environ(), "SIGNUP_INVITE_CODE="+invite, "AUTH_RATE_LIMIT=1000")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -292,7 +408,7 @@ func TestMakeRun(t *testing.T) {
 		}
 		close(lines)
 	}()
-	var invite string
+	var printed string
 	var log []string
 	deadline := time.After(4 * time.Minute)
 	for ready := false; !ready; {
@@ -303,7 +419,7 @@ func TestMakeRun(t *testing.T) {
 			}
 			log = append(log, l)
 			if f := strings.Fields(l); len(f) == 2 && f[0] == "invite" {
-				invite = f[1]
+				printed = f[1]
 			}
 			ready = strings.HasPrefix(l, "ready in")
 		case <-deadline:
@@ -311,6 +427,9 @@ func TestMakeRun(t *testing.T) {
 		}
 	}
 	t.Logf("make run ready")
+	if printed != invite {
+		t.Fatalf("make run printed invite %q, the environment said %q", printed, invite)
+	}
 	for i, port := range []int{a, b} {
 		c := testenv.NewClient(t, fmt.Sprintf("http://localhost:%d", port))
 		if r := c.Do("GET", "/", nil); r.StatusCode != 200 || !strings.Contains(string(r.Body), "Create your sandbox") {
@@ -348,4 +467,80 @@ func TestMakeRun(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestPodsRunAsNumericUsers: the kubelet refuses runAsNonRoot for an image
+// whose user is a name (CreateContainerConfigError) and copies no group
+// from a numeric one, so every pod that asks for runAsNonRoot names its
+// user and group by number, and the aaas ones match the image's.
+func TestPodsRunAsNumericUsers(t *testing.T) {
+	objs := renderInstall(t, "manifests/exposure/gateway-api-sso")
+	for _, kind := range []string{"Deployment", "StatefulSet"} {
+		for _, o := range manifests.Pick(objs, kind) {
+			sc, _, _ := unstructured.NestedMap(o.Object, "spec", "template", "spec", "securityContext")
+			user, hasUser := sc["runAsUser"].(int64)
+			group, hasGroup := sc["runAsGroup"].(int64)
+			if sc["runAsNonRoot"] != true || !hasUser || !hasGroup || user == 0 || group == 0 {
+				t.Errorf("%s %s: securityContext %v wants runAsNonRoot with a numeric runAsUser and runAsGroup", kind, o.GetName(), sc)
+			}
+			if strings.HasPrefix(o.GetName(), "aaas-") && fmt.Sprintf("%d:%d", user, group) != image.NonRoot {
+				t.Errorf("%s %s runs as %d:%d, the image as %s", kind, o.GetName(), user, group, image.NonRoot)
+			}
+		}
+	}
+}
+
+// TestSandboxTemplateStartsTheStandIn: the template's command line is DSH
+// Web's (`web --host 0.0.0.0 --port 3080`), and the DSH stand-in the kind
+// overlay and the real-node tests run accepts it and listens on the
+// template's port.
+func TestSandboxTemplateStartsTheStandIn(t *testing.T) {
+	for _, dir := range []string{"manifests/sandbox", "manifests/dev/kind"} {
+		objs, err := manifests.Render(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl := get(t, objs, "SandboxTemplate", "dsh-web")
+		containers, _, _ := unstructured.NestedSlice(tmpl.Object, "spec", "podTemplate", "spec", "containers")
+		c := containers[0].(map[string]any)
+		if _, ok := c["command"]; ok {
+			t.Fatalf("%s overrides the image's entrypoint: %v", dir, c["command"])
+		}
+		var args []string
+		for _, a := range c["args"].([]any) {
+			args = append(args, a.(string))
+		}
+		o, err := dshsim.OptionsFromEnv(args, func(string) string { return "" })
+		if err != nil {
+			t.Fatalf("%s: dshsim refuses the template's args %q: %v", dir, args, err)
+		}
+		port := c["ports"].([]any)[0].(map[string]any)["containerPort"].(int64)
+		if o.Listen != fmt.Sprintf("0.0.0.0:%d", port) {
+			t.Fatalf("%s: dshsim would listen on %s, the template expects %d", dir, o.Listen, port)
+		}
+		if dir == "manifests/dev/kind" && c["image"] != "dshsim:dev" {
+			t.Fatalf("the kind overlay runs %v", c["image"])
+		}
+	}
+}
+
+// TestToolsArePinnedWhereVersionsSayIt: the tools modules build the
+// versions versions.env names (the tools cache is keyed by them).
+func TestToolsArePinnedWhereVersionsSayIt(t *testing.T) {
+	dir := root(t)
+	for mod, want := range map[string]string{
+		"kubernetes":    "k8s.io/kubernetes " + aaas.Version("KUBERNETES_VERSION"),
+		"agent-sandbox": "sigs.k8s.io/agent-sandbox " + aaas.Version("AGENT_SANDBOX_VERSION"),
+		"staticcheck":   "honnef.co/go/tools " + aaas.Version("STATICCHECK_VERSION"),
+		"kube-router":   "github.com/cloudnativelabs/kube-router/v2 " + aaas.Version("KUBE_ROUTER_VERSION"),
+		"coredns":       "github.com/coredns/coredns " + aaas.Version("COREDNS_VERSION"),
+	} {
+		b, err := os.ReadFile(filepath.Join(dir, "hack", "tools", mod, "go.mod"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !regexp.MustCompile(`(?m)^\s*(require\s+)?` + regexp.QuoteMeta(want) + `\s*$`).Match(b) {
+			t.Errorf("hack/tools/%s/go.mod does not require %s", mod, want)
+		}
+	}
 }
