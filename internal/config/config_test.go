@@ -88,11 +88,11 @@ func TestEdgeRefusesInsecureCookiesUnlessAllowed(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "COOKIE_SECURE:") || !strings.Contains(err.Error(), "ALLOW_INSECURE_COOKIES") {
 		t.Fatalf("err = %v", err)
 	}
-	c, err := config.LoadEdge(config.FromMap(map[string]string{"COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1", "HANDSHAKE_KEY": key}))
+	c, err := config.LoadEdge(config.FromMap(map[string]string{"COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1", "HANDSHAKE_KEY": key, "OPEN_SIGNUP": "true"}))
 	if err != nil || c.CookieSecure {
 		t.Fatalf("allowed insecure: %+v %v", c, err)
 	}
-	d, err := config.LoadEdge(config.FromMap(map[string]string{"HANDSHAKE_KEY": key}))
+	d, err := config.LoadEdge(config.FromMap(map[string]string{"HANDSHAKE_KEY": key, "SIGNUP_INVITE_CODE": "x"}))
 	if err != nil || !d.CookieSecure || d.MaxInFlightPerUser != 32 || d.WSMaxMessageBytes != 16<<20 || d.AuthRateLimit != 30 {
 		t.Fatalf("defaults: %+v %v", d, err)
 	}
@@ -129,6 +129,32 @@ func TestVariablesListsWhatEveryProcessReads(t *testing.T) {
 	for _, v := range []string{"NATS_URL", "LISTEN_ADDR", "ALLOW_INSECURE_COOKIES", "HANDSHAKE_KEY", "NAMESPACE", "IDLE_TIMEOUT", "SWEEP_INTERVAL", "COOKIE_MAX_AGE"} {
 		if !strings.Contains(" "+got+" ", " "+v+" ") {
 			t.Errorf("Variables() lacks %s: %s", v, got)
+		}
+	}
+}
+
+// An empty invite (a missing Secret key, say) must not open signup by
+// accident: it takes OPEN_SIGNUP, or SSO, which provisions its own users.
+func TestEdgeRefusesOpenSignupUnlessAsked(t *testing.T) {
+	key := "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
+	for _, tt := range []struct {
+		env map[string]string
+		ok  bool
+	}{
+		{map[string]string{}, false},
+		{map[string]string{"SIGNUP_INVITE_CODE": "  "}, false},
+		{map[string]string{"OPEN_SIGNUP": "false"}, false},
+		{map[string]string{"OPEN_SIGNUP": "true"}, true},
+		{map[string]string{"SIGNUP_INVITE_CODE": "abc"}, true},
+		{map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User"}, true},
+	} {
+		tt.env["HANDSHAKE_KEY"] = key
+		_, err := config.LoadEdge(config.FromMap(tt.env))
+		if (err == nil) != tt.ok {
+			t.Errorf("%v: err = %v", tt.env, err)
+		}
+		if err != nil && !strings.Contains(err.Error(), "SIGNUP_INVITE_CODE:") {
+			t.Errorf("%v: the error does not name the variable: %v", tt.env, err)
 		}
 	}
 }

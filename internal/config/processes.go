@@ -22,7 +22,8 @@ type Edge struct {
 	// AUTH_RATE_WINDOW (Buckets.RateWindow), shared by all edges. The
 	// session lifetime, COOKIE_MAX_AGE, is Buckets.SessionTTL.
 	AuthRateLimit int
-	// InviteCode is SIGNUP_INVITE_CODE; empty means open signup.
+	// InviteCode is SIGNUP_INVITE_CODE; empty means open signup, which
+	// OPEN_SIGNUP must confirm (a missing Secret key must not open it).
 	InviteCode string
 	// AuthProxyHeader is AUTH_PROXY_HEADER: when set, that header names
 	// the user (SSO behind oauth2-proxy) and is trusted.
@@ -69,6 +70,9 @@ func LoadEdge(e *Env) (Edge, error) {
 		HandshakeKey:       handshakeKey(e),
 		BeaconInterval:     e.Duration("BEACON_INTERVAL", 5*time.Second, 100*time.Millisecond, 5*time.Minute),
 		ShutdownTimeout:    e.Duration("SHUTDOWN_TIMEOUT", 25*time.Second, 0, 10*time.Minute),
+	}
+	if open := e.Bool("OPEN_SIGNUP", false); c.InviteCode == "" && c.AuthProxyHeader == "" && !open {
+		e.Fail("SIGNUP_INVITE_CODE", "empty, so anyone could sign up; set it, or OPEN_SIGNUP=true to mean that")
 	}
 	if allowInsecure := e.Bool("ALLOW_INSECURE_COOKIES", false); !c.CookieSecure && !allowInsecure {
 		e.Fail("COOKIE_SECURE", "false sends the session cookie over plain HTTP; set ALLOW_INSECURE_COOKIES=1 as well, for a local plain-HTTP demo only")

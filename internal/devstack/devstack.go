@@ -263,7 +263,8 @@ func startProcesses(o Options, natsURL, kubeconfig string, env map[string]string
 			name string
 			env  map[string]string
 		}{fmt.Sprintf("edge-%c", 'a'+i), with(map[string]string{
-			"LISTEN_ADDR": fmt.Sprintf(":%d", port), "INSTANCE_ID": fmt.Sprintf("edge-%c", 'a'+i),
+			// Loopback only: a dev stack with plain-HTTP cookies is not for the LAN.
+			"LISTEN_ADDR": fmt.Sprintf("127.0.0.1:%d", port), "INSTANCE_ID": fmt.Sprintf("edge-%c", 'a'+i),
 		})})
 	}
 	var children []*child

@@ -78,13 +78,16 @@ type Edge struct {
 }
 
 // Edge starts an edge replica on a free port (plain HTTP, so insecure
-// cookies are allowed) and waits until it is ready.
+// cookies are allowed; signup open unless the test sets an invite) and
+// waits until it is ready.
 func (s *Stack) Edge(id string, env map[string]string) *Edge {
 	s.t.Helper()
 	addr := FreeAddr(s.t)
 	full := map[string]string{
 		"LISTEN_ADDR": addr, "INSTANCE_ID": id, "COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1",
 		"BEACON_INTERVAL": "1s", "SHUTDOWN_TIMEOUT": "5s",
+		// Tests sign up without an invite unless they set one.
+		"OPEN_SIGNUP": "true",
 	}
 	for k, v := range env {
 		full[k] = v
