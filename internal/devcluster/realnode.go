@@ -489,6 +489,9 @@ func (n *RealNode) startKubeRouter(bin string) error {
 
 // corefile: CoreDNS on the bridge gateway, answering for the cluster only.
 // There is no forward plugin: nothing is ever resolved outside the machine.
+// No cache either: it would keep the "no such host" a StatefulSet's pods get
+// for each other's names in their first second for 30 seconds, and so hold
+// up NATS's routes (the kubernetes plugin answers from its watch anyway).
 const corefile = `.:53 {
     bind {{.IP}}
     errors
@@ -498,9 +501,8 @@ const corefile = `.:53 {
         kubeconfig {{.Kubeconfig}} devcluster
         pods insecure
         fallthrough in-addr.arpa ip6.arpa
-        ttl 30
+        ttl 5
     }
-    cache 30
 }
 `
 
