@@ -3,6 +3,7 @@ package devcluster
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -43,6 +44,17 @@ func (c *Cluster) ApplyWith(ctx context.Context, namespace string, o ApplyOption
 	for _, obj := range objs {
 		gvk := obj.GroupVersionKind()
 		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		// A CRD the server has just established can be missing from
+		// discovery for a moment: look again before giving up.
+		for deadline := time.Now().Add(30 * time.Second); meta.IsNoMatchError(err) && time.Now().Before(deadline); {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(250 * time.Millisecond):
+			}
+			mapper.Reset()
+			m, err = mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		}
 		if err != nil {
 			return fmt.Errorf("%s %s: %w", gvk.Kind, obj.GetName(), err)
 		}
