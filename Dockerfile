@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The aaas image: edge, lifecycle and sweeper, static, on distroless,
+# The aaas image: edge, lifecycle, sweeper and setup, static, on distroless,
 # running as the numeric user 65532 (distroless's nonroot: the kubelet can
 # only verify runAsNonRoot against a numeric user). Each Deployment or
 # compose service picks its command. `--target dshsim` builds the DSH Web
@@ -14,7 +14,7 @@ RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ \
-      ./cmd/edge ./cmd/lifecycle ./cmd/sweeper ./cmd/dshsim
+      ./cmd/edge ./cmd/lifecycle ./cmd/sweeper ./cmd/setup ./cmd/dshsim
 
 FROM gcr.io/distroless/static-debian12:nonroot AS dshsim
 COPY --from=build /out/dshsim /usr/local/bin/dshsim
@@ -23,7 +23,7 @@ EXPOSE 3080
 ENTRYPOINT ["/usr/local/bin/dshsim"]
 
 FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /out/edge /out/lifecycle /out/sweeper /usr/local/bin/
+COPY --from=build /out/edge /out/lifecycle /out/sweeper /out/setup /usr/local/bin/
 USER 65532:65532
 EXPOSE 8080 9090
 ENTRYPOINT ["/usr/local/bin/edge"]

@@ -6,7 +6,7 @@ include versions.env
 TOOLS_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/aaas/tools
 STATICCHECK := $(TOOLS_CACHE)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 BIN := bin
-CMDS := edge lifecycle sweeper dshsim devstack
+CMDS := edge lifecycle sweeper setup dshsim devstack
 GOTEST_FLAGS ?=
 export AAAS_TOOLS_CACHE := $(TOOLS_CACHE)
 

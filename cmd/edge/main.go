@@ -17,6 +17,7 @@ import (
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/process"
 	"github.com/aaas-project/aaas/internal/proxy"
 	"github.com/aaas-project/aaas/internal/session"
@@ -25,7 +26,7 @@ import (
 
 func main() {
 	cfg, err := config.LoadEdge(config.FromOS())
-	process.Main("edge", cfg.Common, err, func(p *process.Process) error { return run(p, cfg) })
+	process.Main(natsauth.Edge, cfg.Common, err, func(p *process.Process) error { return run(p, cfg) })
 }
 
 func run(p *process.Process, cfg config.Edge) error {

@@ -4,8 +4,6 @@
 package main
 
 import (
-	"time"
-
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -14,13 +12,14 @@ import (
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/lifecycle"
+	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/process"
 	"github.com/aaas-project/aaas/internal/sandbox"
 )
 
 func main() {
 	cfg, err := config.LoadLifecycle(config.FromOS())
-	process.Main("lifecycle", cfg.Common, err, func(p *process.Process) error { return run(p, cfg) })
+	process.Main(natsauth.Lifecycle, cfg.Common, err, func(p *process.Process) error { return run(p, cfg) })
 }
 
 func run(p *process.Process, cfg config.Lifecycle) error {
@@ -58,11 +57,7 @@ func run(p *process.Process, cfg config.Lifecycle) error {
 	}
 	go kv.NewLease(locks, "lifecycle-mirror", cfg.InstanceID, cfg.LeaseTTL, p.Log).Run(p.Ctx, w.Lead)
 
-	return events.Consume(p.Ctx, p.JS, events.ConsumerConfig{
-		Stream: events.StreamCommands, Durable: "lifecycle", FilterSubjects: []string{events.CommandSubjectsAll},
-		MaxDeliver: cfg.MaxDeliver, Workers: cfg.Workers, AckWait: cfg.AckWait,
-		Backoff: []time.Duration{500 * time.Millisecond, 2 * time.Second, 10 * time.Second, 30 * time.Second},
-	}, w.Handle, w.Exhausted, p.Log)
+	return events.Consume(p.Ctx, p.JS, events.CommandConsumerConfig(cfg.Workers, cfg.MaxDeliver, cfg.AckWait), w.Handle, w.Exhausted, p.Log)
 }
 
 // kubeConfig uses KUBECONFIG when set, in-cluster credentials otherwise.

@@ -8,13 +8,14 @@ import (
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/process"
 	"github.com/aaas-project/aaas/internal/sweeper"
 )
 
 func main() {
 	cfg, err := config.LoadSweeper(config.FromOS())
-	process.Main("sweeper", cfg.Common, err, func(p *process.Process) error { return run(p, cfg) })
+	process.Main(natsauth.Sweeper, cfg.Common, err, func(p *process.Process) error { return run(p, cfg) })
 }
 
 func run(p *process.Process, cfg config.Sweeper) error {

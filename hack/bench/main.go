@@ -215,7 +215,11 @@ func prepare(ctx context.Context, info devstack.Info) (*env, error) {
 		}
 	}
 
-	nc, err := nats.Connect(info.NATSURL)
+	admin, err := nats.NkeyOptionFromSeed(info.NATSAdmin)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(info.NATSURL, admin)
 	if err != nil {
 		return nil, err
 	}

@@ -17,8 +17,8 @@ import (
 type Common struct {
 	// NATSURL is NATS_URL: one or more comma-separated server URLs.
 	NATSURL string
-	// NATSCreds is NATS_CREDS: an optional credentials file.
-	NATSCreds string
+	// NATS holds how the process authenticates to NATS and verifies it.
+	NATS NATSAuth
 	// InstanceID is INSTANCE_ID, this replica's name in beacons, leases and
 	// audit events; defaults to the host name plus a random suffix.
 	InstanceID string
@@ -39,12 +39,12 @@ var instanceRE = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
 func LoadCommon(e *Env, defaultMetrics string) Common {
 	c := Common{
 		NATSURL:     e.String("NATS_URL", "nats://127.0.0.1:4222"),
-		NATSCreds:   e.String("NATS_CREDS", ""),
 		InstanceID:  e.String("INSTANCE_ID", defaultInstanceID()),
 		MetricsAddr: e.String("METRICS_ADDR", defaultMetrics),
 		Streams:     events.DefaultStreamsConfig(),
 		Buckets:     kv.DefaultBucketsConfig(),
 	}
+	c.NATS = loadNATSAuth(e)
 	if !instanceRE.MatchString(c.InstanceID) {
 		e.Fail("INSTANCE_ID", "%q must be 1-64 letters, digits, '-' or '_'", c.InstanceID)
 	}
@@ -78,4 +78,42 @@ func defaultInstanceID() string {
 		return hex.EncodeToString(b)
 	}
 	return host + "-" + hex.EncodeToString(b)
+}
+
+// NATSAuth is the process's NATS identity and TLS settings.
+type NATSAuth struct {
+	// NKey is NATS_NKEY, the file holding this process kind's nkey seed;
+	// Creds is NATS_CREDS, a JWT credentials file. One is required unless
+	// Anonymous (NATS_ALLOW_ANONYMOUS, for a server without authorization).
+	NKey, Creds string
+	Anonymous   bool
+	// CA is NATS_CA, the CA bundle that verifies the server; Cert and Key
+	// are NATS_CERT and NATS_KEY, a client certificate for servers that
+	// require one.
+	CA, Cert, Key string
+}
+
+func loadNATSAuth(e *Env) NATSAuth {
+	a := NATSAuth{
+		NKey: e.String("NATS_NKEY", ""), Creds: e.String("NATS_CREDS", ""), Anonymous: e.Bool("NATS_ALLOW_ANONYMOUS", false),
+		CA: e.String("NATS_CA", ""), Cert: e.String("NATS_CERT", ""), Key: e.String("NATS_KEY", ""),
+	}
+	switch {
+	case a.NKey != "" && a.Creds != "":
+		e.Fail("NATS_NKEY", "set NATS_NKEY or NATS_CREDS, not both")
+	case a.NKey == "" && a.Creds == "" && !a.Anonymous:
+		e.Fail("NATS_NKEY", "no NATS identity: set NATS_NKEY (or NATS_CREDS); NATS_ALLOW_ANONYMOUS=true only for a server without authorization")
+	}
+	if (a.Cert == "") != (a.Key == "") {
+		e.Fail("NATS_CERT", "NATS_CERT and NATS_KEY go together")
+	}
+	for name, path := range map[string]string{"NATS_NKEY": a.NKey, "NATS_CREDS": a.Creds, "NATS_CA": a.CA, "NATS_CERT": a.Cert, "NATS_KEY": a.Key} {
+		if path == "" {
+			continue
+		}
+		if _, err := os.Stat(path); err != nil {
+			e.Fail(name, "cannot read %s: %v", path, err)
+		}
+	}
+	return a
 }

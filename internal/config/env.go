@@ -39,6 +39,7 @@ func Variables() []string {
 	_, _ = LoadEdge(e)
 	_, _ = LoadLifecycle(e)
 	_, _ = LoadSweeper(e)
+	_, _ = LoadSetup(e)
 	names := make([]string, 0, len(seen))
 	for k := range seen {
 		names = append(names, k)

@@ -110,11 +110,7 @@ type Lifecycle struct {
 	UpstreamAddress string
 	// HandshakeKey is HANDSHAKE_KEY: 32 bytes, base64 or hex.
 	HandshakeKey []byte
-	// Workers is COMMAND_WORKERS; MaxDeliver is COMMAND_MAX_DELIVER.
-	Workers, MaxDeliver int
-	// AckWait is COMMAND_ACK_WAIT: how long a command may go without a
-	// sign of life before another replica gets it.
-	AckWait time.Duration
+	Commands
 	// LeaseTTL is LEASE_TTL, for the one replica that mirrors Kubernetes.
 	LeaseTTL time.Duration
 	// RecreateTimeout is RECREATE_TIMEOUT, how long /recreate waits for
@@ -134,9 +130,7 @@ func LoadLifecycle(e *Env) (Lifecycle, error) {
 		Port:            e.Int("DSH_PORT", 3080, 1, 65535),
 		UpstreamAddress: e.OneOf("UPSTREAM_ADDRESS", "pod-ip", "pod-ip", "service"),
 		HandshakeKey:    handshakeKey(e),
-		Workers:         e.Int("COMMAND_WORKERS", 16, 1, 1024),
-		MaxDeliver:      e.Int("COMMAND_MAX_DELIVER", 5, 1, 100),
-		AckWait:         e.Duration("COMMAND_ACK_WAIT", 30*time.Second, time.Second, 10*time.Minute),
+		Commands:        loadCommands(e),
 		LeaseTTL:        e.Duration("LEASE_TTL", 10*time.Second, time.Second, 5*time.Minute),
 		RecreateTimeout: e.Duration("RECREATE_TIMEOUT", 2*time.Minute, 5*time.Second, time.Hour),
 	}
@@ -144,6 +138,37 @@ func LoadLifecycle(e *Env) (Lifecycle, error) {
 	if !dns1123.MatchString(c.Namespace) {
 		e.Fail("NAMESPACE", "%q is not a valid namespace name", c.Namespace)
 	}
+	return c, e.Err()
+}
+
+// Commands is how lifecycle consumes the command stream; setup creates the
+// consumer with the same values.
+type Commands struct {
+	// Workers is COMMAND_WORKERS; MaxDeliver is COMMAND_MAX_DELIVER.
+	Workers, MaxDeliver int
+	// AckWait is COMMAND_ACK_WAIT: how long a command may go without a
+	// sign of life before another replica gets it.
+	AckWait time.Duration
+}
+
+func loadCommands(e *Env) Commands {
+	return Commands{
+		Workers:    e.Int("COMMAND_WORKERS", 16, 1, 1024),
+		MaxDeliver: e.Int("COMMAND_MAX_DELIVER", 5, 1, 100),
+		AckWait:    e.Duration("COMMAND_ACK_WAIT", 30*time.Second, time.Second, 10*time.Minute),
+	}
+}
+
+// Setup is the provisioning step's configuration: it creates the streams,
+// buckets and the commands' consumer every other process only checks for.
+type Setup struct {
+	Common
+	Commands
+}
+
+// LoadSetup reads and validates the setup step's variables.
+func LoadSetup(e *Env) (Setup, error) {
+	c := Setup{Common: LoadCommon(e, ""), Commands: loadCommands(e)}
 	return c, e.Err()
 }
 

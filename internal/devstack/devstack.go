@@ -29,9 +29,8 @@ import (
 	"github.com/aaas-project/aaas/internal/devcluster"
 	"github.com/aaas-project/aaas/internal/embednats"
 	"github.com/aaas-project/aaas/internal/events"
-	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/manifests"
-	"github.com/aaas-project/aaas/internal/natsconn"
+	"github.com/aaas-project/aaas/internal/natsauth"
 )
 
 // Namespace is where the sandboxes live, as in the manifests.
@@ -65,7 +64,10 @@ type Options struct {
 
 // Info describes a running stack.
 type Info struct {
-	NATSURL    string
+	NATSURL string
+	// NATSAdmin is the seed file of an unrestricted NATS identity, for
+	// harnesses that inspect the stack.
+	NATSAdmin  string
 	Kubeconfig string // admin
 	EdgeURLs   []string
 	Invite     string
@@ -116,19 +118,34 @@ func Run(ctx context.Context, o Options) error {
 	if o.Node == devcluster.NodeReal {
 		return runReal(ctx, o, start)
 	}
-	ns, err := embednats.Start(embednats.Options{Dir: filepath.Join(o.StateDir, "nats"), Port: o.NATSPort, Name: "devstack"})
+	// NATS with the production identities: each process kind its own
+	// nkey and permissions, no anonymous clients.
+	ids, err := natsauth.Generate(filepath.Join(o.StateDir, "nats-keys"))
+	if err != nil {
+		return err
+	}
+	ns, err := embednats.Start(embednats.Options{Dir: filepath.Join(o.StateDir, "nats"), Port: o.NATSPort, Name: "devstack", Users: ids.Users()})
 	if err != nil {
 		return fmt.Errorf("start nats: %w", err)
 	}
 	defer ns.Stop()
-	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	nc, js, err := natsconn.Connect(pctx, natsconn.Options{URL: ns.URL(), Name: "devstack"}, o.Log)
+	env := map[string]string{
+		"HANDSHAKE_KEY": randomKey(), "LOG_LEVEL": "info", "SIGNUP_INVITE_CODE": randomString(9),
+		"COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1",
+	}
+	for k, v := range o.settings() {
+		env[k] = v
+	}
+	logDir := filepath.Join(o.StateDir, "logs")
+	if err := os.MkdirAll(logDir, 0o700); err != nil {
+		return err
+	}
+	// The setup step, as lifecycle's init container runs it.
+	setup, err := startChild("setup", filepath.Join(o.BinDir, "setup"), logDir, processEnv(env, ns.URL(), ids, natsauth.Setup, nil))
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	if err := natsconn.Provision(pctx, js, events.DefaultStreamsConfig(), kv.DefaultBucketsConfig(), o.Log); err != nil {
+	if err := setup.wait(ctx, time.Minute); err != nil {
 		return err
 	}
 	fmt.Fprintf(o.Out, "NATS       %s (streams %s, %s, %s)\n", ns.URL(), events.StreamCommands, events.StreamActivity, events.StreamAudit)
@@ -155,14 +172,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	env := map[string]string{
-		"HANDSHAKE_KEY": randomKey(), "LOG_LEVEL": "info", "SIGNUP_INVITE_CODE": randomString(9),
-		"COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1",
-	}
-	for k, v := range o.settings() {
-		env[k] = v
-	}
-	children, err := startProcesses(o, ns.URL(), kubeconfig, env)
+	children, err := startProcesses(o, logDir, ns.URL(), ids, kubeconfig, env)
 	defer func() {
 		// Edges first (they drain), then the workers.
 		for i := len(children) - 1; i >= 0; i-- {
@@ -176,7 +186,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	fmt.Fprintf(o.Out, "logs       %s\n", filepath.Join(o.StateDir, "logs"))
-	info := Info{NATSURL: ns.URL(), Kubeconfig: cluster.Kubeconfig, Invite: env["SIGNUP_INVITE_CODE"], Metrics: map[string]string{}, PIDs: map[string]int{}}
+	info := Info{NATSURL: ns.URL(), NATSAdmin: ids.SeedFile(natsauth.Admin), Kubeconfig: cluster.Kubeconfig, Invite: env["SIGNUP_INVITE_CODE"], Metrics: map[string]string{}, PIDs: map[string]int{}}
 	for _, c := range children {
 		info.Metrics[c.name] = c.metrics
 		info.PIDs[c.name] = c.cmd.Process.Pid
@@ -225,44 +235,44 @@ func lifecycleCredentials(ctx context.Context, c *devcluster.Cluster) (string, e
 	return path, err
 }
 
-func startProcesses(o Options, natsURL, kubeconfig string, env map[string]string) ([]*child, error) {
-	logDir := filepath.Join(o.StateDir, "logs")
-	if err := os.MkdirAll(logDir, 0o700); err != nil {
-		return nil, err
+// processEnv is the environment of one process: the stack's settings,
+// where NATS is and the role's own nkey, and extra.
+func processEnv(settings map[string]string, natsURL string, ids *natsauth.Identities, role natsauth.Role, extra map[string]string) map[string]string {
+	env := map[string]string{"PATH": os.Getenv("PATH")}
+	for k, v := range settings {
+		env[k] = v
 	}
-	common := map[string]string{"NATS_URL": natsURL, "PATH": os.Getenv("PATH")}
-	for k, v := range env {
-		common[k] = v
+	env["NATS_URL"], env["NATS_NKEY"] = natsURL, ids.SeedFile(role)
+	for k, v := range extra {
+		env[k] = v
 	}
+	return env
+}
+
+func startProcesses(o Options, logDir, natsURL string, ids *natsauth.Identities, kubeconfig string, settings map[string]string) ([]*child, error) {
 	metrics := o.MetricsPort
-	with := func(extra map[string]string) map[string]string {
+	with := func(role natsauth.Role, extra map[string]string) map[string]string {
 		port := metrics
 		if o.MetricsPort == 0 {
 			port, _ = embednats.FreePort()
 		} else {
 			metrics++
 		}
-		env := map[string]string{"METRICS_ADDR": fmt.Sprintf("127.0.0.1:%d", port)}
-		for k, v := range common {
-			env[k] = v
-		}
-		for k, v := range extra {
-			env[k] = v
-		}
-		return env
+		extra["METRICS_ADDR"] = fmt.Sprintf("127.0.0.1:%d", port)
+		return processEnv(settings, natsURL, ids, role, extra)
 	}
 	specs := []struct {
 		name string
 		env  map[string]string
 	}{
-		{"lifecycle", with(map[string]string{"KUBECONFIG": kubeconfig, "NAMESPACE": Namespace, "INSTANCE_ID": "lifecycle-a"})},
-		{"sweeper", with(map[string]string{"INSTANCE_ID": "sweeper-a"})},
+		{"lifecycle", with(natsauth.Lifecycle, map[string]string{"KUBECONFIG": kubeconfig, "NAMESPACE": Namespace, "INSTANCE_ID": "lifecycle-a"})},
+		{"sweeper", with(natsauth.Sweeper, map[string]string{"INSTANCE_ID": "sweeper-a"})},
 	}
 	for i, port := range o.EdgePorts {
 		specs = append(specs, struct {
 			name string
 			env  map[string]string
-		}{fmt.Sprintf("edge-%c", 'a'+i), with(map[string]string{
+		}{fmt.Sprintf("edge-%c", 'a'+i), with(natsauth.Edge, map[string]string{
 			// Loopback only: a dev stack with plain-HTTP cookies is not for the LAN.
 			"LISTEN_ADDR": fmt.Sprintf("127.0.0.1:%d", port), "INSTANCE_ID": fmt.Sprintf("edge-%c", 'a'+i),
 		})})

@@ -1,6 +1,7 @@
 package devstack
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -55,6 +56,24 @@ func (c *child) stop(grace time.Duration) {
 		_ = c.cmd.Process.Kill()
 		<-c.done
 	}
+}
+
+// wait waits for a one-shot process to finish and fails unless it
+// succeeded.
+func (c *child) wait(ctx context.Context, timeout time.Duration) error {
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		c.stop(time.Second)
+		return ctx.Err()
+	case <-time.After(timeout):
+		c.stop(time.Second)
+		return fmt.Errorf("%s did not finish in %s; see %s", c.name, timeout, c.log)
+	}
+	if code := c.cmd.ProcessState.ExitCode(); code != 0 {
+		return fmt.Errorf("%s exited with status %d; see %s", c.name, code, c.log)
+	}
+	return nil
 }
 
 func (c *child) exited() bool {

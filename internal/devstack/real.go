@@ -16,6 +16,7 @@ import (
 	"github.com/aaas-project/aaas/internal/devcluster"
 	"github.com/aaas-project/aaas/internal/image"
 	"github.com/aaas-project/aaas/internal/manifests"
+	"github.com/aaas-project/aaas/internal/natsauth"
 )
 
 // The images a real-node stack builds and runs.
@@ -84,6 +85,15 @@ func runReal(ctx context.Context, o Options, start time.Time) error {
 	delete(settings, "SIGNUP_INVITE_CODE")
 	delete(settings, "HANDSHAKE_KEY")
 	core := cluster.Client.CoreV1()
+	natsCreds, err := natsauth.SecretData()
+	if err != nil {
+		return err
+	}
+	if _, err := core.Secrets(Namespace).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "aaas-nats"}, Data: natsCreds,
+	}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
 	if _, err := core.Secrets(Namespace).Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: "aaas-secrets"},
 		StringData: map[string]string{"handshake-key": key, "invite-code": invite},

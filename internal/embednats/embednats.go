@@ -26,6 +26,10 @@ type Options struct {
 	ClusterName string
 	ClusterPort int
 	Routes      []string
+	// Users, when set, are the only clients the server admits (nkey
+	// users with their permissions: natsauth.Identities.Users); otherwise
+	// anyone may connect.
+	Users []*server.NkeyUser
 	// Debug turns on the server's own logging.
 	Debug bool
 }
@@ -62,6 +66,7 @@ func Start(o Options) (*Server, error) {
 		// Keep cluster elections snappy on loopback.
 		JetStreamMaxMemory: 256 << 20,
 		JetStreamMaxStore:  4 << 30,
+		Nkeys:              o.Users,
 	}
 	if o.ClusterName != "" {
 		so.Cluster = server.ClusterOpts{Name: o.ClusterName, Host: o.Host, Port: o.ClusterPort}

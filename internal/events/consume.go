@@ -96,7 +96,22 @@ type Handler func(ctx context.Context, d Delivery) error
 // delivery failed or its failure was permanent.
 type Exhausted func(d Delivery, err error)
 
-// EnsureConsumer creates or updates the durable consumer.
+// CommandConsumer is the durable consumer of the command stream that every
+// lifecycle replica pulls from; setup creates it.
+const CommandConsumer = "lifecycle"
+
+// CommandConsumerConfig is that consumer: every command, MaxDeliver
+// deliveries, AckWait without progress before another replica gets it, and
+// up to 4 × workers commands outstanding per replica.
+func CommandConsumerConfig(workers, maxDeliver int, ackWait time.Duration) ConsumerConfig {
+	return ConsumerConfig{
+		Stream: StreamCommands, Durable: CommandConsumer, FilterSubjects: []string{CommandSubjectsAll},
+		MaxDeliver: maxDeliver, Workers: workers, AckWait: ackWait,
+		Backoff: []time.Duration{500 * time.Millisecond, 2 * time.Second, 10 * time.Second, 30 * time.Second},
+	}
+}
+
+// EnsureConsumer creates or updates the durable consumer (setup's job).
 func EnsureConsumer(ctx context.Context, js jetstream.JetStream, c ConsumerConfig) (jetstream.Consumer, error) {
 	c = c.withDefaults()
 	cons, err := js.CreateOrUpdateConsumer(ctx, c.Stream, jetstream.ConsumerConfig{
@@ -113,17 +128,17 @@ func EnsureConsumer(ctx context.Context, js jetstream.JetStream, c ConsumerConfi
 	return cons, nil
 }
 
-// Consume runs handler on the consumer's messages with c.Workers workers
-// until ctx ends. Each message is acknowledged only after handler returns
+// Consume runs handler on the messages of the durable consumer c (which
+// must exist: EnsureConsumer) with c.Workers workers until ctx ends. Each message is acknowledged only after handler returns
 // nil, and while handler runs the server is told it is still in progress, so
 // a slow handler is not mistaken for a dead one. A message that fails on its
 // last delivery, or permanently, goes to exhausted and is then terminated:
 // nothing disappears without a record.
 func Consume(ctx context.Context, js jetstream.JetStream, c ConsumerConfig, handler Handler, exhausted Exhausted, log *slog.Logger) error {
 	c = c.withDefaults()
-	cons, err := EnsureConsumer(ctx, js, c)
+	cons, err := js.Consumer(ctx, c.Stream, c.Durable)
 	if err != nil {
-		return err
+		return fmt.Errorf("consumer %s on %s (setup creates it): %w", c.Durable, c.Stream, err)
 	}
 	iter, err := cons.Messages(jetstream.PullMaxMessages(c.Workers))
 	if err != nil {

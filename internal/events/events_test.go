@@ -93,7 +93,7 @@ func TestDuplicateCommandIsDeliveredOnce(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
-		_ = events.Consume(cctx, js, events.ConsumerConfig{Stream: events.StreamCommands, Durable: "w"}, func(_ context.Context, d events.Delivery) error {
+		_ = consume(cctx, js, events.ConsumerConfig{Stream: events.StreamCommands, Durable: "w"}, func(_ context.Context, d events.Delivery) error {
 			c, err := events.Decode[events.Command](d.Data)
 			if err != nil {
 				return events.Permanent(err)
@@ -150,7 +150,7 @@ func TestWorkQueueHandsEachCommandToExactlyOneOfThreeConsumers(t *testing.T) {
 	for w := 0; w < 3; w++ {
 		_, wjs := natstest.Connect(t, url) // a separate process in spirit: own connection
 		go func(w int) {
-			_ = events.Consume(cctx, wjs, events.ConsumerConfig{Stream: events.StreamCommands, Durable: "lifecycle", Workers: 2}, func(_ context.Context, d events.Delivery) error {
+			_ = consume(cctx, wjs, events.ConsumerConfig{Stream: events.StreamCommands, Durable: "lifecycle", Workers: 2}, func(_ context.Context, d events.Delivery) error {
 				time.Sleep(2 * time.Millisecond) // let the others pull too
 				mu.Lock()
 				seen[d.Subject]++
@@ -231,7 +231,7 @@ func TestUnackedCommandIsRedeliveredToAnotherConsumerAndExhaustionIsRecorded(t *
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
-		_ = events.Consume(cctx, bjs, cfg, func(_ context.Context, d events.Delivery) error {
+		_ = consume(cctx, bjs, cfg, func(_ context.Context, d events.Delivery) error {
 			mu.Lock()
 			deliveries = append(deliveries, d.Delivered)
 			mu.Unlock()
@@ -310,7 +310,7 @@ func TestCommandWhoseWorkersAllCrashLeavesAnAuditRecord(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
-		_ = events.Consume(cctx, js, cfg, func(context.Context, events.Delivery) error {
+		_ = consume(cctx, js, cfg, func(context.Context, events.Delivery) error {
 			mu.Lock()
 			handled++
 			mu.Unlock()
@@ -351,7 +351,7 @@ func TestPermanentFailureIsTerminatedAtOnce(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
-		_ = events.Consume(cctx, js, events.ConsumerConfig{Stream: events.StreamCommands, Durable: "w", MaxDeliver: 5}, func(context.Context, events.Delivery) error {
+		_ = consume(cctx, js, events.ConsumerConfig{Stream: events.StreamCommands, Durable: "w", MaxDeliver: 5}, func(context.Context, events.Delivery) error {
 			mu.Lock()
 			calls++
 			mu.Unlock()
@@ -431,4 +431,12 @@ func BenchmarkBeaconPublish(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "beacons/s")
+}
+
+// consume creates the consumer, as the setup step does, and consumes it.
+func consume(ctx context.Context, js jetstream.JetStream, c events.ConsumerConfig, h events.Handler, ex events.Exhausted, log *slog.Logger) error {
+	if _, err := events.EnsureConsumer(ctx, js, c); err != nil {
+		return err
+	}
+	return events.Consume(ctx, js, c, h, ex, log)
 }

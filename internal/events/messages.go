@@ -60,6 +60,9 @@ func AuditSubject(k AuditKind, user string) string {
 	return auditPrefix + string(k) + "." + user
 }
 
+// AuditSubjectsAll matches every audit event.
+const AuditSubjectsAll = auditPrefix + ">"
+
 // Command is the one message type on the command stream. Verb-specific
 // arguments live in the matching optional field; Validate checks that the
 // right one is present.

@@ -76,7 +76,7 @@ func StreamConfigs(c StreamsConfig) []jetstream.StreamConfig {
 			Description: "audit trail of state changes, auth events and undeliverable commands",
 			// The max-deliveries advisory is captured here so a command whose
 			// worker crashed on every attempt still leaves a durable record.
-			Subjects:   []string{auditPrefix + ">", MaxDeliveriesAdvisory + ".>"},
+			Subjects:   []string{AuditSubjectsAll, MaxDeliveriesAdvisory + ".>"},
 			Retention:  jetstream.LimitsPolicy,
 			Storage:    jetstream.FileStorage,
 			Replicas:   c.Replicas,

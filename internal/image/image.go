@@ -52,10 +52,10 @@ type Spec struct {
 }
 
 // AAASBinaries are the commands of the aaas image, in the Dockerfile's order.
-var AAASBinaries = []string{"edge", "lifecycle", "sweeper"}
+var AAASBinaries = []string{"edge", "lifecycle", "sweeper", "setup"}
 
-// AAAS is the image the Dockerfile builds: the three aaas processes in
-// /usr/local/bin, the edge by default, running as NonRoot.
+// AAAS is the image the Dockerfile builds: the aaas processes and the
+// setup step in /usr/local/bin, the edge by default, running as NonRoot.
 func AAAS(binDir, ref string) Spec {
 	s := Spec{Ref: ref, Files: map[string]string{}, Entrypoint: []string{"/usr/local/bin/edge"}, User: NonRoot}
 	for _, b := range AAASBinaries {

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
 )
@@ -21,8 +22,11 @@ type Options struct {
 	URL string
 	// Name identifies the client in server monitoring (process and instance).
 	Name string
-	// CredsFile is an optional NATS credentials file.
-	CredsFile string
+	// Auth is the identity (an nkey seed or credentials file) and TLS.
+	Auth config.NATSAuth
+	// InboxPrefix replaces _INBOX for replies; each identity may only
+	// subscribe below its own.
+	InboxPrefix string
 }
 
 // Connect dials NATS and waits until the first connection succeeds or ctx
@@ -52,9 +56,11 @@ func Connect(ctx context.Context, o Options, log *slog.Logger) (*nats.Conn, jets
 			log.Warn("nats async error", "subject", subj, "err", err)
 		}),
 	}
-	if o.CredsFile != "" {
-		opts = append(opts, nats.UserCredentials(o.CredsFile))
+	auth, err := authOptions(o)
+	if err != nil {
+		return nil, nil, err
 	}
+	opts = append(opts, auth...)
 	nc, err := nats.Connect(o.URL, opts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to nats at %s: %w", o.URL, err)
@@ -89,18 +95,77 @@ func waitConnected(ctx context.Context, nc *nats.Conn, url string, log *slog.Log
 	return nil
 }
 
-// Provision creates or updates every stream and bucket. Each process runs
-// it at start, so whichever starts first prepares NATS for the others. A
-// JetStream cluster that is still electing its leaders refuses for a
-// while; Provision retries until it succeeds or ctx ends.
-func Provision(ctx context.Context, js jetstream.JetStream, s events.StreamsConfig, b kv.BucketsConfig, log *slog.Logger) error {
+func authOptions(o Options) ([]nats.Option, error) {
+	var opts []nats.Option
+	a := o.Auth
+	switch {
+	case a.NKey != "":
+		opt, err := nats.NkeyOptionFromSeed(a.NKey)
+		if err != nil {
+			return nil, fmt.Errorf("NATS_NKEY %s: %w", a.NKey, err)
+		}
+		opts = append(opts, opt)
+	case a.Creds != "":
+		opts = append(opts, nats.UserCredentials(a.Creds))
+	}
+	if a.CA != "" {
+		opts = append(opts, nats.RootCAs(a.CA))
+	}
+	if a.Cert != "" {
+		opts = append(opts, nats.ClientCert(a.Cert, a.Key))
+	}
+	if o.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(o.InboxPrefix))
+	}
+	return opts, nil
+}
+
+// Provision is the setup step: it creates or updates every stream and
+// bucket and the commands' consumer, with the setup identity (the only one
+// allowed to). A JetStream cluster that is still electing its leaders
+// refuses for a while; Provision retries until it succeeds or ctx ends.
+func Provision(ctx context.Context, js jetstream.JetStream, s events.StreamsConfig, b kv.BucketsConfig, commands events.ConsumerConfig, log *slog.Logger) error {
+	return retry(ctx, log, "nats not ready for provisioning", func(ctx context.Context) error {
+		if err := events.EnsureStreams(ctx, js, s); err != nil {
+			return err
+		}
+		if err := kv.EnsureBuckets(ctx, js, b); err != nil {
+			return err
+		}
+		_, err := events.EnsureConsumer(ctx, js, commands)
+		return err
+	})
+}
+
+// Require waits until the streams and buckets exist, as setup leaves
+// them: the processes only check (they may not create), and stay unready
+// meanwhile.
+func Require(ctx context.Context, js jetstream.JetStream, streams, buckets []string, log *slog.Logger) error {
+	return retry(ctx, log, "waiting for the setup step to create streams and buckets", func(ctx context.Context) error {
+		for _, name := range streams {
+			if _, err := js.Stream(ctx, name); err != nil {
+				return fmt.Errorf("stream %s: %w", name, err)
+			}
+		}
+		for _, name := range buckets {
+			if _, err := js.KeyValue(ctx, name); err != nil {
+				return fmt.Errorf("bucket %s: %w", name, err)
+			}
+		}
+		return nil
+	})
+}
+
+func retry(ctx context.Context, log *slog.Logger, what string, f func(context.Context) error) error {
 	delay := 250 * time.Millisecond
 	for {
-		err := provisionOnce(ctx, js, s, b)
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := f(actx)
+		cancel()
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
-		log.Warn("nats not ready for provisioning; retrying", "err", err, "in", delay)
+		log.Warn(what+"; retrying", "err", err, "in", delay)
 		select {
 		case <-ctx.Done():
 			return err
@@ -108,13 +173,4 @@ func Provision(ctx context.Context, js jetstream.JetStream, s events.StreamsConf
 		}
 		delay = min(2*delay, 5*time.Second)
 	}
-}
-
-func provisionOnce(ctx context.Context, js jetstream.JetStream, s events.StreamsConfig, b kv.BucketsConfig) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := events.EnsureStreams(ctx, js, s); err != nil {
-		return err
-	}
-	return kv.EnsureBuckets(ctx, js, b)
 }

@@ -19,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aaas-project/aaas/internal/config"
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/natsconn"
 	"github.com/aaas-project/aaas/internal/telemetry"
 )
@@ -47,12 +49,13 @@ func (p *Process) isReady() bool {
 	return f != nil && (*f)()
 }
 
-// Start serves metrics (not ready yet), connects to NATS and provisions
-// streams and buckets. Both wait for NATS as long as it takes, until
-// SIGTERM: in a rollout the processes start beside NATS, and exiting would
-// only put them in CrashLoopBackOff, whose growing delay outlasts NATS's
-// own start by far.
-func Start(name string, common config.Common) (*Process, error) {
+// Start serves metrics (not ready yet), connects to NATS as role and waits
+// until the setup step has created the streams and buckets. Both waits last
+// as long as it takes, until SIGTERM: in a rollout the processes start
+// beside NATS, and exiting would only put them in CrashLoopBackOff, whose
+// growing delay outlasts NATS's own start by far.
+func Start(role natsauth.Role, common config.Common) (*Process, error) {
+	name := string(role)
 	log := telemetry.Logger(name, common.InstanceID, common.LogLevel)
 	ctx, stop := notifyContext(log)
 	p := &Process{Name: name, Common: common, Log: log, Metrics: telemetry.Registry(), Ctx: ctx, stop: stop}
@@ -60,19 +63,46 @@ func Start(name string, common config.Common) (*Process, error) {
 		stop()
 		return nil, err
 	}
-	nc, js, err := natsconn.Connect(ctx, natsconn.Options{URL: common.NATSURL, Name: name + "/" + common.InstanceID, CredsFile: common.NATSCreds}, log)
+	nc, js, err := connect(ctx, role, common, log)
 	if err != nil {
 		stop()
 		return nil, err
 	}
 	p.NC, p.JS = nc, js
 	registerNATSStats(p.Metrics, nc)
-	if err := natsconn.Provision(ctx, js, common.Streams, common.Buckets, log); err != nil {
+	streams, buckets := role.Requires()
+	if err := natsconn.Require(ctx, js, streams, buckets, log); err != nil {
 		p.Close()
-		return nil, fmt.Errorf("provision nats: %w", err)
+		return nil, fmt.Errorf("nats: %w", err)
 	}
 	log.Info("started", "nats", nc.ConnectedUrlRedacted())
 	return p, nil
+}
+
+func connect(ctx context.Context, role natsauth.Role, common config.Common, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
+	return natsconn.Connect(ctx, natsconn.Options{
+		URL: common.NATSURL, Name: string(role) + "/" + common.InstanceID, Auth: common.NATS, InboxPrefix: role.InboxPrefix(),
+	}, log)
+}
+
+// Setup is the whole life of the setup step: connect with the setup
+// identity, create or update every stream, bucket and the commands'
+// consumer, exit. It waits for NATS as long as it takes, until SIGTERM.
+func Setup(cfg config.Setup) error {
+	log := telemetry.Logger(string(natsauth.Setup), cfg.InstanceID, cfg.LogLevel)
+	ctx, stop := notifyContext(log)
+	defer stop()
+	nc, js, err := connect(ctx, natsauth.Setup, cfg.Common, log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	commands := events.CommandConsumerConfig(cfg.Workers, cfg.MaxDeliver, cfg.AckWait)
+	if err := natsconn.Provision(ctx, js, cfg.Streams, cfg.Buckets, commands, log); err != nil {
+		return fmt.Errorf("provision nats: %w", err)
+	}
+	log.Info("streams, buckets and consumers are in place", "nats", nc.ConnectedUrlRedacted())
+	return nil
 }
 
 // notifyContext is signal.NotifyContext that also logs which signal ended
@@ -113,11 +143,12 @@ func (p *Process) Close() {
 // loading, passed in as loadErr) or a start-up failure is reported and
 // exits 1; otherwise run gets the started process and the binary exits
 // when it returns, 1 if it failed.
-func Main(name string, common config.Common, loadErr error, run func(*Process) error) {
+func Main(role natsauth.Role, common config.Common, loadErr error, run func(*Process) error) {
+	name := string(role)
 	if loadErr != nil {
 		Fatal(name, loadErr)
 	}
-	p, err := Start(name, common)
+	p, err := Start(role, common)
 	if err != nil {
 		Fatal(name, err)
 	}

@@ -34,8 +34,18 @@ type beacon struct {
 
 func newClocks() *clocks { return &clocks{users: map[string]*clock{}} }
 
-// observe records a beacon read at stream sequence seq.
-func (c *clocks) observe(b events.Beacon, seq uint64) {
+// maxBeaconTTL bounds how long one beacon may pin a sandbox, whatever the
+// edge (or whoever publishes under its name) claims.
+const maxBeaconTTL = 5 * time.Minute
+
+// observe records a beacon the stream stored at sequence seq, time
+// stamped. Times are the stream's, not the edge's: the edge's LastActive
+// counts as an age at sending (SentAt - LastActive) back from stamped, so an
+// edge whose clock is off by any amount changes nothing. Per edge the clock
+// only moves forward, so a beacon claiming less than was already seen (a
+// forgery under another edge's name: edges share one NATS identity) can
+// keep a sandbox awake but never make a busy one look idle sooner.
+func (c *clocks) observe(b events.Beacon, seq uint64, stamped time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	u := c.users[b.User]
@@ -43,10 +53,27 @@ func (c *clocks) observe(b events.Beacon, seq uint64) {
 		u = &clock{edges: map[string]beacon{}}
 		c.users[b.User] = u
 	}
-	if prev, ok := u.edges[b.Edge]; !ok || !b.SentAt.Before(prev.sentAt) {
-		u.edges[b.Edge] = beacon{inFlight: b.InFlight, lastActive: b.LastActive, sentAt: b.SentAt, ttl: b.TTL}
+	next := beacon{inFlight: b.InFlight, lastActive: stamped.Add(-max(b.SentAt.Sub(b.LastActive), 0)), sentAt: stamped, ttl: min(max(b.TTL, 0), maxBeaconTTL)}
+	if prev, ok := u.edges[b.Edge]; ok {
+		if prev.sentAt.After(stamped) {
+			return // an older beacon, delivered late
+		}
+		if seen := prev.seen(); seen.After(next.lastActive) {
+			next.lastActive = seen
+		}
 	}
+	u.edges[b.Edge] = next
 	u.seq = max(u.seq, seq)
+}
+
+// seen is when the edge last saw the user active: its last activity, or
+// the time of a beacon that reported work in flight (an open WebSocket is
+// activity while it lasts).
+func (b beacon) seen() time.Time {
+	if b.inFlight > 0 && b.sentAt.After(b.lastActive) {
+		return b.sentAt
+	}
+	return b.lastActive
 }
 
 // view is what the sweeper knows about one user at a moment.
@@ -71,11 +98,7 @@ func (c *clocks) view(user string, now time.Time) view {
 	}
 	v.seq = u.seq
 	for _, b := range u.edges {
-		seen := b.lastActive
-		if b.inFlight > 0 && b.sentAt.After(seen) {
-			seen = b.sentAt
-		}
-		if seen.After(v.last) {
+		if seen := b.seen(); seen.After(v.last) {
 			v.last = seen
 		}
 		if b.inFlight > 0 && now.Sub(b.sentAt) < b.ttl {

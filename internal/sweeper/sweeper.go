@@ -105,7 +105,7 @@ func (s *Sweeper) Follow(ctx context.Context) error {
 		if err != nil {
 			s.o.Log.Warn("undecodable beacon ignored", "subject", m.Subject(), "err", err)
 		} else {
-			s.clocks.observe(b, meta.Sequence.Stream)
+			s.clocks.observe(b, meta.Sequence.Stream, meta.Timestamp)
 		}
 		if meta.NumPending == 0 && !s.synced.Swap(true) {
 			s.o.Log.Info("idle clocks rebuilt", "users", s.clocks.len(), "took", time.Since(start).String())

@@ -38,7 +38,7 @@ func setup(t testing.TB) *world {
 	s := natstest.Start(t)
 	_, js := natstest.Connect(t, s.URL())
 	ctx := natstest.Context(t, 10*time.Minute)
-	if err := natsconn.Provision(ctx, js, events.DefaultStreamsConfig(), kv.DefaultBucketsConfig(), slog.New(slog.DiscardHandler)); err != nil {
+	if err := natsconn.Provision(ctx, js, events.DefaultStreamsConfig(), kv.DefaultBucketsConfig(), events.CommandConsumerConfig(1, 5, 30*time.Second), slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
 	boxes, err := kv.Open[kv.Sandbox](ctx, js, kv.BucketSandboxes)
@@ -73,9 +73,12 @@ func (w *world) sandbox(user string, phase kv.Phase, managed bool, readySince ti
 	}
 }
 
-func (w *world) beacon(user, edge string, inFlight int, lastActive, sentAt time.Time) uint64 {
+// beacon publishes, now, what an edge reports: work in flight, and its last
+// activity that long ago (the sweeper counts back from the stream's time;
+// the edge's own clock plays no part). ttl is how long inFlight holds.
+func (w *world) beacon(user, edge string, inFlight int, idleFor, ttl time.Duration) uint64 {
 	w.t.Helper()
-	f, err := w.pub.Beacon(events.Beacon{User: user, Edge: edge, InFlight: inFlight, LastActive: lastActive, SentAt: sentAt, TTL: 15 * time.Second})
+	f, err := w.pub.Beacon(events.Beacon{User: user, Edge: edge, InFlight: inFlight, LastActive: w.now.Add(-idleFor), SentAt: w.now, TTL: ttl})
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -115,53 +118,55 @@ func TestDecisions(t *testing.T) {
 	w := setup(t)
 	long := w.now.Add(-2 * idle)
 	w.sandbox("idle", kv.PhaseReady, true, long)
-	seq := w.beacon("idle", "edge-a", 0, long, long)
+	seq := w.beacon("idle", "edge-a", 0, 2*idle, time.Second)
 	w.sandbox("busy", kv.PhaseReady, true, long)
-	w.beacon("busy", "edge-a", 1, long, w.now.Add(-time.Second)) // a WebSocket open, heartbeating
+	w.beacon("busy", "edge-a", 1, 2*idle, 3*idle) // a WebSocket open, heartbeating
 	w.sandbox("dead-edge", kv.PhaseReady, true, long)
-	w.beacon("dead-edge", "edge-b", 1, long, long) // in flight, but the edge stopped reporting
+	w.beacon("dead-edge", "edge-b", 1, 2*idle, time.Second) // in flight, but the edge stops reporting
 	w.sandbox("other-edge-busy", kv.PhaseReady, true, long)
-	w.beacon("other-edge-busy", "edge-a", 0, long, long)
-	w.beacon("other-edge-busy", "edge-b", 2, long, w.now.Add(-time.Second))
+	w.beacon("other-edge-busy", "edge-a", 0, 2*idle, time.Second)
+	w.beacon("other-edge-busy", "edge-b", 2, 2*idle, 3*idle)
 	w.sandbox("recent", kv.PhaseReady, true, long)
-	w.beacon("recent", "edge-a", 0, w.now.Add(-idle/2), w.now.Add(-idle/2))
+	w.beacon("recent", "edge-a", 0, idle/2, time.Second)
 	w.sandbox("just-woken", kv.PhaseReady, true, w.now.Add(-time.Second)) // no beacons at all
 	w.sandbox("unmanaged", kv.PhaseReady, false, long)
 	w.sandbox("asleep", kv.PhaseSuspended, true, long)
 	w.sandbox("never-used", kv.PhaseReady, true, long)
 
 	s := w.sweeper()
-	s.Sweep(context.Background(), w.now)
-	got := w.suspends()
-	var users []string
-	for u := range got {
-		users = append(users, u)
+	sweep := func(at time.Time, want string) map[string]events.Command {
+		t.Helper()
+		s.Sweep(context.Background(), at)
+		got := w.suspends()
+		var users []string
+		for u := range got {
+			users = append(users, u)
+		}
+		sort.Strings(users)
+		if fmt.Sprint(users) != want {
+			t.Fatalf("at now+%s suspended %v, want %s", at.Sub(w.now), users, want)
+		}
+		return got
 	}
-	sort.Strings(users)
-	if fmt.Sprint(users) != "[dead-edge idle never-used]" {
-		t.Fatalf("suspended %v, want [dead-edge idle never-used]", users)
-	}
+	got := sweep(w.now.Add(5*time.Second), "[idle never-used]")
 	if got["idle"].Suspend.ActivitySeq != seq {
 		t.Fatalf("suspend carries activity seq %d, want %d", got["idle"].Suspend.ActivitySeq, seq)
 	}
-	if got["idle"].Suspend.IdleSince.Sub(long).Abs() > time.Millisecond {
+	if got["idle"].Suspend.IdleSince.Sub(long).Abs() > time.Second {
 		t.Fatalf("idle since %s, want %s", got["idle"].Suspend.IdleSince, long)
 	}
-
-	// Sweeping again issues nothing new; new activity after a decision
-	// makes a new decision (with the new sequence) later.
-	before := len(w.suspends())
-	s.Sweep(context.Background(), w.now)
-	if after := len(w.suspends()); after != before {
-		t.Fatalf("second sweep published %d more", after-before)
-	}
+	// Sweeping again issues nothing new.
+	sweep(w.now.Add(5*time.Second), "[idle never-used]")
+	// An edge that stopped reporting stops pinning its user after the
+	// beacon's TTL: idle a whole timeout after its last beacon.
+	sweep(w.now.Add(idle+5*time.Second), "[dead-edge idle just-woken never-used recent]")
 }
 
 func TestClocksSurviveARestart(t *testing.T) {
 	w := setup(t)
 	long := w.now.Add(-2 * idle)
 	w.sandbox("a", kv.PhaseReady, true, long)
-	w.beacon("a", "edge-a", 0, w.now.Add(-idle/2), w.now.Add(-idle/2))
+	w.beacon("a", "edge-a", 0, idle/2, time.Second)
 	first := w.sweeper()
 	first.Sweep(context.Background(), w.now)
 	if len(w.suspends()) != 0 {

@@ -71,6 +71,11 @@ func (p *Package) Start(t testing.TB, name string, env map[string]string) *Proc 
 	pr.start(t, bin)
 	t.Cleanup(func() {
 		pr.Stop()
+		// Every flow runs under the production NATS permissions: a subject a
+		// process uses without a grant in internal/natsauth fails the test.
+		if v := violations(pr.Logs()); v != "" {
+			t.Errorf("%s used NATS subjects its identity is not granted (internal/natsauth):\n%s", name, v)
+		}
 		if t.Failed() || os.Getenv("TESTENV_LOGS") != "" {
 			t.Logf("--- %s output ---\n%s", name, tailString(pr.Logs(), 60))
 		}
@@ -198,4 +203,15 @@ func tailString(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// violations are the log lines of NATS permission violations.
+func violations(logs string) string {
+	var out []string
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(strings.ToLower(l), "permissions violation") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

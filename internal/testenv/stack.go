@@ -14,17 +14,20 @@ import (
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
-	"github.com/aaas-project/aaas/internal/natsconn"
+	"github.com/aaas-project/aaas/internal/natsauth"
 )
 
-// Stack is one test's system: its own NATS server and namespace, and the
-// aaas processes the test starts into them.
+// Stack is one test's system: its own NATS server (with the production
+// identities and permissions) and namespace, and the aaas processes the
+// test starts into them.
 type Stack struct {
 	t    testing.TB
 	pkg  *Package
 	NATS *embednats.Server
-	JS   jetstream.JetStream
-	NS   *Namespace
+	// IDs are the stack's NATS identities; JS is connected as Admin.
+	IDs *natsauth.Identities
+	JS  jetstream.JetStream
+	NS  *Namespace
 	// Key is the HANDSHAKE_KEY every process shares.
 	Key string
 	// Env is added to every process started after it is set.
@@ -32,27 +35,57 @@ type Stack struct {
 	Procs []*Proc
 }
 
-// NewStack provisions NATS and a namespace (mutate adjusts the sandbox
-// template and pool).
+// NewStack starts NATS with the production identities, runs the setup
+// step, and makes a namespace (mutate adjusts the sandbox template and
+// pool).
 func (p *Package) NewStack(t testing.TB, mutate func(*extv1beta1.SandboxTemplate, *extv1beta1.SandboxWarmPool)) *Stack {
 	t.Helper()
-	s := natstest.Start(t)
-	_, js := natstest.Connect(t, s.URL())
-	if err := natsconn.Provision(Context(t, time.Minute), js, events.DefaultStreamsConfig(), kv.DefaultBucketsConfig(), Logger()); err != nil {
+	ids, err := natsauth.Generate(t.TempDir())
+	if err != nil {
 		t.Fatal(err)
 	}
-	return &Stack{t: t, pkg: p, NATS: s, JS: js, NS: p.NewNamespace(t, mutate), Key: HandshakeKey(), Env: map[string]string{}}
+	s := natstest.StartWith(t, embednats.Options{Users: ids.Users()})
+	_, js := natstest.Connect(t, s.URL(), natstest.As(t, ids, natsauth.Admin))
+	st := &Stack{t: t, pkg: p, NATS: s, IDs: ids, JS: js, Key: HandshakeKey(),
+		// Short enough for the tests' failovers; setup creates the commands'
+		// consumer with this acknowledgement wait.
+		Env: map[string]string{"COMMAND_ACK_WAIT": "2s", "LEASE_TTL": "2s"}}
+	st.Setup()
+	st.NS = p.NewNamespace(t, mutate)
+	return st
+}
+
+// Setup runs the setup step (the setup binary, with the setup identity)
+// and fails the test unless it succeeds.
+func (s *Stack) Setup() {
+	s.t.Helper()
+	p := s.pkg.Start(s.t, "setup", s.env("setup", map[string]string{"INSTANCE_ID": "setup"}))
+	select {
+	case <-p.done:
+	case <-time.After(time.Minute):
+		s.t.Fatalf("setup did not finish:\n%s", p.Logs())
+	}
+	if p.ExitCode() != 0 {
+		s.t.Fatalf("setup failed:\n%s", p.Logs())
+	}
+}
+
+// env is the environment of a process of the stack: where NATS is, the
+// role's own identity, the stack's settings, and extra.
+func (s *Stack) env(name string, extra map[string]string) map[string]string {
+	full := map[string]string{"NATS_URL": s.NATS.URL(), "HANDSHAKE_KEY": s.Key, "NATS_NKEY": s.IDs.SeedFile(natsauth.Role(name))}
+	for k, v := range s.Env {
+		full[k] = v
+	}
+	for k, v := range extra {
+		full[k] = v
+	}
+	return full
 }
 
 func (s *Stack) start(name string, env map[string]string) *Proc {
 	s.t.Helper()
-	full := map[string]string{"NATS_URL": s.NATS.URL(), "HANDSHAKE_KEY": s.Key}
-	for k, v := range s.Env {
-		full[k] = v
-	}
-	for k, v := range env {
-		full[k] = v
-	}
+	full := s.env(name, env)
 	p := s.pkg.Start(s.t, name, full)
 	s.Procs = append(s.Procs, p)
 	return p
@@ -64,7 +97,6 @@ func (s *Stack) Lifecycle(id string) *Proc {
 	s.t.Helper()
 	p := s.start("lifecycle", map[string]string{
 		"KUBECONFIG": s.NS.Kubeconfig, "NAMESPACE": s.NS.Name, "INSTANCE_ID": id,
-		"LEASE_TTL": "2s", "COMMAND_ACK_WAIT": "2s",
 	})
 	p.WaitReady(s.t, time.Minute)
 	return p
@@ -100,7 +132,7 @@ func (s *Stack) Edge(id string, env map[string]string) *Edge {
 // Sweeper starts a sweeper and waits until it is ready.
 func (s *Stack) Sweeper(id string, env map[string]string) *Proc {
 	s.t.Helper()
-	full := map[string]string{"INSTANCE_ID": id, "LEASE_TTL": "2s"}
+	full := map[string]string{"INSTANCE_ID": id}
 	for k, v := range env {
 		full[k] = v
 	}

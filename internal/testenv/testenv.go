@@ -47,7 +47,7 @@ func Main(m *testing.M, pkg *Package) int {
 	}
 	defer os.RemoveAll(dir)
 	pkg.Bins = map[string]string{}
-	for _, cmd := range []string{"lifecycle", "edge", "sweeper"} {
+	for _, cmd := range []string{"lifecycle", "edge", "sweeper", "setup"} {
 		bin, err := gobuild.Binary(dir, "github.com/aaas-project/aaas/cmd/"+cmd)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)

@@ -11,12 +11,20 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/aaas-project/aaas/internal/embednats"
+	"github.com/aaas-project/aaas/internal/natsauth"
 )
 
-// Start runs a single node with JetStream in a temp dir.
-func Start(t testing.TB) *embednats.Server {
+// Start runs a single node with JetStream in a temp dir; anyone may
+// connect.
+func Start(t testing.TB) *embednats.Server { return StartWith(t, embednats.Options{}) }
+
+// StartWith is Start with options (Dir defaults to a temp dir).
+func StartWith(t testing.TB, o embednats.Options) *embednats.Server {
 	t.Helper()
-	s, err := embednats.Start(embednats.Options{Dir: t.TempDir()})
+	if o.Dir == "" {
+		o.Dir = t.TempDir()
+	}
+	s, err := embednats.Start(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,6 +57,16 @@ func Connect(t testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetstre
 		t.Fatal(err)
 	}
 	return nc, js
+}
+
+// As is the connect option that authenticates as role.
+func As(t testing.TB, ids *natsauth.Identities, role natsauth.Role) nats.Option {
+	t.Helper()
+	opt, err := nats.NkeyOptionFromSeed(ids.SeedFile(role))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return opt
 }
 
 // Context is a test-scoped context with a deadline.

@@ -242,7 +242,7 @@ func TestComposeFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{"nats": "", "edge-a": "edge", "edge-b": "edge", "lifecycle": "lifecycle", "sweeper": "sweeper"}
+	want := map[string]string{"nats": "", "setup": "setup", "edge-a": "edge", "edge-b": "edge", "lifecycle": "lifecycle", "sweeper": "sweeper"}
 	if len(p.Services) != len(want) {
 		t.Fatalf("services %v", p.ServiceNames())
 	}

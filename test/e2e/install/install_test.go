@@ -38,6 +38,7 @@ import (
 	"github.com/aaas-project/aaas/internal/gobuild"
 	"github.com/aaas-project/aaas/internal/image"
 	"github.com/aaas-project/aaas/internal/manifests"
+	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
@@ -148,6 +149,7 @@ func operatorInstall() ([]*unstructured.Unstructured, error) {
 	want := []string{
 		"kubectl apply --server-side -f https://github.com/kubernetes-sigs/agent-sandbox/releases/download/" + aaas.Version("AGENT_SANDBOX_VERSION") + "/sandbox-with-extensions.yaml",
 		"kubectl create namespace " + namespace,
+		"go run github.com/aaas-project/aaas/hack/natsauth@main -secret | kubectl apply -f -",
 		`kubectl -n dsh-demo create secret generic aaas-secrets --from-literal=handshake-key="$(openssl rand -base64 32)" --from-literal=invite-code="$(openssl rand -hex 8)"`,
 		"kubectl -n dsh-demo create configmap dsh-web --from-literal=trusted-hosts=" + domain,
 		"kubectl apply -k .",
@@ -214,6 +216,15 @@ func install(ctx context.Context, objs []*unstructured.Unstructured) error {
 		return err
 	}
 	if err := cluster.CreateNamespace(ctx, namespace); err != nil {
+		return err
+	}
+	natsCreds, err := natsauth.SecretData()
+	if err != nil {
+		return err
+	}
+	if _, err := cluster.Client.CoreV1().Secrets(namespace).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "aaas-nats"}, Data: natsCreds,
+	}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
 	invite = randomHex(8)

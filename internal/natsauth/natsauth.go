@@ -1,0 +1,337 @@
+// Package natsauth says who may do what on the control bus. Each process
+// kind has one NATS identity (an nkey), allowed exactly the subjects it
+// uses: its commands, its beacons or audit events, and the JetStream API
+// and KV subjects of the streams and buckets it reads or writes. Only the
+// setup identity may create, change or delete streams, buckets and
+// consumers. The table here is the only definition: the NATS server
+// configuration in manifests/base (nats-permissions.conf) is generated from
+// it, the embedded servers of make run and the tests load it, and a test
+// runs every flow under it.
+package natsauth
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/kv"
+)
+
+// Role is a process kind, and its NATS identity.
+type Role string
+
+const (
+	Edge      Role = "edge"
+	Lifecycle Role = "lifecycle"
+	Sweeper   Role = "sweeper"
+	// Setup provisions streams, buckets and consumers, and does nothing else.
+	Setup Role = "setup"
+)
+
+// Roles are the identities a deployment has, in the order the
+// configuration lists them.
+var Roles = []Role{Edge, Lifecycle, Sweeper, Setup}
+
+// Permissions are the subjects an identity may publish to and subscribe
+// to; anything not listed is refused by the server.
+type Permissions struct {
+	Publish   []string
+	Subscribe []string
+}
+
+// InboxPrefix is the prefix of the role's reply subjects, so that no
+// identity can read another's replies.
+func (r Role) InboxPrefix() string { return "_INBOX_" + string(r) }
+
+// grant is what a role does on the bus; the permission table is derived
+// from it, and so are the streams and buckets the role waits for at start.
+type grant struct {
+	// writes and reads are buckets (writing includes reading).
+	writes, reads []string
+	// publishes are subjects of streams the role appends to.
+	publishes []string
+	// consumes are streams the role reads through its own ephemeral
+	// ordered consumers; gets are streams it reads single messages of.
+	consumes, gets []string
+	// durable is the consumer the role pulls from (created by setup).
+	durable *durable
+	// api is raw JetStream API access (setup only).
+	api bool
+}
+
+type durable struct{ stream, name string }
+
+var grants = map[Role]grant{
+	// Signup, login and logout write sessions and the shared rate limit's
+	// log. Accounts, sandboxes and DSH cookies are read only: lifecycle
+	// alone writes them. Commands for everything but suspend, beacons and
+	// audit events.
+	Edge: {
+		writes: []string{kv.BucketSessions, kv.BucketRateLimit},
+		reads:  []string{kv.BucketUsers, kv.BucketSandboxes, kv.BucketHandshakes, kv.BucketRequests},
+		publishes: append(commandSubjects(events.VerbClaim, events.VerbWake, events.VerbHandshake, events.VerbDelete, events.VerbRecreate),
+			events.ActivitySubject("*", "*"), events.AuditSubjectsAll),
+	},
+	// The commands' durable consumer (pull and acknowledge only), every
+	// record, and the newest beacon of a user for compare-and-suspend.
+	Lifecycle: {
+		writes:    []string{kv.BucketUsers, kv.BucketSandboxes, kv.BucketHandshakes, kv.BucketRequests, kv.BucketSessions, kv.BucketLocks},
+		publishes: []string{events.AuditSubjectsAll},
+		gets:      []string{events.StreamActivity},
+		durable:   &durable{events.StreamCommands, events.CommandConsumer},
+	},
+	// Idle clocks from the activity stream, suspend commands only, the
+	// lease, and pruning the sessions of deleted accounts.
+	Sweeper: {
+		writes:    []string{kv.BucketSessions, kv.BucketLocks},
+		reads:     []string{kv.BucketSandboxes, kv.BucketUsers},
+		publishes: append(commandSubjects(events.VerbSuspend), events.AuditSubjectsAll),
+		consumes:  []string{events.StreamActivity},
+	},
+	Setup: {api: true},
+}
+
+// streamOf is the stream a published subject lands in.
+func streamOf(subject string) string {
+	for _, st := range events.StreamConfigs(events.DefaultStreamsConfig()) {
+		for _, f := range st.Subjects {
+			if strings.HasPrefix(subject, strings.TrimSuffix(f, ">")) {
+				return st.Name
+			}
+		}
+	}
+	panic("natsauth: no stream holds " + subject)
+}
+
+// Requires are the streams and buckets the role uses, which must exist
+// before it can work.
+func (r Role) Requires() (streams, buckets []string) {
+	g := r.grant()
+	for _, p := range g.publishes {
+		streams = append(streams, streamOf(p))
+	}
+	streams = append(streams, g.consumes...)
+	streams = append(streams, g.gets...)
+	if g.durable != nil {
+		streams = append(streams, g.durable.stream)
+	}
+	buckets = append(append(buckets, g.writes...), g.reads...)
+	slices.Sort(streams)
+	slices.Sort(buckets)
+	return slices.Compact(streams), slices.Compact(buckets)
+}
+
+func (r Role) grant() grant {
+	g, ok := grants[r]
+	if !ok {
+		panic(fmt.Sprintf("natsauth: unknown role %q", r))
+	}
+	return g
+}
+
+// commandSubjects are the subjects of publishing verbs' commands.
+func commandSubjects(verbs ...events.Verb) []string {
+	var subs []string
+	for _, v := range verbs {
+		subs = append(subs, events.CommandSubject(v, "*"))
+	}
+	return subs
+}
+
+// Permissions is the role's row of the table: its publish subjects (the
+// JetStream API of exactly the streams, buckets and consumers it uses) and
+// its own inbox.
+func (r Role) Permissions() Permissions {
+	g := r.grant()
+	var pub []string
+	add := func(s ...string) { pub = append(pub, s...) }
+	if g.api {
+		add("$JS.API.>")
+	}
+	streams, _ := r.Requires()
+	for _, st := range streams {
+		add("$JS.API.STREAM.INFO." + st)
+	}
+	add(g.publishes...)
+	// A bucket is a stream KV_<bucket>: read by direct gets and by the
+	// ordered consumers of watches and key listings; written on its keys'
+	// subjects.
+	for _, b := range append(slices.Clone(g.writes), g.reads...) {
+		add("$JS.API.STREAM.INFO.KV_" + b)
+		add(directGet("KV_" + b)...)
+		add(orderedConsumers("KV_" + b)...)
+	}
+	for _, b := range g.writes {
+		add("$KV." + b + ".>")
+	}
+	for _, st := range g.gets {
+		add(directGet(st)...)
+	}
+	for _, st := range g.consumes {
+		add(orderedConsumers(st)...)
+	}
+	if d := g.durable; d != nil {
+		add("$JS.API.CONSUMER.INFO."+d.stream+"."+d.name, "$JS.API.CONSUMER.MSG.NEXT."+d.stream+"."+d.name, "$JS.ACK."+d.stream+"."+d.name+".>")
+	}
+	slices.Sort(pub)
+	return Permissions{Publish: slices.Compact(pub), Subscribe: []string{r.InboxPrefix() + ".>"}}
+}
+
+func directGet(stream string) []string {
+	return []string{"$JS.API.DIRECT.GET." + stream, "$JS.API.DIRECT.GET." + stream + ".>"}
+}
+
+// orderedConsumers are the subjects of reading a stream through ephemeral
+// ordered consumers: create, info, pull, delete, flow control.
+func orderedConsumers(stream string) []string {
+	return []string{
+		"$JS.API.CONSUMER.CREATE." + stream, "$JS.API.CONSUMER.CREATE." + stream + ".>",
+		"$JS.API.CONSUMER.INFO." + stream + ".>",
+		"$JS.API.CONSUMER.MSG.NEXT." + stream + ".>",
+		"$JS.API.CONSUMER.DELETE." + stream + ".>",
+		"$JS.FC." + stream + ".>",
+	}
+}
+
+// server converts the row for an embedded server.
+func (p Permissions) server() *server.Permissions {
+	return &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: p.Publish},
+		Subscribe: &server.SubjectPermission{Allow: p.Subscribe},
+	}
+}
+
+// ServerConfig is the NATS configuration that defines every role's
+// permissions as a variable (EDGE_PERMISSIONS, …), for the server's
+// authorization block to refer to. manifests/base/nats-permissions.conf is
+// exactly this text.
+func ServerConfig() string {
+	var b strings.Builder
+	b.WriteString("# Generated by internal/natsauth (go run ./hack/natsauth -permissions); do not edit.\n")
+	b.WriteString("# Each aaas process kind may publish and subscribe to these subjects only.\n")
+	for _, r := range Roles {
+		p := r.Permissions()
+		fmt.Fprintf(&b, "%s_PERMISSIONS: {\n  publish: {allow: %s}\n  subscribe: {allow: %s}\n}\n", strings.ToUpper(string(r)), list(p.Publish), list(p.Subscribe))
+	}
+	return b.String()
+}
+
+func list(subjects []string) string {
+	q := make([]string, len(subjects))
+	for i, s := range subjects {
+		q[i] = fmt.Sprintf("%q", s)
+	}
+	return "[\n    " + strings.Join(q, ",\n    ") + "\n  ]"
+}
+
+// Identities are a generated set of nkeys, one per role, for a dev stack or
+// a test (production keys come from the Secret README describes). Admin is
+// an unrestricted identity for test harnesses and tools only; no
+// deployment has it.
+type Identities struct {
+	// Dir holds <role>.nk, each role's seed (mode 0600).
+	Dir    string
+	public map[Role]string
+}
+
+// Admin is the harness-only identity with every permission.
+const Admin Role = "admin"
+
+// Generate creates a seed per role (and Admin) in dir.
+func Generate(dir string) (*Identities, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	ids := &Identities{Dir: dir, public: map[Role]string{}}
+	for _, r := range append(slices.Clone(Roles), Admin) {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			return nil, fmt.Errorf("nkey for %s: %w", r, err)
+		}
+		seed, _ := kp.Seed()
+		pub, _ := kp.PublicKey()
+		if err := os.WriteFile(ids.SeedFile(r), seed, 0o600); err != nil {
+			return nil, err
+		}
+		ids.public[r] = pub
+	}
+	return ids, nil
+}
+
+// SeedFile is where role's seed is (NATS_NKEY for its process).
+func (ids *Identities) SeedFile(r Role) string { return filepath.Join(ids.Dir, string(r)+".nk") }
+
+// Public is role's public key.
+func (ids *Identities) Public(r Role) string { return ids.public[r] }
+
+// Users are the embedded server's users: every role with its permissions,
+// and Admin without limits.
+func (ids *Identities) Users() []*server.NkeyUser {
+	var users []*server.NkeyUser
+	for _, r := range Roles {
+		users = append(users, &server.NkeyUser{Nkey: ids.public[r], Permissions: r.Permissions().server()})
+	}
+	return append(users, &server.NkeyUser{Nkey: ids.public[Admin]})
+}
+
+// SecretData is a fresh set of credentials for a deployment, as the
+// aaas-nats Secret holds them: each role's seed (<role>.nk, mounted into
+// that process only) and public key (<role>.pub, for the NATS servers),
+// and the password NATS nodes authenticate their routes with.
+func SecretData() (map[string][]byte, error) {
+	data := map[string][]byte{}
+	for _, r := range Roles {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			return nil, fmt.Errorf("nkey for %s: %w", r, err)
+		}
+		seed, _ := kp.Seed()
+		pub, _ := kp.PublicKey()
+		data[string(r)+".nk"], data[string(r)+".pub"] = seed, []byte(pub)
+	}
+	pw := make([]byte, 24)
+	if _, err := rand.Read(pw); err != nil {
+		return nil, err
+	}
+	// Hex: the password goes into the routes' URLs unescaped.
+	data["route-password"] = []byte(hex.EncodeToString(pw))
+	return data, nil
+}
+
+// Table is the permission table in words, as README.md shows it (a test
+// keeps the two equal).
+func Table() string {
+	var b strings.Builder
+	b.WriteString("| identity | writes buckets | reads buckets | publishes | reads streams |\n|---|---|---|---|---|\n")
+	cell := func(xs []string) string {
+		if len(xs) == 0 {
+			return "—"
+		}
+		q := make([]string, len(xs))
+		for i, x := range xs {
+			q[i] = "`" + x + "`"
+		}
+		return strings.Join(q, ", ")
+	}
+	for _, r := range Roles {
+		g := r.grant()
+		streams := append(slices.Clone(g.consumes), g.gets...)
+		if g.durable != nil {
+			streams = append(streams, g.durable.stream+" (consumer "+g.durable.name+")")
+		}
+		pubs := g.publishes
+		if g.api {
+			pubs = []string{"$JS.API.> (creates and updates streams, buckets, consumers)"}
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s |\n", r, cell(g.writes), cell(g.reads), cell(pubs), cell(streams))
+	}
+	return b.String()
+}
