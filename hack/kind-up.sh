@@ -25,4 +25,4 @@ kubectl --context "kind-$cluster" apply -k manifests/dev/kind
 
 mkdir -p .kind
 kind get kubeconfig --internal --name "$cluster" > .kind/kubeconfig
-echo "kind cluster ready; now: export HANDSHAKE_KEY=\$(openssl rand -base64 32); make compose-up"
+echo "kind cluster ready; now: export HANDSHAKE_KEYS=\$(openssl rand -base64 32); make compose-up"

@@ -31,7 +31,7 @@ func main() {
 
 func run(p *process.Process, cfg config.Edge) error {
 	ctx := p.Ctx
-	sealer, err := handshake.NewSealer(cfg.HandshakeKey)
+	sealer, err := handshake.NewSealer(cfg.HandshakeKeys...)
 	if err != nil {
 		return err
 	}
@@ -41,6 +41,10 @@ func run(p *process.Process, cfg config.Edge) error {
 		return err
 	}
 	limiter, err := session.NewLimiter(ctx, p.JS, cfg.AuthRateLimit, cfg.Buckets.RateWindow)
+	if err != nil {
+		return err
+	}
+	actions, err := session.NewLimiter(ctx, p.JS, cfg.RecreateRateLimit, cfg.Buckets.RateWindow)
 	if err != nil {
 		return err
 	}
@@ -62,7 +66,7 @@ func run(p *process.Process, cfg config.Edge) error {
 	}
 
 	accounts := session.New(session.Options{
-		Store: store, Limiter: limiter, Publisher: pub, Users: users, Sandboxes: boxes, Requests: requests,
+		Store: store, Limiter: limiter, Actions: actions, Publisher: pub, Users: users, Sandboxes: boxes, Requests: requests,
 		CookieName: cfg.CookieName, CookieSecure: cfg.CookieSecure, CookieMaxAge: cfg.Buckets.SessionTTL,
 		InviteCode: cfg.InviteCode, ProxyHeader: cfg.AuthProxyHeader, WakeTimeout: cfg.WakeTimeout,
 		Log: p.Log, Metrics: p.Metrics,

@@ -30,12 +30,13 @@ func run(p *process.Process, cfg config.Lifecycle) error {
 	cluster, err := sandbox.New(rc, sandbox.Config{
 		Namespace: cfg.Namespace, WarmPool: cfg.WarmPool,
 		ManagedKey: cfg.ManagedKey, ManagedValue: cfg.ManagedValue,
-		Container: cfg.Container, Port: cfg.Port, UseService: cfg.UpstreamAddress == "service", Log: p.Log,
+		Container: cfg.Container, Port: cfg.Port, UseService: cfg.UpstreamAddress == "service",
+		QPS: cfg.KubeQPS, Burst: cfg.KubeBurst, CallTimeout: cfg.KubeCallTimeout, LogLimitBytes: cfg.LogLimitBytes, Log: p.Log,
 	})
 	if err != nil {
 		return err
 	}
-	sealer, err := handshake.NewSealer(cfg.HandshakeKey)
+	sealer, err := handshake.NewSealer(cfg.HandshakeKeys...)
 	if err != nil {
 		return err
 	}

@@ -60,7 +60,7 @@ func TestSecretsAreNotEchoed(t *testing.T) {
 }
 
 func TestDefaults(t *testing.T) {
-	c, err := config.LoadLifecycle(config.FromMap(map[string]string{"HANDSHAKE_KEY": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="}))
+	c, err := config.LoadLifecycle(config.FromMap(map[string]string{"HANDSHAKE_KEYS": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", "NATS_ALLOW_ANONYMOUS": "true"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,8 +73,8 @@ func TestDefaults(t *testing.T) {
 }
 
 func TestLifecycleRequiresAHandshakeKeyAndAValidLabel(t *testing.T) {
-	_, err := config.LoadLifecycle(config.FromMap(map[string]string{"MANAGED_BY_LABEL": "no-value", "HANDSHAKE_KEY": "c2hvcnQ="}))
-	if err == nil || !strings.Contains(err.Error(), "HANDSHAKE_KEY:") || !strings.Contains(err.Error(), "MANAGED_BY_LABEL:") {
+	_, err := config.LoadLifecycle(config.FromMap(map[string]string{"MANAGED_BY_LABEL": "no-value", "HANDSHAKE_KEYS": "c2hvcnQ="}))
+	if err == nil || !strings.Contains(err.Error(), "HANDSHAKE_KEYS:") || !strings.Contains(err.Error(), "MANAGED_BY_LABEL:") {
 		t.Fatalf("err = %v", err)
 	}
 	if strings.Contains(err.Error(), "c2hvcnQ=") {
@@ -84,15 +84,15 @@ func TestLifecycleRequiresAHandshakeKeyAndAValidLabel(t *testing.T) {
 
 func TestEdgeRefusesInsecureCookiesUnlessAllowed(t *testing.T) {
 	key := "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
-	_, err := config.LoadEdge(config.FromMap(map[string]string{"COOKIE_SECURE": "false", "HANDSHAKE_KEY": key}))
+	_, err := config.LoadEdge(config.FromMap(map[string]string{"COOKIE_SECURE": "false", "HANDSHAKE_KEYS": key}))
 	if err == nil || !strings.Contains(err.Error(), "COOKIE_SECURE:") || !strings.Contains(err.Error(), "ALLOW_INSECURE_COOKIES") {
 		t.Fatalf("err = %v", err)
 	}
-	c, err := config.LoadEdge(config.FromMap(map[string]string{"COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1", "HANDSHAKE_KEY": key, "OPEN_SIGNUP": "true"}))
+	c, err := config.LoadEdge(config.FromMap(map[string]string{"COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1", "HANDSHAKE_KEYS": key, "OPEN_SIGNUP": "true", "NATS_ALLOW_ANONYMOUS": "true"}))
 	if err != nil || c.CookieSecure {
 		t.Fatalf("allowed insecure: %+v %v", c, err)
 	}
-	d, err := config.LoadEdge(config.FromMap(map[string]string{"HANDSHAKE_KEY": key, "SIGNUP_INVITE_CODE": "x"}))
+	d, err := config.LoadEdge(config.FromMap(map[string]string{"HANDSHAKE_KEYS": key, "SIGNUP_INVITE_CODE": "x", "NATS_ALLOW_ANONYMOUS": "true"}))
 	if err != nil || !d.CookieSecure || d.MaxInFlightPerUser != 32 || d.WSMaxMessageBytes != 16<<20 || d.AuthRateLimit != 30 {
 		t.Fatalf("defaults: %+v %v", d, err)
 	}
@@ -126,7 +126,7 @@ func TestREADMEDocumentsEveryVariable(t *testing.T) {
 
 func TestVariablesListsWhatEveryProcessReads(t *testing.T) {
 	got := strings.Join(config.Variables(), " ")
-	for _, v := range []string{"NATS_URL", "LISTEN_ADDR", "ALLOW_INSECURE_COOKIES", "HANDSHAKE_KEY", "NAMESPACE", "IDLE_TIMEOUT", "SWEEP_INTERVAL", "COOKIE_MAX_AGE"} {
+	for _, v := range []string{"NATS_URL", "LISTEN_ADDR", "ALLOW_INSECURE_COOKIES", "HANDSHAKE_KEYS", "NAMESPACE", "IDLE_TIMEOUT", "SWEEP_INTERVAL", "COOKIE_MAX_AGE"} {
 		if !strings.Contains(" "+got+" ", " "+v+" ") {
 			t.Errorf("Variables() lacks %s: %s", v, got)
 		}
@@ -148,7 +148,8 @@ func TestEdgeRefusesOpenSignupUnlessAsked(t *testing.T) {
 		{map[string]string{"SIGNUP_INVITE_CODE": "abc"}, true},
 		{map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User"}, true},
 	} {
-		tt.env["HANDSHAKE_KEY"] = key
+		tt.env["HANDSHAKE_KEYS"] = key
+		tt.env["NATS_ALLOW_ANONYMOUS"] = "true"
 		_, err := config.LoadEdge(config.FromMap(tt.env))
 		if (err == nil) != tt.ok {
 			t.Errorf("%v: err = %v", tt.env, err)
@@ -156,5 +157,51 @@ func TestEdgeRefusesOpenSignupUnlessAsked(t *testing.T) {
 		if err != nil && !strings.Contains(err.Error(), "SIGNUP_INVITE_CODE:") {
 			t.Errorf("%v: the error does not name the variable: %v", tt.env, err)
 		}
+	}
+}
+
+func TestNATSIdentityIsRequired(t *testing.T) {
+	dir := t.TempDir()
+	seed := filepath.Join(dir, "edge.nk")
+	if err := os.WriteFile(seed, []byte("SU..."), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		env  map[string]string
+		want string // "" for no error
+	}{
+		{map[string]string{}, "NATS_NKEY: no NATS identity"},
+		{map[string]string{"NATS_NKEY": seed}, ""},
+		{map[string]string{"NATS_ALLOW_ANONYMOUS": "true"}, ""},
+		{map[string]string{"NATS_NKEY": seed, "NATS_CREDS": seed}, "NATS_NKEY: set NATS_NKEY or NATS_CREDS, not both"},
+		{map[string]string{"NATS_NKEY": filepath.Join(dir, "missing.nk")}, "NATS_NKEY: cannot read"},
+		{map[string]string{"NATS_NKEY": seed, "NATS_CERT": seed}, "NATS_CERT: NATS_CERT and NATS_KEY go together"},
+		{map[string]string{"NATS_NKEY": seed, "NATS_CA": filepath.Join(dir, "ca.pem")}, "NATS_CA: cannot read"},
+	} {
+		_, err := config.LoadSweeper(config.FromMap(tt.env))
+		if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)) {
+			t.Errorf("%v: err = %v, want %q", tt.env, err, tt.want)
+		}
+	}
+}
+
+func TestHandshakeKeysAreARing(t *testing.T) {
+	a, b := "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", strings.Repeat("ab", 32)
+	c, err := config.LoadLifecycle(config.FromMap(map[string]string{"HANDSHAKE_KEYS": b + ", " + a, "NATS_ALLOW_ANONYMOUS": "true"}))
+	if err != nil || len(c.HandshakeKeys) != 2 || c.HandshakeKeys[0][0] != 0xab {
+		t.Fatalf("ring %v: %v", c.HandshakeKeys, err)
+	}
+	for env, want := range map[string]string{
+		a + ",c2hvcnQ=":              "HANDSHAKE_KEYS: key 2",
+		strings.Repeat(a+",", 5) + a: "keep at most 4",
+	} {
+		_, err := config.LoadLifecycle(config.FromMap(map[string]string{"HANDSHAKE_KEYS": env, "NATS_ALLOW_ANONYMOUS": "true"}))
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "c2hvcnQ=") {
+			t.Errorf("%q: err = %v, want %q without the key", env, err, want)
+		}
+	}
+	_, err = config.LoadLifecycle(config.FromMap(map[string]string{"HANDSHAKE_KEY": a, "HANDSHAKE_KEYS": a, "NATS_ALLOW_ANONYMOUS": "true"}))
+	if err == nil || !strings.Contains(err.Error(), "HANDSHAKE_KEY: renamed HANDSHAKE_KEYS") {
+		t.Fatalf("the old name: %v", err)
 	}
 }

@@ -22,6 +22,9 @@ type Edge struct {
 	// AUTH_RATE_WINDOW (Buckets.RateWindow), shared by all edges. The
 	// session lifetime, COOKIE_MAX_AGE, is Buckets.SessionTTL.
 	AuthRateLimit int
+	// RecreateRateLimit is RECREATE_RATE_LIMIT: recreates and deletions
+	// per user in any AUTH_RATE_WINDOW.
+	RecreateRateLimit int
 	// InviteCode is SIGNUP_INVITE_CODE; empty means open signup, which
 	// OPEN_SIGNUP must confirm (a missing Secret key must not open it).
 	InviteCode string
@@ -42,8 +45,9 @@ type Edge struct {
 	// HeaderAllowlist is UPSTREAM_HEADER_ALLOWLIST; when set, only these
 	// request headers reach DSH.
 	HeaderAllowlist []string
-	// HandshakeKey is HANDSHAKE_KEY, shared with lifecycle.
-	HandshakeKey []byte
+	// HandshakeKeys is HANDSHAKE_KEYS, the key ring shared with lifecycle
+	// (newest first).
+	HandshakeKeys [][]byte
 	// BeaconInterval is BEACON_INTERVAL: heartbeat period while busy;
 	// beacons are trusted for three intervals.
 	BeaconInterval time.Duration
@@ -59,6 +63,7 @@ func LoadEdge(e *Env) (Edge, error) {
 		CookieSecure:       e.Bool("COOKIE_SECURE", true),
 		CookieName:         e.String("COOKIE_NAME", ""),
 		AuthRateLimit:      e.Int("AUTH_RATE_LIMIT", 30, 1, 10_000),
+		RecreateRateLimit:  e.Int("RECREATE_RATE_LIMIT", 5, 1, 1000),
 		InviteCode:         e.Secret("SIGNUP_INVITE_CODE"),
 		AuthProxyHeader:    e.String("AUTH_PROXY_HEADER", ""),
 		MaxInFlightPerUser: e.Int("MAX_IN_FLIGHT_PER_USER", 32, 1, 100_000),
@@ -67,7 +72,7 @@ func LoadEdge(e *Env) (Edge, error) {
 		WakeTimeout:        e.Duration("WAKE_TIMEOUT", 90*time.Second, time.Second, time.Hour),
 		HandshakeTimeout:   e.Duration("HANDSHAKE_TIMEOUT", 15*time.Second, time.Second, 10*time.Minute),
 		HeaderAllowlist:    e.List("UPSTREAM_HEADER_ALLOWLIST", nil),
-		HandshakeKey:       handshakeKey(e),
+		HandshakeKeys:      handshakeKeys(e),
 		BeaconInterval:     e.Duration("BEACON_INTERVAL", 5*time.Second, 100*time.Millisecond, 5*time.Minute),
 		ShutdownTimeout:    e.Duration("SHUTDOWN_TIMEOUT", 25*time.Second, 0, 10*time.Minute),
 	}
@@ -108,14 +113,24 @@ type Lifecycle struct {
 	Port int
 	// UpstreamAddress is UPSTREAM_ADDRESS: pod-ip or service.
 	UpstreamAddress string
-	// HandshakeKey is HANDSHAKE_KEY: 32 bytes, base64 or hex.
-	HandshakeKey []byte
+	// HandshakeKeys is HANDSHAKE_KEYS, the key ring shared with lifecycle
+	// (newest first).
+	HandshakeKeys [][]byte
 	Commands
 	// LeaseTTL is LEASE_TTL, for the one replica that mirrors Kubernetes.
 	LeaseTTL time.Duration
 	// RecreateTimeout is RECREATE_TIMEOUT, how long /recreate waits for
 	// the old sandbox to be gone.
 	RecreateTimeout time.Duration
+	// KubeQPS and KubeBurst are KUBE_API_QPS and KUBE_API_BURST, the API
+	// client's rate (every handshake reads a pod log); KubeCallTimeout is
+	// KUBE_API_TIMEOUT, the bound on one API call.
+	KubeQPS         float32
+	KubeBurst       int
+	KubeCallTimeout time.Duration
+	// LogLimitBytes is DSH_LOG_LIMIT_BYTES: how much of the pod log one
+	// handshake reads at most (the tenant writes the log).
+	LogLimitBytes int64
 }
 
 // LoadLifecycle reads and validates the lifecycle worker's variables.
@@ -129,10 +144,14 @@ func LoadLifecycle(e *Env) (Lifecycle, error) {
 		Container:       e.String("DSH_CONTAINER", ""),
 		Port:            e.Int("DSH_PORT", 3080, 1, 65535),
 		UpstreamAddress: e.OneOf("UPSTREAM_ADDRESS", "pod-ip", "pod-ip", "service"),
-		HandshakeKey:    handshakeKey(e),
+		HandshakeKeys:   handshakeKeys(e),
 		Commands:        loadCommands(e),
 		LeaseTTL:        e.Duration("LEASE_TTL", 10*time.Second, time.Second, 5*time.Minute),
 		RecreateTimeout: e.Duration("RECREATE_TIMEOUT", 2*time.Minute, 5*time.Second, time.Hour),
+		KubeQPS:         float32(e.Int("KUBE_API_QPS", 50, 1, 10_000)),
+		KubeBurst:       e.Int("KUBE_API_BURST", 100, 1, 20_000),
+		KubeCallTimeout: e.Duration("KUBE_API_TIMEOUT", 30*time.Second, time.Second, 10*time.Minute),
+		LogLimitBytes:   int64(e.Int("DSH_LOG_LIMIT_BYTES", 256<<10, 4<<10, 1<<20)),
 	}
 	c.ManagedKey, c.ManagedValue = managedLabel(e)
 	if !dns1123.MatchString(c.Namespace) {
@@ -189,19 +208,33 @@ func managedLabel(e *Env) (string, string) {
 	return k, val
 }
 
-// handshakeKey reads HANDSHAKE_KEY, the AES-256 key that seals DSH auth
+// handshakeKey reads HANDSHAKE_KEYS, the AES-256 key that seals DSH auth
 // cookies in NATS. The edge and lifecycle must share it.
-func handshakeKey(e *Env) []byte {
-	v := e.Secret("HANDSHAKE_KEY")
+// handshakeKeys reads the key ring: comma-separated keys, newest first.
+// The first seals new cookies; any of them opens, so a key can be rotated
+// in without a moment in which some replica cannot read what another wrote.
+func handshakeKeys(e *Env) [][]byte {
+	if e.Set("HANDSHAKE_KEY") {
+		e.Fail("HANDSHAKE_KEY", "renamed HANDSHAKE_KEYS (a comma-separated key ring, newest first)")
+	}
+	v := e.Secret("HANDSHAKE_KEYS")
 	if v == "" {
-		e.Fail("HANDSHAKE_KEY", "required: 32 random bytes, base64 (e.g. `openssl rand -base64 32`)")
+		e.Fail("HANDSHAKE_KEYS", "required: 32 random bytes, base64 (e.g. `openssl rand -base64 32`), newest first when several")
 		return nil
 	}
-	k, err := handshake.ParseKey(v)
-	if err != nil {
-		e.Fail("HANDSHAKE_KEY", "%v", err)
+	var keys [][]byte
+	for i, s := range strings.Split(v, ",") {
+		k, err := handshake.ParseKey(strings.TrimSpace(s))
+		if err != nil {
+			e.Fail("HANDSHAKE_KEYS", "key %d: %v", i+1, err)
+			continue
+		}
+		keys = append(keys, k)
 	}
-	return k
+	if len(keys) > 4 {
+		e.Fail("HANDSHAKE_KEYS", "%d keys: keep at most 4 (the newest, and those still being rotated out)", len(keys))
+	}
+	return keys
 }
 
 // Sweeper is the configuration of cmd/sweeper.

@@ -130,7 +130,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer ns.Stop()
 	env := map[string]string{
-		"HANDSHAKE_KEY": randomKey(), "LOG_LEVEL": "info", "SIGNUP_INVITE_CODE": randomString(9),
+		"HANDSHAKE_KEYS": randomKey(), "LOG_LEVEL": "info", "SIGNUP_INVITE_CODE": randomString(9),
 		"COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1",
 	}
 	for k, v := range o.settings() {

@@ -77,13 +77,13 @@ func runReal(ctx context.Context, o Options, start time.Time) error {
 	if invite == "" {
 		invite = randomString(9)
 	}
-	key := settings["HANDSHAKE_KEY"]
+	key := settings["HANDSHAKE_KEYS"]
 	if key == "" {
 		key = randomKey()
 	}
 	// Secrets go where the manifests read them from, not into the ConfigMap.
 	delete(settings, "SIGNUP_INVITE_CODE")
-	delete(settings, "HANDSHAKE_KEY")
+	delete(settings, "HANDSHAKE_KEYS")
 	core := cluster.Client.CoreV1()
 	natsCreds, err := natsauth.SecretData()
 	if err != nil {
@@ -96,7 +96,7 @@ func runReal(ctx context.Context, o Options, start time.Time) error {
 	}
 	if _, err := core.Secrets(Namespace).Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: "aaas-secrets"},
-		StringData: map[string]string{"handshake-key": key, "invite-code": invite},
+		StringData: map[string]string{"handshake-keys": key, "invite-code": invite},
 	}, metav1.CreateOptions{}); err != nil {
 		return err
 	}

@@ -23,6 +23,12 @@ type Options struct {
 	SlowStart    time.Duration // --slow-start, DSHSIM_SLOW_START; delay before listening
 	NoToken      bool          // --no-token, DSHSIM_NO_TOKEN; never print the token line
 	Noise        bool          // --noise, DSHSIM_NOISE; print fake model output and ANSI noise
+	// FakeTokens (DSHSIM_FAKE_TOKENS) prints that many lines that look
+	// like token lines after each real one, as a tenant's agent could.
+	FakeTokens int
+	// SilentHandshake (DSHSIM_SILENT_HANDSHAKE) accepts the handshake
+	// request and never answers it, as a hung or hostile pod would.
+	SilentHandshake bool
 
 	// RotateSignals rotates the launch token on every receive; the binary
 	// wires SIGHUP to it. Nil never rotates.
@@ -62,6 +68,14 @@ func OptionsFromEnv(args []string, getenv func(string) string) (Options, error) 
 	}
 	if o.Noise, err = envBool(getenv, "DSHSIM_NOISE"); err != nil {
 		return Options{}, err
+	}
+	if o.SilentHandshake, err = envBool(getenv, "DSHSIM_SILENT_HANDSHAKE"); err != nil {
+		return Options{}, err
+	}
+	if v := getenv("DSHSIM_FAKE_TOKENS"); v != "" {
+		if o.FakeTokens, err = strconv.Atoi(v); err != nil || o.FakeTokens < 0 {
+			return Options{}, fmt.Errorf("parse DSHSIM_FAKE_TOKENS: %q is not a count", v)
+		}
 	}
 
 	fs := flag.NewFlagSet("dshsim", flag.ContinueOnError)

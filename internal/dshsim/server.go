@@ -138,6 +138,9 @@ func (s *Server) announceLocked() {
 	if !s.opts.NoToken {
 		s.out.printf("\x1b[32mdsh web: http://0.0.0.0:%s/?token=%s\x1b[0m", s.port, s.token)
 	}
+	for range s.opts.FakeTokens {
+		s.out.printf("dsh web: http://0.0.0.0:%s/?token=%s", s.port, newToken())
+	}
 	s.out.printf("\x1b[2mdsh: ready\x1b[0m")
 }
 
@@ -250,6 +253,10 @@ func (s *Server) requireAuth(next http.Handler) http.Handler {
 }
 
 func (s *Server) handshake(w http.ResponseWriter, r *http.Request) {
+	if s.opts.SilentHandshake {
+		<-r.Context().Done()
+		return
+	}
 	given := r.URL.Query().Get("token")
 	now := time.Now()
 

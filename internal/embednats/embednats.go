@@ -4,6 +4,7 @@
 package embednats
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/url"
@@ -30,6 +31,8 @@ type Options struct {
 	// users with their permissions: natsauth.Identities.Users); otherwise
 	// anyone may connect.
 	Users []*server.NkeyUser
+	// TLS, when set, is the server's TLS for clients (required).
+	TLS *tls.Config
 	// Debug turns on the server's own logging.
 	Debug bool
 }
@@ -67,6 +70,8 @@ func Start(o Options) (*Server, error) {
 		JetStreamMaxMemory: 256 << 20,
 		JetStreamMaxStore:  4 << 30,
 		Nkeys:              o.Users,
+		TLS:                o.TLS != nil,
+		TLSConfig:          o.TLS,
 	}
 	if o.ClusterName != "" {
 		so.Cluster = server.ClusterOpts{Name: o.ClusterName, Host: o.Host, Port: o.ClusterPort}

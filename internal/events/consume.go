@@ -32,6 +32,22 @@ func IsPermanent(err error) bool {
 	return errors.As(err, &p)
 }
 
+// laterError asks for the message back after a delay without it being the
+// handler's failure: the work belongs to another moment or another replica.
+type laterError struct {
+	err   error
+	delay time.Duration
+}
+
+func (e laterError) Error() string { return e.err.Error() }
+func (e laterError) Unwrap() error { return e.err }
+
+// Later returns the message to the queue, redelivered after delay. Use it
+// when this worker should not handle the message now: another command of
+// the same user is running, or the message is of a newer schema that a
+// newer replica understands. It still counts as a delivery.
+func Later(err error, delay time.Duration) error { return laterError{err, delay} }
+
 // ConsumerConfig describes a durable, explicitly acknowledged consumer.
 type ConsumerConfig struct {
 	Stream         string
@@ -222,6 +238,11 @@ func handleOne(ctx context.Context, c ConsumerConfig, msg jetstream.Msg, handler
 	case IsPermanent(err) || d.Last:
 		exhausted(d, err)
 		_ = msg.TermWithReason(truncate(err.Error(), 200))
+	case errors.As(err, new(laterError)):
+		var later laterError
+		errors.As(err, &later)
+		log.Debug("command handed back", "subject", d.Subject, "delivered", d.Delivered, "retry_in", later.delay, "why", err)
+		_ = msg.NakWithDelay(later.delay)
 	default:
 		delay := c.backoff(d.Delivered)
 		log.Info("command will be retried", "subject", d.Subject, "delivered", d.Delivered, "retry_in", delay, "err", err)

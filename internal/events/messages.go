@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -11,9 +12,13 @@ import (
 )
 
 // SchemaVersion is the version of every message this build writes. Readers
-// accept any version up to it and refuse newer ones as permanent errors, so a
-// rolling upgrade never half-understands a message.
+// accept any version up to it and never half-understand a newer one: a
+// command of a newer version goes back to the queue for a newer replica
+// (ErrNewerSchema), so a rolling upgrade loses nothing.
 const SchemaVersion = 1
+
+// ErrNewerSchema marks a message written by a newer build than this one.
+var ErrNewerSchema = errors.New("written by a newer version")
 
 const (
 	commandPrefix  = "aaas.cmd."
@@ -273,7 +278,10 @@ func Decode[T Command | Beacon | AuditEvent](data []byte) (T, error) {
 	case AuditEvent:
 		ver = m.V
 	}
-	if ver < 1 || ver > SchemaVersion {
+	if ver > SchemaVersion {
+		return v, fmt.Errorf("decode %T: schema version %d, this build reads 1..%d: %w", v, ver, SchemaVersion, ErrNewerSchema)
+	}
+	if ver < 1 {
 		return v, fmt.Errorf("decode %T: unsupported schema version %d", v, ver)
 	}
 	return v, nil

@@ -1,8 +1,10 @@
 // Package handshake performs DSH Web's launch-token handshake on behalf of
-// the browser: it finds the newest launch token in the pod's log, trades it
-// for DSH's auth cookie, and seals that cookie so that reading NATS is not
-// enough to impersonate a user. Neither the token nor the cookie appears in
-// any error this package returns.
+// the browser: it finds the launch tokens in the pod's log, trades the
+// newest that DSH accepts for its auth cookie, and seals that cookie so that
+// reading NATS is not enough to impersonate a user. Neither a token nor the
+// cookie appears in any error this package returns. The log is the
+// tenant's to write: a line that only looks like the token must cost a
+// retry at most, never the handshake.
 package handshake
 
 import (
@@ -12,7 +14,9 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
+	"time"
 )
 
 // ErrNoToken means the log holds no launch-token line: DSH rotated it out
@@ -24,16 +28,34 @@ var (
 	tokenLine = regexp.MustCompile(`dsh web: https?://[^\s/]+/\?token=([A-Za-z0-9_-]{16,})(?:\s|$)`)
 )
 
-// TokenFromLog returns the token of the newest `dsh web: http://…/?token=…`
-// line, ignoring ANSI colour codes and any other output around it.
-func TokenFromLog(log []byte) (string, error) {
+// MaxCandidates bounds how many token lines are tried, newest first: a
+// tenant printing fake lines can make a handshake try that many, no more.
+const MaxCandidates = 8
+
+// TokensFromLog returns the tokens of the `dsh web: http://…/?token=…`
+// lines, newest first and without repeats, at most MaxCandidates, ignoring
+// ANSI colour codes and any other output around them.
+func TokensFromLog(log []byte) ([]string, error) {
 	lines := strings.Split(ansi.ReplaceAllString(string(log), ""), "\n")
-	for i := len(lines) - 1; i >= 0; i-- {
-		if m := tokenLine.FindStringSubmatch(strings.TrimRight(lines[i], "\r")); m != nil {
-			return m[1], nil
+	var tokens []string
+	for i := len(lines) - 1; i >= 0 && len(tokens) < MaxCandidates; i-- {
+		if m := tokenLine.FindStringSubmatch(strings.TrimRight(lines[i], "\r")); m != nil && !slices.Contains(tokens, m[1]) {
+			tokens = append(tokens, m[1])
 		}
 	}
-	return "", ErrNoToken
+	if len(tokens) == 0 {
+		return nil, ErrNoToken
+	}
+	return tokens, nil
+}
+
+// TokenFromLog returns the newest token line's token.
+func TokenFromLog(log []byte) (string, error) {
+	tokens, err := TokensFromLog(log)
+	if err != nil {
+		return "", err
+	}
+	return tokens[0], nil
 }
 
 // Request describes one handshake: where DSH listens and what the browser's
@@ -99,8 +121,13 @@ func Exchange(ctx context.Context, client *http.Client, r Request) (string, erro
 	return "", &Error{Status: resp.StatusCode, Reason: fmt.Sprintf("DSH answered the handshake with %d but set no dsh-auth cookie", resp.StatusCode)}
 }
 
+// Timeout bounds one exchange: DSH answers a handshake at once, and a pod
+// that accepts the connection and stays silent must not hold a worker.
+const Timeout = 10 * time.Second
+
 // Client is an HTTP client suited to Exchange: it does not follow
-// redirects (the 303 is the answer) and keeps no cookie jar.
+// redirects (the 303 is the answer), keeps no cookie jar, and gives up
+// after Timeout.
 func Client() *http.Client {
-	return &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	return &http.Client{Timeout: Timeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +30,27 @@ func TestTokenFromLogTakesTheNewestLineThroughNoise(t *testing.T) {
 	got, err := handshake.TokenFromLog([]byte(log))
 	if err != nil || got != "NEW_new-NEW_new-NEW_new-1234" {
 		t.Fatalf("token = %q, %v", got, err)
+	}
+}
+
+// The tenant controls its log: fake token lines printed after the real one
+// come first, but are bounded, and repeats are tried once.
+func TestTokensFromLogAreNewestFirstAndBounded(t *testing.T) {
+	lines := []string{"dsh web: http://0.0.0.0:3080/?token=REALREALREALREALREALREAL"}
+	for i := 0; i < 20; i++ {
+		lines = append(lines, fmt.Sprintf("dsh web: http://0.0.0.0:3080/?token=FAKEFAKEFAKEFAKEFAKE%04d", i%10))
+	}
+	got, err := handshake.TokensFromLog([]byte(strings.Join(lines, "\n")))
+	var want []string
+	for i := 9; len(want) < handshake.MaxCandidates; i-- {
+		want = append(want, fmt.Sprintf("FAKEFAKEFAKEFAKEFAKE%04d", i))
+	}
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("tokens = %q, %v; want %q", got, err, want)
+	}
+	got, _ = handshake.TokensFromLog([]byte(strings.Join(lines[:2], "\n")))
+	if !slices.Equal(got, []string{"FAKEFAKEFAKEFAKEFAKE0000", "REALREALREALREALREALREAL"}) {
+		t.Fatalf("tokens = %q", got)
 	}
 }
 

@@ -287,13 +287,20 @@ func (w *Worker) handshake(ctx context.Context, c events.Command) (string, error
 			}
 			return "", err
 		}
-		if req.Token, err = handshake.TokenFromLog(log); err != nil {
+		tokens, err := handshake.TokensFromLog(log)
+		if err != nil {
 			return w.handshakeFailed(ctx, c, key, err)
 		}
-		cookie, err = handshake.Exchange(ctx, w.http, req)
+		// The tenant writes the log too: a line printed after the real one
+		// may only look like a token. Try them newest first.
 		var herr *handshake.Error
-		// A 401 right after reading the log means DSH rotated its token in
-		// between: read the log once more.
+		for _, req.Token = range tokens {
+			if cookie, err = handshake.Exchange(ctx, w.http, req); !errors.As(err, &herr) || herr.Status != 401 {
+				break
+			}
+		}
+		// Every candidate refused right after reading the log means DSH
+		// rotated its token in between: read the log once more.
 		if errors.As(err, &herr) && herr.Status == 401 && attempt == 0 {
 			continue
 		}

@@ -102,13 +102,25 @@ func (w *Worker) Ready() bool {
 // Handle is the events.Handler for the command stream.
 func (w *Worker) Handle(ctx context.Context, d events.Delivery) error {
 	c, err := events.Decode[events.Command](d.Data)
+	if errors.Is(err, events.ErrNewerSchema) {
+		// A newer replica of a rolling upgrade will understand it.
+		w.m.commands.WithLabelValues("", "newer").Observe(0)
+		return events.Later(err, newerSchemaDelay)
+	}
 	if err == nil {
 		err = c.Validate()
 	}
 	if err != nil {
 		return events.Permanent(fmt.Errorf("undecodable command on %s: %w", d.Subject, err))
 	}
-	unlock := w.locks.lock(c.User)
+	// One user's commands never hold more than one worker: while one runs
+	// (a recreate takes up to RECREATE_TIMEOUT), the next goes back to the
+	// queue instead of parking a worker every other user needs.
+	unlock, ok := w.locks.tryLock(c.User)
+	if !ok {
+		w.m.commands.WithLabelValues(string(c.Verb), "busy").Observe(0)
+		return events.Later(fmt.Errorf("another command of %s is running", c.User), busyDelay(d.Delivered))
+	}
 	defer unlock()
 	w.log.Debug("command received", "verb", c.Verb, "user", c.User, "delivered", d.Delivered)
 
@@ -191,37 +203,36 @@ func (w *Worker) kubeErr(op string, err error) error {
 	return err
 }
 
-// keyedMutex serialises work on one user inside this process, so a
-// command and the mirror never interleave their writes for the same user.
+// newerSchemaDelay is how long a command of a newer schema waits before
+// another delivery, likely to a newer replica.
+const newerSchemaDelay = 15 * time.Second
+
+// busyDelay is when a command for a user whose other command is running
+// comes back: soon, then less often.
+func busyDelay(delivered uint64) time.Duration {
+	return min(time.Duration(delivered)*time.Second, 10*time.Second)
+}
+
+// keyedMutex serialises commands for one user inside this process.
 type keyedMutex struct {
-	mu    sync.Mutex
-	locks map[string]*keyedLock
-}
-
-type keyedLock struct {
 	mu   sync.Mutex
-	refs int
+	busy map[string]bool
 }
 
-func (k *keyedMutex) lock(key string) func() {
+// tryLock marks key busy unless it already is.
+func (k *keyedMutex) tryLock(key string) (unlock func(), ok bool) {
 	k.mu.Lock()
-	if k.locks == nil {
-		k.locks = map[string]*keyedLock{}
+	defer k.mu.Unlock()
+	if k.busy[key] {
+		return nil, false
 	}
-	l := k.locks[key]
-	if l == nil {
-		l = &keyedLock{}
-		k.locks[key] = l
+	if k.busy == nil {
+		k.busy = map[string]bool{}
 	}
-	l.refs++
-	k.mu.Unlock()
-	l.mu.Lock()
+	k.busy[key] = true
 	return func() {
-		l.mu.Unlock()
 		k.mu.Lock()
-		if l.refs--; l.refs == 0 {
-			delete(k.locks, key)
-		}
+		delete(k.busy, key)
 		k.mu.Unlock()
-	}
+	}, true
 }

@@ -136,7 +136,7 @@ func (f *fixture) setRole(t *testing.T, role *rbacv1.Role, rule rbacv1.PolicyRul
 func (f *fixture) notReady(t *testing.T, verb string) {
 	p := pkg.Start(t, "lifecycle", map[string]string{
 		"NATS_URL": f.NATS.URL(), "KUBECONFIG": f.NS.Kubeconfig, "NAMESPACE": f.NS.Name,
-		"HANDSHAKE_KEY": f.Key, "INSTANCE_ID": "lc-probe",
+		"HANDSHAKE_KEYS": f.Key, "INSTANCE_ID": "lc-probe",
 	})
 	defer p.Stop()
 	for deadline := time.Now().Add(8 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {

@@ -115,9 +115,14 @@ func (p *Proxy) handshakeCookie(c *fiber.Ctx, user string, box kv.Sandbox, stale
 	e, ok := p.o.Handshakes.Get(key)
 	if ok && e.Revision > stale {
 		if e.Value.Error == "" {
-			return p.open(key, e)
-		}
-		if time.Since(e.Value.At) < freshFailure {
+			cookie, err := p.o.Sealer.Open(e.Value.Sealed, []byte(key))
+			if err == nil {
+				return string(cookie), e.Revision, nil
+			}
+			// Sealed with a key this edge no longer has (a rotation
+			// retired it): as good as no cookie. Ask for a fresh one.
+			stale = e.Revision
+		} else if time.Since(e.Value.At) < freshFailure {
 			return "", 0, handshakeFailed(e.Value.Error)
 		}
 	}
@@ -148,13 +153,9 @@ func (p *Proxy) handshakeCookie(c *fiber.Ctx, user string, box kv.Sandbox, stale
 	if e.Value.Error != "" {
 		return "", 0, handshakeFailed(e.Value.Error)
 	}
-	return p.open(key, e)
-}
-
-func (p *Proxy) open(key string, e kv.Entry[kv.Handshake]) (string, uint64, error) {
 	cookie, err := p.o.Sealer.Open(e.Value.Sealed, []byte(key))
 	if err != nil {
-		return "", 0, &waitError{fiber.StatusServiceUnavailable, "Sandbox unavailable", "The gateway cannot read its sandbox credentials (HANDSHAKE_KEY differs between edge and lifecycle)."}
+		return "", 0, &waitError{fiber.StatusServiceUnavailable, "Sandbox unavailable", "The gateway cannot read its sandbox credentials (lifecycle seals with a key missing from this edge's HANDSHAKE_KEYS)."}
 	}
 	return string(cookie), e.Revision, nil
 }

@@ -62,7 +62,15 @@ type Config struct {
 	// UseService addresses DSH by the sandbox's Service FQDN instead of
 	// the pod IP.
 	UseService bool
-	Log        *slog.Logger
+	// QPS and Burst rate-limit this client's API calls (a storm of
+	// handshakes reads as many pod logs); CallTimeout bounds each call, so
+	// a slow API server cannot park a worker.
+	QPS         float32
+	Burst       int
+	CallTimeout time.Duration
+	// LogLimitBytes caps a pod-log read: the tenant writes the log.
+	LogLimitBytes int64
+	Log           *slog.Logger
 }
 
 // Cluster is a namespace's claims, sandboxes and pods.
@@ -89,6 +97,8 @@ const deniedGrace = 30 * time.Second
 // New builds clients and informers; Start runs them.
 func New(rc *rest.Config, cfg Config) (*Cluster, error) {
 	c := &Cluster{cfg: cfg}
+	rc = rest.CopyConfig(rc)
+	rc.QPS, rc.Burst = cfg.QPS, cfg.Burst
 	var err error
 	if c.core, err = kubernetes.NewForConfig(rc); err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
@@ -319,6 +329,8 @@ func (c *Cluster) CreateClaim(ctx context.Context, user, tokenHash string) (*ext
 		},
 		Spec: extv1beta1.SandboxClaimSpec{WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: c.cfg.WarmPool}},
 	}
+	ctx, cancel := c.call(ctx)
+	defer cancel()
 	out, err := c.ext.ExtensionsV1beta1().SandboxClaims(c.cfg.Namespace).Create(ctx, claim, metav1.CreateOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("create claim %s: %w", claim.Name, err)
@@ -329,6 +341,8 @@ func (c *Cluster) CreateClaim(ctx context.Context, user, tokenHash string) (*ext
 // GetClaim reads dsh-<user> from the API server (not the cache): decisions
 // about ownership must not rest on a stale view.
 func (c *Cluster) GetClaim(ctx context.Context, user string) (*extv1beta1.SandboxClaim, error) {
+	ctx, cancel := c.call(ctx)
+	defer cancel()
 	claim, err := c.ext.ExtensionsV1beta1().SandboxClaims(c.cfg.Namespace).Get(ctx, ClaimName(user), metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("get claim %s: %w", ClaimName(user), err)
@@ -345,6 +359,8 @@ func (c *Cluster) DeleteClaim(ctx context.Context, user string, uid types.UID, f
 	if foreground {
 		policy = metav1.DeletePropagationForeground
 	}
+	ctx, cancel := c.call(ctx)
+	defer cancel()
 	err := c.ext.ExtensionsV1beta1().SandboxClaims(c.cfg.Namespace).Delete(ctx, ClaimName(user), metav1.DeleteOptions{
 		PropagationPolicy: &policy, Preconditions: &metav1.Preconditions{UID: &uid},
 	})
@@ -357,6 +373,8 @@ func (c *Cluster) DeleteClaim(ctx context.Context, user string, uid types.UID, f
 // SetMode switches a sandbox to Running or Suspended.
 func (c *Cluster) SetMode(ctx context.Context, sandbox string, mode sandboxv1beta1.SandboxOperatingMode) error {
 	patch := []byte(`{"spec":{"operatingMode":"` + string(mode) + `"}}`)
+	ctx, cancel := c.call(ctx)
+	defer cancel()
 	_, err := c.sandbox.AgentsV1beta1().Sandboxes(c.cfg.Namespace).Patch(ctx, sandbox, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
 		return fmt.Errorf("set sandbox %s %s: %w", sandbox, mode, err)
@@ -371,8 +389,10 @@ func (c *Cluster) LogTail(ctx context.Context, pod *corev1.Pod, lines int) ([]by
 	if container == "" && len(pod.Spec.Containers) > 0 {
 		container = pod.Spec.Containers[0].Name
 	}
-	n := int64(lines)
-	b, err := c.core.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: container, TailLines: &n}).DoRaw(ctx)
+	n, limit := int64(lines), c.cfg.LogLimitBytes
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	b, err := c.core.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: container, TailLines: &n, LimitBytes: &limit}).DoRaw(ctx)
 	if apierrors.IsForbidden(err) {
 		return nil, fmt.Errorf("read log of %s/%s: forbidden (the Role needs get on pods/log): %w", pod.Name, container, err)
 	}
@@ -394,4 +414,12 @@ func (c *Cluster) SandboxGone(name string) bool {
 	_, ok, _ := c.sandboxes.GetIndexer().GetByKey(c.cfg.Namespace + "/" + name)
 	pods, _ := c.pods.GetIndexer().ByIndex(bySandbox, name)
 	return !ok && len(pods) == 0
+}
+
+// call bounds one API call by CallTimeout.
+func (c *Cluster) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	if c.cfg.CallTimeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, c.cfg.CallTimeout)
 }

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -204,7 +206,10 @@ func (s *Service) deleteAccount(c *fiber.Ctx) error {
 	if c.Params("user") != id.User {
 		return s.fail(c, fiber.StatusForbidden, "you can only delete your own account")
 	}
-	res, err := s.command(c.Context(), events.NewDelete(id.User, newRequestID()))
+	res, ok, err := s.accountAction(c, id.User, events.VerbDelete)
+	if !ok {
+		return err
+	}
 	if err != nil {
 		return s.fail(c, fiber.StatusServiceUnavailable, err.Error())
 	}
@@ -223,7 +228,10 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 	if !ok {
 		return err
 	}
-	res, err := s.command(c.Context(), events.NewRecreate(id.User, newRequestID()))
+	res, ok, err := s.accountAction(c, id.User, events.VerbRecreate)
+	if !ok {
+		return err
+	}
 	if err != nil {
 		return s.fail(c, fiber.StatusServiceUnavailable, err.Error())
 	}
@@ -240,6 +248,58 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 		return c.Status(fiber.StatusAccepted).JSON(fiber.Map{"user": id.User, "state": string(s.state(id.User).Phase)})
 	}
 	return c.Redirect("/", fiber.StatusSeeOther)
+}
+
+// accountAction runs a recreate or deletion of user's account and
+// returns its answer. At most one runs per user: requests made while a
+// recreate is under way get 429, and requests made at the same moment are
+// the same command (its id and its answer's key derive from the account
+// record's revision), so they all wait for the one answer; on one edge
+// they also share one rate-limit entry and one publish. Actions are limited
+// per user (RECREATE_RATE_LIMIT in AUTH_RATE_WINDOW): each costs a pod and
+// a volume. ok=false means a refusal has been written; otherwise err is
+// the command's failure, if any.
+func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb) (kv.Result, bool, error) {
+	acct, found := s.o.Users.Get(user)
+	if !found {
+		return kv.Result{}, false, s.fail(c, fiber.StatusNotFound, "no such account")
+	}
+	if !acct.Value.RecreatingSince.IsZero() {
+		c.Set(fiber.HeaderRetryAfter, "10")
+		return kv.Result{}, false, s.fail(c, fiber.StatusTooManyRequests, "your sandbox is being recreated; try again when it is ready")
+	}
+	requestID := fmt.Sprintf("%s-%s-%d", verb, user, acct.Revision)
+	cmd := events.NewRecreate(user, requestID)
+	if verb == events.VerbDelete {
+		cmd = events.NewDelete(user, requestID)
+	}
+	type outcome struct {
+		res     kv.Result
+		limited bool
+		retry   time.Duration
+	}
+	// Detached from the first requester: the others wait for the same.
+	v, err, _ := s.actions.Do(requestID, func() (any, error) {
+		ctx := context.Background()
+		allowed, retry, err := s.o.Actions.Allow(ctx, "account:"+user)
+		if err != nil {
+			return nil, errUnavailable
+		}
+		if !allowed {
+			return outcome{limited: true, retry: retry}, nil
+		}
+		res, err := s.command(ctx, cmd)
+		return outcome{res: res}, err
+	})
+	o, _ := v.(outcome)
+	switch {
+	case v == nil:
+		return kv.Result{}, false, s.fail(c, fiber.StatusServiceUnavailable, errUnavailable.Error())
+	case o.limited:
+		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(int(o.retry.Seconds())+1))
+		return kv.Result{}, false, s.fail(c, fiber.StatusTooManyRequests, "too many recreates or deletions of this account; wait and try again")
+	}
+	return o.res, true, err
 }
 
 type statusBody struct {

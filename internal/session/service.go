@@ -16,6 +16,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/events"
@@ -29,8 +30,11 @@ const formLimit = 8 << 10
 
 // Options wires a Service.
 type Options struct {
-	Store     *Store
-	Limiter   *Limiter
+	Store   *Store
+	Limiter *Limiter
+	// Actions limits recreates and deletions per user (the same sliding
+	// log as Limiter, keyed by account).
+	Actions   *Limiter
 	Publisher *events.Publisher
 	Users     *kv.Cache[kv.User]
 	Sandboxes *kv.Cache[kv.Sandbox]
@@ -52,6 +56,9 @@ type Service struct {
 	o      Options
 	cookie string
 	auth   *prometheus.CounterVec
+	// actions joins this edge's identical account actions (same command)
+	// into one: one limiter entry, one publish, one wait.
+	actions singleflight.Group
 }
 
 // New returns a Service. The cookie is __Host-dsh_gw_session when secure

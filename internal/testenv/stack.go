@@ -28,7 +28,7 @@ type Stack struct {
 	IDs *natsauth.Identities
 	JS  jetstream.JetStream
 	NS  *Namespace
-	// Key is the HANDSHAKE_KEY every process shares.
+	// Key is the HANDSHAKE_KEYS every process shares.
 	Key string
 	// Env is added to every process started after it is set.
 	Env   map[string]string
@@ -73,7 +73,7 @@ func (s *Stack) Setup() {
 // env is the environment of a process of the stack: where NATS is, the
 // role's own identity, the stack's settings, and extra.
 func (s *Stack) env(name string, extra map[string]string) map[string]string {
-	full := map[string]string{"NATS_URL": s.NATS.URL(), "HANDSHAKE_KEY": s.Key, "NATS_NKEY": s.IDs.SeedFile(natsauth.Role(name))}
+	full := map[string]string{"NATS_URL": s.NATS.URL(), "HANDSHAKE_KEYS": s.Key, "NATS_NKEY": s.IDs.SeedFile(natsauth.Role(name))}
 	for k, v := range s.Env {
 		full[k] = v
 	}

@@ -280,7 +280,7 @@ func TestSecureCookieAndInsecureRefusal(t *testing.T) {
 	// COOKIE_SECURE=false without ALLOW_INSECURE_COOKIES=1: the edge
 	// refuses to start and names both variables.
 	p := pkg.Start(t, "edge", map[string]string{
-		"NATS_URL": w.NATS.URL(), "HANDSHAKE_KEY": w.Key, "COOKIE_SECURE": "false", "LISTEN_ADDR": testenv.FreeAddr(t),
+		"NATS_URL": w.NATS.URL(), "HANDSHAKE_KEYS": w.Key, "COOKIE_SECURE": "false", "LISTEN_ADDR": testenv.FreeAddr(t),
 	})
 	testutil.Eventually(t, 10*time.Second, func() error {
 		if !p.Exited() {

@@ -233,7 +233,7 @@ func TestExposureVariantsAreDistinct(t *testing.T) {
 
 func TestComposeFile(t *testing.T) {
 	dir := root(t)
-	t.Setenv("HANDSHAKE_KEY", testenv.HandshakeKey())
+	t.Setenv("HANDSHAKE_KEYS", testenv.HandshakeKey())
 	opts, err := cli.NewProjectOptions([]string{filepath.Join(dir, "compose.yaml")}, cli.WithWorkingDirectory(dir), cli.WithOsEnv)
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +263,7 @@ func TestComposeFile(t *testing.T) {
 		if len(s.Entrypoint) != 1 || s.Entrypoint[0] != "/usr/local/bin/"+bin {
 			t.Fatalf("%s runs %v", name, s.Entrypoint)
 		}
-		if *s.Environment["NATS_URL"] != "nats://nats:4222" || s.Environment["HANDSHAKE_KEY"] == nil {
+		if *s.Environment["NATS_URL"] != "nats://nats:4222" || s.Environment["HANDSHAKE_KEYS"] == nil {
 			t.Fatalf("%s environment %v", name, s.Environment)
 		}
 	}

@@ -150,7 +150,7 @@ func operatorInstall() ([]*unstructured.Unstructured, error) {
 		"kubectl apply --server-side -f https://github.com/kubernetes-sigs/agent-sandbox/releases/download/" + aaas.Version("AGENT_SANDBOX_VERSION") + "/sandbox-with-extensions.yaml",
 		"kubectl create namespace " + namespace,
 		"go run github.com/aaas-project/aaas/hack/natsauth@main -secret | kubectl apply -f -",
-		`kubectl -n dsh-demo create secret generic aaas-secrets --from-literal=handshake-key="$(openssl rand -base64 32)" --from-literal=invite-code="$(openssl rand -hex 8)"`,
+		`kubectl -n dsh-demo create secret generic aaas-secrets --from-literal=handshake-keys="$(openssl rand -base64 32)" --from-literal=invite-code="$(openssl rand -hex 8)"`,
 		"kubectl -n dsh-demo create configmap dsh-web --from-literal=trusted-hosts=" + domain,
 		"kubectl apply -k .",
 	}
@@ -233,7 +233,7 @@ func install(ctx context.Context, objs []*unstructured.Unstructured) error {
 	core := cluster.Client.CoreV1()
 	if _, err := core.Secrets(namespace).Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: "aaas-secrets"},
-		StringData: map[string]string{"handshake-key": base64.StdEncoding.EncodeToString(key), "invite-code": invite},
+		StringData: map[string]string{"handshake-keys": base64.StdEncoding.EncodeToString(key), "invite-code": invite},
 	}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
