@@ -3,8 +3,8 @@ package proxy_test
 import (
 	"context"
 	"io"
-	"strings"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -114,7 +114,6 @@ func (w *world) handshakes(t *testing.T) *kv.Bucket[kv.Handshake] {
 	}
 	return b
 }
-
 
 // drained reports whether a 503 is a draining edge's (and closes it).
 func drained(resp *http.Response) bool {
