@@ -3,10 +3,8 @@ package devstack
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"path/filepath"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -17,6 +15,7 @@ import (
 	"github.com/aaas-project/aaas/internal/image"
 	"github.com/aaas-project/aaas/internal/manifests"
 	"github.com/aaas-project/aaas/internal/natsauth"
+	"github.com/aaas-project/aaas/internal/tcplb"
 )
 
 // The images a real-node stack builds and runs.
@@ -129,19 +128,15 @@ func runReal(ctx context.Context, o Options, start time.Time) error {
 		return err
 	}
 	fmt.Fprintf(o.Out, "Kubernetes %s\n           kubectl --kubeconfig %s -n %s get sandboxes,pods\n", cluster.Config.Host, cluster.Kubeconfig, Namespace)
-	var fwd []*forwarder
-	defer func() {
-		for _, f := range fwd {
-			f.close()
-		}
-	}()
+	// Local ports forwarded to the edge Service, as a load balancer in
+	// front of the cluster would.
 	target := net.JoinHostPort(svc.Spec.ClusterIP, "8080")
 	for _, port := range o.EdgePorts {
-		f, err := forward(fmt.Sprintf("127.0.0.1:%d", port), target)
+		lb, err := tcplb.Listen(fmt.Sprintf("127.0.0.1:%d", port), target)
 		if err != nil {
 			return err
 		}
-		fwd = append(fwd, f)
+		defer lb.Close()
 	}
 	if err := waitPool(ctx, cluster); err != nil {
 		return err
@@ -162,44 +157,4 @@ func waitPool(ctx context.Context, c *devcluster.Cluster) error {
 		p, err := ext.ExtensionsV1beta1().SandboxWarmPools(Namespace).Get(ctx, "dsh-pool", metav1.GetOptions{})
 		return err == nil && p.Spec.Replicas != nil && p.Status.ReadyReplicas >= *p.Spec.Replicas, nil
 	})
-}
-
-// forwarder relays local TCP connections to the edge Service, as a load
-// balancer in front of the cluster would.
-type forwarder struct {
-	ln net.Listener
-	wg sync.WaitGroup
-}
-
-func forward(listen, target string) (*forwarder, error) {
-	ln, err := net.Listen("tcp", listen)
-	if err != nil {
-		return nil, err
-	}
-	f := &forwarder{ln: ln}
-	f.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go relay(c, target)
-		}
-	})
-	return f, nil
-}
-
-func (f *forwarder) close() { f.ln.Close(); f.wg.Wait() }
-
-func relay(c net.Conn, target string) {
-	defer c.Close()
-	up, err := net.DialTimeout("tcp", target, 5*time.Second)
-	if err != nil {
-		return
-	}
-	defer up.Close()
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
-	<-done
 }
