@@ -4,7 +4,8 @@
 #   debian: etcd-server (Debian's etcd 3.4 serves kube-apiserver fine),
 #           chromium for the browser tests, and the real node's runtime:
 #           containerd, runc, the CNI plugins, iptables, ipset, conntrack;
-#           via apt-get when missing;
+#           nginx (the pooling front of the proxy tests) and Node.js where
+#           the machine has none; via apt-get when missing;
 #   go:     kube-apiserver, kube-controller-manager, and the real node's
 #           kubelet, kube-proxy and kube-scheduler from k8s.io/kubernetes;
 #           agent-sandbox-controller, kube-router, CoreDNS (its plugins the
@@ -21,7 +22,11 @@ shift || true
 
 debian() {
   local missing=()
-  for p in etcd-server chromium containerd runc containernetworking-plugins iptables ipset conntrack "$@"; do
+  local want=(etcd-server chromium containerd runc containernetworking-plugins iptables ipset conntrack nginx-light "$@")
+  # The proxy tests' Node.js upstream: the machine's Node, else Debian's.
+  command -v node >/dev/null || want+=(nodejs)
+  command -v npm >/dev/null || want+=(npm)
+  for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0

@@ -12,10 +12,10 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
+	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/process"
@@ -110,6 +110,8 @@ func run(p *process.Process, cfg config.Edge) error {
 			return c.Status(fiber.StatusServiceUnavailable).SendString("not ready\n")
 		}
 	}
+	// One set of rules for every route, outermost first.
+	app.Use(httpguard.ConsumeBody, httpguard.Recover(p.Log), httpguard.Methods, httpguard.Pages)
 	app.Get("/healthz", health(func() bool { return true }))
 	app.Get("/readyz", health(ready))
 	accounts.Register(app)
@@ -160,7 +162,6 @@ func errorPage(c *fiber.Ctx, err error) error {
 	}
 	c.Status(code)
 	c.Set(fiber.HeaderCacheControl, "no-store")
-	clientinfo.DiscardBody(c)
 	if c.Accepts("text/html") == "text/html" {
 		c.Type("html")
 		return web.RenderProblem(c, web.Problem{Status: code, Title: "Not available", Detail: err.Error()})

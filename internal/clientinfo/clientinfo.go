@@ -5,9 +5,7 @@
 package clientinfo
 
 import (
-	"io"
 	"strings"
-	"time"
 
 	"github.com/gofiber/fiber/v2"
 )
@@ -44,28 +42,4 @@ func Host(c *fiber.Ctx) string { return string(c.Request().Host()) }
 func HasBody(c *fiber.Ctx) bool {
 	n := c.Request().Header.ContentLength()
 	return n > 0 || n == -1
-}
-
-// Bounds of DiscardBody.
-const (
-	discardMax  = 4 << 20
-	discardTime = 2 * time.Second
-)
-
-// DiscardBody reads and drops what is left of a request body the handler
-// will not use, before an error response. With streamed request bodies
-// fasthttp does not skip unread bytes, so the next request on the
-// connection would start in their middle; and closing a socket with
-// unread data makes the kernel reset it, which can destroy our response
-// before the client reads it. Up to 4 MiB within 2 s is drained (the
-// connection stays usable); beyond that the connection is closed.
-func DiscardBody(c *fiber.Ctx) {
-	if !HasBody(c) {
-		return
-	}
-	_ = c.Context().Conn().SetReadDeadline(time.Now().Add(discardTime))
-	n, err := io.Copy(io.Discard, io.LimitReader(c.Context().RequestBodyStream(), discardMax+1))
-	if err != nil || n > discardMax {
-		c.Context().SetConnectionClose()
-	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -218,7 +219,7 @@ func handleOne(ctx context.Context, c ConsumerConfig, msg jetstream.Msg, handler
 			}
 		}
 	}()
-	err = handler(hctx, d)
+	err = safely(hctx, handler, d, log)
 	close(done)
 	cancel()
 
@@ -248,6 +249,18 @@ func handleOne(ctx context.Context, c ConsumerConfig, msg jetstream.Msg, handler
 		log.Info("command will be retried", "subject", d.Subject, "delivered", d.Delivered, "retry_in", delay, "err", err)
 		_ = msg.NakWithDelay(delay)
 	}
+}
+
+// safely runs handler, turning a panic into an error: the delivery is
+// retried like any failure, and the worker, and the process, carry on.
+func safely(ctx context.Context, handler Handler, d Delivery, log *slog.Logger) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			log.Error("handler panic", "subject", d.Subject, "seq", d.StreamSeq, "delivered", d.Delivered, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			err = fmt.Errorf("handler panic: %v", r)
+		}
+	}()
+	return handler(ctx, d)
 }
 
 func truncate(s string, n int) string {

@@ -440,3 +440,44 @@ func consume(ctx context.Context, js jetstream.JetStream, c events.ConsumerConfi
 	}
 	return events.Consume(ctx, js, c, h, ex, log)
 }
+
+// A handler that panics costs that delivery only: the command comes back
+// (its delivery count proves it), and the consumer, and the process, carry
+// on with the next.
+func TestHandlerPanicIsRetriedAndTheConsumerCarriesOn(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 30*time.Second)
+	pub := events.NewPublisher(js, "edge", quiet)
+	for _, user := range []string{"pam", "quin"} {
+		if _, err := pub.Command(ctx, events.NewDelete(user, "req-"+user)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	done := map[string]uint64{}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		_ = consume(cctx, js, events.ConsumerConfig{Stream: events.StreamCommands, Durable: "w", MaxDeliver: 5, Backoff: []time.Duration{50 * time.Millisecond}}, func(_ context.Context, d events.Delivery) error {
+			c, _ := events.Decode[events.Command](d.Data)
+			if c.User == "pam" && d.Delivered == 1 {
+				panic("injected: a bug in a handler")
+			}
+			mu.Lock()
+			done[c.User] = d.Delivered
+			mu.Unlock()
+			return nil
+		}, func(events.Delivery, error) {}, quiet)
+	}()
+	testutil.Eventually(t, 20*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(done) != 2 {
+			return fmt.Errorf("done %v", done)
+		}
+		return nil
+	})
+	if done["pam"] != 2 || done["quin"] != 1 {
+		t.Fatalf("deliveries %v: want pam redelivered once after the panic, quin once", done)
+	}
+}

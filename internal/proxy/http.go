@@ -15,6 +15,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/aaas-project/aaas/internal/clientinfo"
+	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/web"
 )
@@ -100,6 +101,10 @@ func (p *Proxy) forward(c *fiber.Ctx, user, rest string, finish func(int)) (int,
 	}
 
 	body := p.requestBody(c)
+	// The upstream transport may still be reading the body when DSH has
+	// answered early; fasthttp recycles the body stream once the handler
+	// returns, so the transport must be cut off from it first.
+	defer body.detach()
 	resp, err := p.roundTrip(c, user, rest, box, cookie, body)
 	if err == nil && resp.StatusCode == http.StatusUnauthorized && body.untouched() {
 		// DSH's cookie expired or its token rotated: one fresh handshake,
@@ -125,11 +130,8 @@ func (p *Proxy) forward(c *fiber.Ctx, user, rest string, finish func(int)) (int,
 		return fiber.StatusServiceUnavailable, handshakeFailed("DSH kept refusing its auth cookie")
 	}
 	p.m.bytesUp.Add(float64(body.n))
-	if clientinfo.HasBody(c) && !body.eof {
-		// DSH answered without reading all of it, and the transport may
-		// still be sending the rest: the connection cannot be reused.
-		c.Context().SetConnectionClose()
-	}
+	// What DSH left unread of the body, httpguard.ConsumeBody drains or
+	// the connection closes.
 	p.respond(c, user, box, resp, finish)
 	return resp.StatusCode, nil
 }
@@ -230,6 +232,10 @@ func (p *Proxy) respond(c *fiber.Ctx, user string, box kv.Sandbox, resp *http.Re
 	out := &c.Response().Header
 	extra := connectionTokens(resp.Header.Values("Connection"))
 	prefix := "/u/" + user
+	// The edge's own page headers are not DSH's.
+	for name := range httpguard.PageHeaders {
+		out.Del(name)
+	}
 	for name, values := range resp.Header {
 		if isHopByHop(name, extra) || name == "Set-Cookie" || name == "Content-Length" {
 			continue
@@ -265,12 +271,13 @@ var errBodyTooLarge = errors.New("request body exceeds MAX_BODY_MB")
 // remembers whether anything was read (a refused request can be retried
 // only then) and whether the browser failed mid-body.
 type bodyReader struct {
+	mu       sync.Mutex // serialises reads with detach
+	detached bool
 	r        io.Reader
 	conn     net.Conn
 	idle     time.Duration
 	max      int64
 	n        int64
-	eof      bool
 	tooLarge bool
 	failure  error
 }
@@ -280,6 +287,11 @@ func (p *Proxy) requestBody(c *fiber.Ctx) *bodyReader {
 }
 
 func (b *bodyReader) Read(buf []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.detached {
+		return 0, errDetached
+	}
 	_ = b.conn.SetReadDeadline(time.Now().Add(b.idle))
 	n, err := b.r.Read(buf)
 	b.n += int64(n)
@@ -287,16 +299,25 @@ func (b *bodyReader) Read(buf []byte) (int, error) {
 		b.tooLarge = true
 		return n, errBodyTooLarge
 	}
-	switch {
-	case errors.Is(err, io.EOF):
-		b.eof = true
-	case err != nil:
+	if err != nil && !errors.Is(err, io.EOF) {
 		b.failure = err
 	}
 	return n, err
 }
 
 func (b *bodyReader) Close() error { return nil }
+
+var errDetached = errors.New("request finished: its body can no longer be read")
+
+// detach ends reading: a read blocked on the browser is released (its
+// deadline moved to now), and every later read fails. After it, nothing
+// but the edge's own drain touches the body stream.
+func (b *bodyReader) detach() {
+	_ = b.conn.SetReadDeadline(time.Now())
+	b.mu.Lock()
+	b.detached = true
+	b.mu.Unlock()
+}
 
 func (b *bodyReader) untouched() bool { return b.n == 0 && b.failure == nil }
 

@@ -23,7 +23,6 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
@@ -193,7 +192,6 @@ func (p *Proxy) reject(c *fiber.Ctx, status int, title, detail string) error {
 func (p *Proxy) problem(c *fiber.Ctx, status int, title, detail string) error {
 	c.Status(status)
 	c.Set(fiber.HeaderCacheControl, "no-store")
-	clientinfo.DiscardBody(c)
 	if !strings.Contains(c.Get(fiber.HeaderAccept), "text/html") {
 		return c.JSON(fiber.Map{"error": detail})
 	}

@@ -225,7 +225,6 @@ func wantsJSON(c *fiber.Ctx) bool {
 func (s *Service) fail(c *fiber.Ctx, status int, msg string) error {
 	c.Status(status)
 	c.Set(fiber.HeaderCacheControl, "no-store")
-	clientinfo.DiscardBody(c)
 	if wantsJSON(c) {
 		return c.JSON(fiber.Map{"error": msg})
 	}

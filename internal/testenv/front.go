@@ -1,0 +1,176 @@
+package testenv
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Front is nginx in front of edge replicas, configured as an ingress is:
+// an upstream pool with keep-alive connections shared by every client,
+// HTTP/1.1 upstream, request bodies streamed unbuffered, WebSockets
+// upgraded. Request smuggling and connection reuse only show up behind it.
+type Front struct {
+	Addr string
+	cmd  *exec.Cmd
+}
+
+const frontConf = `worker_processes 1;
+daemon off;
+master_process off;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s/body;
+  proxy_temp_path %[1]s/proxy;
+  fastcgi_temp_path %[1]s/fastcgi;
+  uwsgi_temp_path %[1]s/uwsgi;
+  scgi_temp_path %[1]s/scgi;
+  upstream edges {
+%[2]s    keepalive 16;
+  }
+  map $http_upgrade $connection_upgrade {
+    default upgrade;
+    ''      '';
+  }
+  server {
+    listen %[3]s;
+    client_max_body_size 0;
+    location / {
+      proxy_pass http://edges;
+      proxy_http_version 1.1;
+      proxy_set_header Host $http_host;
+      proxy_set_header Upgrade $http_upgrade;
+      proxy_set_header Connection $connection_upgrade;
+      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Proto $scheme;
+      proxy_request_buffering off;
+      proxy_buffering off;
+      proxy_read_timeout 1h;
+      proxy_send_timeout 1h;
+    }
+  }
+}
+`
+
+// NewFront starts nginx on a free port in front of backends (host:port)
+// and stops it when the test ends.
+func NewFront(t testing.TB, backends ...string) *Front {
+	t.Helper()
+	bin, err := exec.LookPath("nginx")
+	if err != nil {
+		bin = "/usr/sbin/nginx"
+		if _, err := os.Stat(bin); err != nil {
+			t.Fatal("nginx not found: run `make tools` (installs Debian's nginx-light)")
+		}
+	}
+	dir := t.TempDir()
+	var servers strings.Builder
+	for _, b := range backends {
+		fmt.Fprintf(&servers, "    server %s max_fails=0;\n", b)
+	}
+	addr := FreeAddr(t)
+	conf := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(frontConf, dir, servers.String(), addr)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f := &Front{Addr: addr, cmd: exec.Command(bin, "-c", conf, "-p", dir, "-e", filepath.Join(dir, "error.log"))}
+	f.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out := &syncBuffer{}
+	f.cmd.Stdout, f.cmd.Stderr = out, out
+	if err := f.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = f.cmd.Process.Signal(syscall.SIGQUIT)
+		done := make(chan struct{})
+		go func() { _ = f.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = f.cmd.Process.Kill()
+		}
+	})
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return f
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+			t.Fatalf("nginx did not start: %s\n%s", out.String(), b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// URL is http://host:port of the front.
+func (f *Front) URL() string { return "http://" + f.Addr }
+
+var npmOnce sync.Once
+
+// NodeUpstream starts test/nodeupstream (a Node.js HTTP and WebSocket
+// server; README there) and returns its host:port. Its one dependency (ws)
+// is installed from the lockfile the first time.
+func NodeUpstream(t testing.TB) string {
+	t.Helper()
+	dir := filepath.Join(Root(), "test", "nodeupstream")
+	var npmErr error
+	npmOnce.Do(func() {
+		if _, err := os.Stat(filepath.Join(dir, "node_modules", "ws")); err == nil {
+			return
+		}
+		cmd := exec.Command("npm", "ci", "--no-audit", "--no-fund")
+		cmd.Dir = dir
+		if b, err := cmd.CombinedOutput(); err != nil {
+			npmErr = fmt.Errorf("npm ci in %s: %v\n%s", dir, err, b)
+		}
+	})
+	if npmErr != nil {
+		t.Fatal(npmErr)
+	}
+	cmd := exec.Command("node", "server.js")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "PORT=0")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start node (Debian's nodejs; make tools installs it): %v", err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line := make(chan string, 1)
+	go func() {
+		s := bufio.NewScanner(stdout)
+		for s.Scan() {
+			select {
+			case line <- s.Text():
+			default:
+			}
+		}
+	}()
+	select {
+	case l := <-line:
+		port, ok := strings.CutPrefix(l, "listening ")
+		if !ok {
+			t.Fatalf("node upstream said %q", l)
+		}
+		return "127.0.0.1:" + port
+	case <-time.After(30 * time.Second):
+		t.Fatal("node upstream did not start")
+	}
+	return ""
+}
