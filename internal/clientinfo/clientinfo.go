@@ -5,6 +5,7 @@
 package clientinfo
 
 import (
+	"net/url"
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
@@ -42,4 +43,35 @@ func Host(c *fiber.Ctx) string { return string(c.Request().Host()) }
 func HasBody(c *fiber.Ctx) bool {
 	n := c.Request().Header.ContentLength()
 	return n > 0 || n == -1
+}
+
+// SameOrigin reports whether a request comes from this gateway's own
+// pages: its Origin (or, without one, its Referer) has the request's scheme
+// and host, or, naming neither, the browser says Sec-Fetch-Site:
+// same-origin. A request with none of them is not same-origin.
+func SameOrigin(c *fiber.Ctx) bool {
+	origin := c.Get(fiber.HeaderOrigin)
+	if origin == "" || origin == "null" {
+		if c.Get("Sec-Fetch-Site") == "same-origin" {
+			return true
+		}
+		origin = c.Get(fiber.HeaderReferer)
+	}
+	if origin == "" {
+		return false
+	}
+	u, err := url.Parse(origin)
+	if err != nil || u.Host == "" {
+		return false
+	}
+	return strings.EqualFold(u.Scheme, Scheme(c)) && strings.EqualFold(u.Host, Host(c))
+}
+
+// ForeignOrigin reports a request that names an origin other than ours;
+// one that names none is not foreign (API clients send neither).
+func ForeignOrigin(c *fiber.Ctx) bool {
+	if c.Get(fiber.HeaderOrigin) == "" && c.Get(fiber.HeaderReferer) == "" && c.Get("Sec-Fetch-Site") == "" {
+		return false
+	}
+	return !SameOrigin(c)
 }

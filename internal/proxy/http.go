@@ -35,6 +35,13 @@ func (p *Proxy) serveHTTP(c *fiber.Ctx, user, rest string) error {
 	if id.User != user {
 		return p.reject(c, fiber.StatusForbidden, "Not your sandbox", "This sandbox belongs to another user.")
 	}
+	// Credentials the browser attaches by itself (the session cookie, the
+	// SSO proxy's header) must not let another site drive the agent: a
+	// state-changing request needs our own origin. Bearer tokens are sent
+	// on purpose and need none.
+	if id.Ambient && !safeMethod(c.Method()) && !clientinfo.SameOrigin(c) {
+		return p.reject(c, fiber.StatusForbidden, "Cross-site request refused", "Requests that change something must come from this gateway's own pages.")
+	}
 	if !p.slots.acquire(user) {
 		c.Set(fiber.HeaderRetryAfter, "1")
 		return p.reject(c, fiber.StatusServiceUnavailable, "Too many requests", "Too many requests to your sandbox are in flight; retry shortly.")
@@ -134,6 +141,11 @@ func (p *Proxy) forward(c *fiber.Ctx, user, rest string, finish func(int)) (int,
 	// the connection closes.
 	p.respond(c, user, box, resp, finish)
 	return resp.StatusCode, nil
+}
+
+// safeMethod: methods that change nothing, by HTTP's rules.
+func safeMethod(m string) bool {
+	return m == fiber.MethodGet || m == fiber.MethodHead || m == fiber.MethodOptions
 }
 
 // refused is the answer to a failure before DSH was asked: 499 for a

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/url"
-	"strings"
 	"time"
 
 	"github.com/fasthttp/websocket"
@@ -35,7 +33,7 @@ func (p *Proxy) serveWebSocket(c *fiber.Ctx, user, rest string) error {
 		return p.refuse(c, closeUnauthorized, "sign in again")
 	case id.User != user:
 		return p.refuse(c, closeUnauthorized, "this sandbox belongs to another user")
-	case id.Ambient && !sameOriginWS(c):
+	case id.Ambient && c.Get(fiber.HeaderOrigin) != "" && !clientinfo.SameOrigin(c):
 		return p.refuse(c, closeForbidden, "cross-site WebSocket refused")
 	}
 	if !p.slots.acquire(user) {
@@ -97,17 +95,6 @@ func reason(err error) string {
 		return we.detail
 	}
 	return err.Error()
-}
-
-// sameOriginWS checks a browser's Origin on a socket opened with ambient
-// credentials; clients without an Origin are not browsers.
-func sameOriginWS(c *fiber.Ctx) bool {
-	o := c.Get(fiber.HeaderOrigin)
-	if o == "" {
-		return true
-	}
-	u, err := url.Parse(o)
-	return err == nil && strings.EqualFold(u.Host, clientinfo.Host(c))
 }
 
 // refuse completes the upgrade and closes at once with code, because a

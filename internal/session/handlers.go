@@ -64,7 +64,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 			return s.fail(c, fiber.StatusForbidden, "a valid invite code is required to sign up")
 		}
 	}
-	if foreignOrigin(c) {
+	if clientinfo.ForeignOrigin(c) {
 		return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 	}
 	user := f["user"]
@@ -126,7 +126,7 @@ func (s *Service) login(c *fiber.Ctx) error {
 	if ok, err := s.limit(c, "login"); !ok {
 		return err
 	}
-	if foreignOrigin(c) {
+	if clientinfo.ForeignOrigin(c) {
 		return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 	}
 	var token string
@@ -174,7 +174,7 @@ func (s *Service) mutation(c *fiber.Ctx) (id Identity, ok bool, err error) {
 	if aerr != nil {
 		return id, false, s.fail(c, fiber.StatusUnauthorized, aerr.Error())
 	}
-	if id.Method != "bearer" && !sameOrigin(c) {
+	if id.Method != "bearer" && !clientinfo.SameOrigin(c) {
 		return id, false, s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 	}
 	return id, true, nil
@@ -183,7 +183,7 @@ func (s *Service) mutation(c *fiber.Ctx) (id Identity, ok bool, err error) {
 func (s *Service) logout(c *fiber.Ctx) error {
 	id, err := s.Authenticate(c)
 	if err == nil && id.Method == "cookie" {
-		if !sameOrigin(c) {
+		if !clientinfo.SameOrigin(c) {
 			return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 		}
 		if err := s.o.Store.Revoke(c.Context(), id.User, id.sid); err != nil {

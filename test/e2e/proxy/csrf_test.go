@@ -1,0 +1,114 @@
+package proxy_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/aaas-project/aaas/internal/testenv"
+	"github.com/aaas-project/aaas/internal/testutil"
+)
+
+// A state-changing request that carries the session cookie must come from
+// the gateway's own pages: another site (or no stated origin at all) is
+// refused before anything reaches DSH. Bearer tokens need no origin.
+func TestCrossSiteMutationsNeverReachTheSandbox(t *testing.T) {
+	w := newWorld(t, nil)
+	edge := w.Edge("edge-a", nil)
+	c := testenv.NewClient(t, edge.URL)
+	token := c.Signup("bob", "")
+	sid := "dsh_gw_session=" + c.Cookie("dsh_gw_session").Value
+	expect(t, c.Do("GET", "/u/bob/api/files", nil), http.StatusOK, "warm-up (handshake)")
+
+	cases := []struct {
+		name    string
+		headers []string
+		want    int
+	}{
+		{"cookie, foreign Origin", []string{"Cookie", sid, "Origin", "https://evil.example"}, http.StatusForbidden},
+		{"cookie, same host but http on https", []string{"Cookie", sid, "Origin", edge.URL, "X-Forwarded-Proto", "https"}, http.StatusForbidden},
+		{"cookie, no Origin or Referer", []string{"Cookie", sid, "Origin", ""}, http.StatusForbidden},
+		{"cookie, foreign Referer", []string{"Cookie", sid, "Origin", "", "Referer", "https://evil.example/page"}, http.StatusForbidden},
+		{"cookie, cross-site fetch metadata", []string{"Cookie", sid, "Origin", "", "Sec-Fetch-Site", "cross-site"}, http.StatusForbidden},
+		{"cookie, same Origin", []string{"Cookie", sid, "Origin", edge.URL}, http.StatusOK},
+		{"cookie, same-origin fetch metadata", []string{"Cookie", sid, "Origin", "", "Sec-Fetch-Site", "same-origin"}, http.StatusOK},
+		{"bearer, foreign Origin", []string{"Authorization", "Bearer " + token, "Origin", "https://evil.example"}, http.StatusOK},
+	}
+	for i, tc := range cases {
+		anon := testenv.NewClient(t, edge.URL)
+		path := fmt.Sprintf("/u/bob/api/echo?case=%d", i)
+		r := anon.Do("POST", path, strings.NewReader("do-something"), tc.headers...)
+		if r.StatusCode != tc.want {
+			t.Errorf("%s: %d, want %d (%s)", tc.name, r.StatusCode, tc.want, r.Body)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	log := w.podLog("bob")
+	// dshsim logs the method and path of every request it serves.
+	if got := strings.Count(log, "POST /api/echo"); got != countAllowed(cases) {
+		t.Errorf("DSH saw %d POSTs, want only the %d allowed ones", got, countAllowed(cases))
+	}
+
+	// POST /logout from another site does not sign anyone out.
+	r := c.Do("POST", "/logout", nil, "Origin", "https://evil.example")
+	expect(t, r, http.StatusForbidden, "cross-site logout")
+	expect(t, c.Do("GET", "/u/bob/api/files", nil), http.StatusOK, "still signed in")
+}
+
+func countAllowed(cases []struct {
+	name    string
+	headers []string
+	want    int
+}) int {
+	n := 0
+	for _, c := range cases {
+		if c.want == http.StatusOK {
+			n++
+		}
+	}
+	return n
+}
+
+// A real browser on another origin submits a text/plain form (a "simple"
+// request, no preflight) at the user's agent with the user's cookie: the
+// edge refuses it and DSH never sees it.
+func TestBrowserCrossSiteFormIsRefused(t *testing.T) {
+	w := newWorld(t, nil)
+	edge := w.Edge("edge-a", nil)
+	ctx := testenv.Browser(t)
+	signIn(t, ctx, edge.URL, "eve")
+	testenv.Do(t, ctx, "open the sandbox", chromedp.Navigate(edge.URL+"/u/eve/api/files"))
+
+	evil := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "text/html")
+		fmt.Fprintf(rw, `<form id="f" method="POST" enctype="text/plain" action="%s/u/eve/api/chat"><input name='{"message":"rm -rf","x":"' value='"}'></form><script>document.getElementById("f").submit()</script>`, edge.URL)
+	}))
+	defer evil.Close()
+	testenv.Do(t, ctx, "the other site's form", chromedp.Navigate(evil.URL))
+	// The form navigates the page away: poll until the answer is shown.
+	var body string
+	testutil.Eventually(t, 15*time.Second, func() error {
+		href, err := chromedp.Run(ctx, chromedp.Evaluate[string](`location.href`))
+		if err != nil {
+			return err
+		}
+		if body, err = chromedp.Run(ctx, chromedp.Evaluate[string](`document.body ? document.body.innerText : ""`)); err != nil {
+			return err
+		}
+		if !strings.Contains(href, "/u/eve/api/chat") || body == "" {
+			return fmt.Errorf("at %s", href)
+		}
+		return nil
+	})
+	if !strings.Contains(body, "Cross-site request refused") && !strings.Contains(body, "must come from") {
+		t.Fatalf("the form post was answered with %q", body)
+	}
+	if strings.Contains(w.podLog("eve"), "POST /api/chat") {
+		t.Fatal("the cross-site form reached DSH")
+	}
+}
