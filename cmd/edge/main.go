@@ -8,10 +8,10 @@ import (
 	"errors"
 	"net"
 	"sync/atomic"
-	"time"
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
@@ -36,7 +36,18 @@ func run(p *process.Process, cfg config.Edge) error {
 		return err
 	}
 	pub := events.NewPublisher(p.JS, cfg.InstanceID, p.Log)
-	store, err := session.NewStore(ctx, p.JS, cfg.Buckets.SessionTTL, p.Log)
+	// Every session ended and every account changed, here or on another
+	// edge, is a moment for the proxy to re-check its open streams.
+	changes := make(chan struct{}, 1)
+	changed := func() {
+		select {
+		case changes <- struct{}{}:
+		default:
+		}
+	}
+	store, err := session.NewStore(ctx, p.JS, session.StoreOptions{
+		TTL: cfg.Buckets.SessionTTL, MaxPerUser: cfg.MaxSessionsPerUser, OnRevoke: changed, Log: p.Log,
+	})
 	if err != nil {
 		return err
 	}
@@ -48,7 +59,7 @@ func run(p *process.Process, cfg config.Edge) error {
 	if err != nil {
 		return err
 	}
-	users, err := cache[kv.User](ctx, p, kv.BucketUsers)
+	users, err := cache(ctx, p, kv.BucketUsers, kv.OnChange(func(string, kv.Entry[kv.User], bool) { changed() }))
 	if err != nil {
 		return err
 	}
@@ -65,22 +76,34 @@ func run(p *process.Process, cfg config.Edge) error {
 		return err
 	}
 
+	clients, err := clientinfo.New(clientinfo.Options{
+		TrustedProxies: cfg.TrustedProxies, PublicHosts: cfg.PublicHosts, Unchecked: []string{"/healthz", "/readyz"},
+	})
+	if err != nil {
+		return err
+	}
+	slots := proxy.NewSlots(cfg.MaxInFlightPerUser)
+	sso := session.SSO{}
+	if cfg.AuthProxyHeader != "" {
+		sso = session.SSO{NameHeader: cfg.AuthProxyHeader, IDHeader: cfg.AuthProxyIDHeader, GroupsHeader: cfg.AuthProxyGroupsHeader, Allow: cfg.AuthProxyAllow}
+	}
 	accounts := session.New(session.Options{
 		Store: store, Limiter: limiter, Actions: actions, Publisher: pub, Users: users, Sandboxes: boxes, Requests: requests,
-		CookieName: cfg.CookieName, CookieSecure: cfg.CookieSecure, CookieMaxAge: cfg.Buckets.SessionTTL,
-		InviteCode: cfg.InviteCode, ProxyHeader: cfg.AuthProxyHeader, WakeTimeout: cfg.WakeTimeout,
-		Log: p.Log, Metrics: p.Metrics,
+		InFlight: slots, CookieName: cfg.CookieName, CookieSecure: cfg.CookieSecure, CookieMaxAge: cfg.Buckets.SessionTTL,
+		InviteCode: cfg.InviteCode, SSO: sso, WakeTimeout: cfg.WakeTimeout,
+		WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Log: p.Log, Metrics: p.Metrics,
 	})
 	prx := proxy.New(proxy.Options{
 		Authenticate: func(c *fiber.Ctx) (proxy.Identity, error) {
 			id, err := accounts.Authenticate(c)
-			return proxy.Identity{User: id.User, Ambient: id.Method != "bearer"}, err
+			return proxy.Identity{User: id.User, Ambient: id.Method != session.MethodBearer, Valid: func() bool { return accounts.Valid(id) }}, err
 		},
 		ValidUser: func(u string) bool { return session.ValidateUser(u) == nil },
-		Sandboxes: boxes, Handshakes: handshakes, Publisher: pub, Sealer: sealer, Edge: cfg.InstanceID,
-		WakeTimeout: cfg.WakeTimeout, HandshakeTimeout: cfg.HandshakeTimeout, MaxInFlight: cfg.MaxInFlightPerUser,
+		Sandboxes: boxes, Handshakes: handshakes, Publisher: pub, Sealer: sealer, Edge: cfg.InstanceID, Slots: slots,
+		WakeTimeout: cfg.WakeTimeout, HandshakeTimeout: cfg.HandshakeTimeout,
 		MaxBody: cfg.MaxBodyBytes, WSMaxMessage: cfg.WSMaxMessageBytes, HeaderAllowlist: cfg.HeaderAllowlist,
-		IdentityHeader: cfg.AuthProxyHeader, BeaconInterval: cfg.BeaconInterval,
+		IdentityHeaders: []string{sso.NameHeader, sso.IDHeader, sso.GroupsHeader}, BeaconInterval: cfg.BeaconInterval,
+		ReadTimeout: cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Changes: changes,
 		Log: p.Log, Metrics: p.Metrics,
 	})
 
@@ -93,10 +116,13 @@ func run(p *process.Process, cfg config.Edge) error {
 		StreamRequestBody:            true,
 		DisablePreParseMultipartForm: true,
 		BodyLimit:                    int(cfg.MaxBodyBytes),
-		// Headers must arrive within ReadTimeout; body reads get their own
-		// idle deadline in the proxy, so long uploads are not cut off.
-		ReadTimeout:    time.Minute,
-		IdleTimeout:    90 * time.Second,
+		// Headers must arrive within ReadTimeout and each response write
+		// finish within WriteTimeout; bodies and streams renew those
+		// deadlines per chunk (proxy, status streams), and WebSockets are
+		// free of them once upgraded, so long transfers are not cut off.
+		ReadTimeout:    cfg.ReadTimeout,
+		WriteTimeout:   cfg.WriteTimeout,
+		IdleTimeout:    cfg.IdleTimeout,
 		ReadBufferSize: 16 << 10,
 		CaseSensitive:  true,
 		StrictRouting:  true,
@@ -111,7 +137,7 @@ func run(p *process.Process, cfg config.Edge) error {
 		}
 	}
 	// One set of rules for every route, outermost first.
-	app.Use(httpguard.ConsumeBody, httpguard.Recover(p.Log), httpguard.Methods, httpguard.Pages)
+	app.Use(httpguard.ConsumeBody, httpguard.Recover(p.Log), httpguard.Methods, httpguard.Pages, clients.Middleware)
 	app.Get("/healthz", health(func() bool { return true }))
 	app.Get("/readyz", health(ready))
 	accounts.Register(app)
@@ -144,12 +170,12 @@ func run(p *process.Process, cfg config.Edge) error {
 	return nil
 }
 
-func cache[T any](ctx context.Context, p *process.Process, bucket string) (*kv.Cache[T], error) {
+func cache[T any](ctx context.Context, p *process.Process, bucket string, opts ...kv.CacheOption[T]) (*kv.Cache[T], error) {
 	b, err := kv.Open[T](ctx, p.JS, bucket)
 	if err != nil {
 		return nil, err
 	}
-	return kv.NewCache(ctx, b, ">", p.Log)
+	return kv.NewCache(ctx, b, ">", p.Log, opts...)
 }
 
 // errorPage renders Fiber's own errors (unknown routes, bad requests) the

@@ -1,43 +1,314 @@
 // Package clientinfo says who is on the other end of an edge request, by
-// the rules the deployment's trust boundary sets: the ingress in front of
-// the edge appends the client address to X-Forwarded-For and states the
-// scheme in X-Forwarded-Proto.
+// the rules of the deployment's trust boundary: which peers are our own
+// proxies (TRUSTED_PROXIES, whose X-Forwarded-For and X-Forwarded-Proto are
+// believed) and which host names browsers use to reach us (PUBLIC_HOSTS;
+// any other Host is refused with 421). The Policy middleware resolves this
+// once per request; the functions read the result.
 package clientinfo
 
 import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
 )
 
-// IP is the rightmost X-Forwarded-For entry (the one our own ingress
-// appended, which a client cannot forge) when present, else the peer
-// address.
-func IP(c *fiber.Ctx) string {
-	if xff := c.Get(fiber.HeaderXForwardedFor); xff != "" {
-		parts := strings.Split(xff, ",")
-		for i := len(parts) - 1; i >= 0; i-- {
-			if p := strings.TrimSpace(parts[i]); p != "" {
-				return p
+// Info is what the edge knows about a request's client.
+type Info struct {
+	// IP is the client's address: the peer, or the first address left of
+	// our trusted proxies in X-Forwarded-For.
+	IP netip.Addr
+	// Key names the client for rate limits: the IPv4 address, or the
+	// IPv6 /64 (one subscriber's whole prefix).
+	Key string
+	// Scheme is http or https, as the browser used it.
+	Scheme string
+	// Host is the canonical public host (lowercase, no default port).
+	Host string
+}
+
+// Options is the trust boundary.
+type Options struct {
+	// TrustedProxies are the peers whose forwarding headers are believed.
+	TrustedProxies []netip.Prefix
+	// PublicHosts are the canonical hosts (see CanonicalHost) browsers
+	// reach the gateway by; "*" accepts any.
+	PublicHosts []string
+	// Unchecked paths (health probes, which use the pod's address) skip
+	// the host check.
+	Unchecked []string
+}
+
+// Policy applies Options to requests.
+type Policy struct {
+	trusted   []netip.Prefix
+	hosts     map[string]bool
+	anyHost   bool
+	unchecked map[string]bool
+}
+
+// New validates o and returns its Policy.
+func New(o Options) (*Policy, error) {
+	p := &Policy{trusted: o.TrustedProxies, hosts: map[string]bool{}, unchecked: map[string]bool{}}
+	for _, h := range o.PublicHosts {
+		if h == "*" {
+			p.anyHost = true
+			continue
+		}
+		c, err := ParsePublicHost(h)
+		if err != nil {
+			return nil, err
+		}
+		p.hosts[c] = true
+	}
+	if !p.anyHost && len(p.hosts) == 0 {
+		return nil, errors.New("no public hosts")
+	}
+	for _, u := range o.Unchecked {
+		p.unchecked[u] = true
+	}
+	return p, nil
+}
+
+// ParsePublicHost checks a PUBLIC_HOSTS entry and returns its canonical
+// form: an entry may name port 80 or 443, which browsers leave out.
+func ParsePublicHost(h string) (string, error) {
+	c, ok := canonical(h, "")
+	if !ok {
+		return "", fmt.Errorf("%q is not a host name or host:port", h)
+	}
+	return c, nil
+}
+
+// ParseTrustedProxy reads a TRUSTED_PROXIES entry: a CIDR or one address.
+func ParseTrustedProxy(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is neither a CIDR nor an address", s)
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+const localsKey = "aaas.clientinfo"
+
+// Middleware resolves every request's Info and refuses a Host that is not
+// one of the public hosts with 421 Misdirected Request: the handshake with
+// DSH, the same-origin checks and the redirects all depend on the host, so
+// a client must not be able to choose it.
+func (p *Policy) Middleware(c *fiber.Ctx) error {
+	tls := c.Context().IsTLS()
+	peer := addrOf(c.Context().RemoteAddr())
+	hdr := &c.Request().Header
+	var xff, xfp []string
+	for _, v := range hdr.PeekAll(fiber.HeaderXForwardedFor) {
+		xff = append(xff, string(v))
+	}
+	for _, v := range hdr.PeekAll(fiber.HeaderXForwardedProto) {
+		xfp = append(xfp, string(v))
+	}
+	info, ok := p.Resolve(peer, xff, xfp, string(c.Request().Host()), tls)
+	if !ok && !p.unchecked[c.Path()] {
+		return fiber.NewError(fiber.StatusMisdirectedRequest, "This gateway does not serve the host "+strconv.Quote(string(c.Request().Host()))+".")
+	}
+	c.Locals(localsKey, &info)
+	return c.Next()
+}
+
+// Resolve works out a request's Info from the connection's peer and the
+// forwarding headers (all values in order). ok is false when host is not
+// public.
+func (p *Policy) Resolve(peer netip.Addr, xff, xfp []string, host string, tls bool) (Info, bool) {
+	info := Info{IP: peer, Scheme: "http"}
+	if tls {
+		info.Scheme = "https"
+	}
+	if p.trustedPeer(peer) {
+		info.IP = p.walk(peer, xff)
+		if proto := lastToken(xfp); proto == "http" || proto == "https" {
+			info.Scheme = proto
+		}
+	}
+	info.Key = keyOf(info.IP)
+	h, valid := canonical(host, info.Scheme)
+	info.Host = h
+	return info, valid && (p.anyHost || p.hosts[h])
+}
+
+func (p *Policy) trustedPeer(a netip.Addr) bool {
+	if !a.IsValid() {
+		return false
+	}
+	for _, t := range p.trusted {
+		if t.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// walk goes right to left through X-Forwarded-For: each entry was appended
+// by the hop to its right, so it is believed while that hop is trusted. The
+// first address that is not one of ours is the client; if an entry is not
+// an address, the last trusted hop is the best we know.
+func (p *Policy) walk(peer netip.Addr, xff []string) netip.Addr {
+	addr := peer
+	for i := len(xff) - 1; i >= 0; i-- {
+		parts := strings.Split(xff[i], ",")
+		for j := len(parts) - 1; j >= 0; j-- {
+			if !p.trustedPeer(addr) {
+				return addr
+			}
+			a, ok := parseForwarded(strings.TrimSpace(parts[j]))
+			if !ok {
+				return addr
+			}
+			addr = a
+		}
+	}
+	return addr
+}
+
+// parseForwarded reads one X-Forwarded-For entry: an address, with a port
+// or IPv6 brackets as some proxies write it.
+func parseForwarded(s string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap(), true
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Unmap(), true
+	}
+	if a, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")); err == nil {
+		return a.Unmap(), true
+	}
+	return netip.Addr{}, false
+}
+
+func lastToken(values []string) string {
+	if len(values) == 0 {
+		return ""
+	}
+	parts := strings.Split(values[len(values)-1], ",")
+	return strings.ToLower(strings.TrimSpace(parts[len(parts)-1]))
+}
+
+func addrOf(a net.Addr) netip.Addr {
+	if t, ok := a.(*net.TCPAddr); ok {
+		if ip, ok := netip.AddrFromSlice(t.IP); ok {
+			return ip.Unmap()
+		}
+	}
+	if ap, err := netip.ParseAddrPort(a.String()); err == nil {
+		return ap.Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
+// keyOf is the rate-limit key of an address: IPv6 clients get a /64 each
+// (one subscriber), so rotating addresses inside it buys nothing.
+func keyOf(a netip.Addr) string {
+	if !a.IsValid() {
+		return "unknown"
+	}
+	if a.Is6() {
+		p, _ := a.Prefix(64)
+		return p.String()
+	}
+	return a.String()
+}
+
+// canonical lowercases a Host, drops a trailing dot and the scheme's
+// default port, and checks what is left is a DNS name or an IP literal
+// with an optional port. With scheme "", both 80 and 443 are dropped (for
+// configured entries).
+func canonical(host, scheme string) (string, bool) {
+	h := strings.ToLower(host)
+	name, port := h, ""
+	if strings.HasPrefix(h, "[") {
+		end := strings.IndexByte(h, ']')
+		if end < 0 {
+			return "", false
+		}
+		name, port = h[:end+1], h[end+1:]
+		if a, err := netip.ParseAddr(name[1 : len(name)-1]); err != nil || !a.Is6() {
+			return "", false
+		}
+		if port != "" && port[0] != ':' {
+			return "", false
+		}
+		port = strings.TrimPrefix(port, ":")
+	} else if i := strings.LastIndexByte(h, ':'); i >= 0 {
+		name, port = h[:i], h[i+1:]
+	}
+	name = strings.TrimSuffix(name, ".")
+	if !strings.HasPrefix(name, "[") && !validName(name) {
+		return "", false
+	}
+	if port != "" {
+		n, err := strconv.Atoi(port)
+		if err != nil || n < 1 || n > 65535 || port[0] == '0' {
+			return "", false
+		}
+		if (port == "80" && scheme != "https") || (port == "443" && scheme != "http") {
+			port = ""
+		}
+	}
+	if port == "" {
+		return name, true
+	}
+	return name + ":" + port, true
+}
+
+// validName: DNS labels of letters, digits and hyphens, or a dotted IPv4
+// address (which is made of the same characters).
+func validName(s string) bool {
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(s, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return false
 			}
 		}
 	}
-	return c.Context().RemoteIP().String()
+	return true
 }
 
-// Scheme is how the browser reached us: the last X-Forwarded-Proto value
-// (set by the TLS-terminating proxy), else plain http.
-func Scheme(c *fiber.Ctx) string {
-	if p := c.Get(fiber.HeaderXForwardedProto); p != "" {
-		parts := strings.Split(p, ",")
-		return strings.ToLower(strings.TrimSpace(parts[len(parts)-1]))
+// Get is the request's Info; without the middleware (unit tests of other
+// packages) it is the untrusted view: the peer, plain http, the raw Host.
+func Get(c *fiber.Ctx) *Info {
+	if i, ok := c.Locals(localsKey).(*Info); ok {
+		return i
 	}
-	return "http"
+	peer := addrOf(c.Context().RemoteAddr())
+	h, _ := canonical(string(c.Request().Host()), "http")
+	return &Info{IP: peer, Key: keyOf(peer), Scheme: "http", Host: h}
 }
 
-// Host is the Host header as the browser sent it (with any port).
-func Host(c *fiber.Ctx) string { return string(c.Request().Host()) }
+// IP is the client's address as text.
+func IP(c *fiber.Ctx) string { return Get(c).IP.String() }
+
+// Key is the client's rate-limit key.
+func Key(c *fiber.Ctx) string { return Get(c).Key }
+
+// Scheme is how the browser reached us.
+func Scheme(c *fiber.Ctx) string { return Get(c).Scheme }
+
+// Host is the canonical public host the request was made to.
+func Host(c *fiber.Ctx) string { return Get(c).Host }
 
 // HasBody reports whether the request carries a body (a length or chunks).
 func HasBody(c *fiber.Ctx) bool {
@@ -64,7 +335,10 @@ func SameOrigin(c *fiber.Ctx) bool {
 	if err != nil || u.Host == "" {
 		return false
 	}
-	return strings.EqualFold(u.Scheme, Scheme(c)) && strings.EqualFold(u.Host, Host(c))
+	info := Get(c)
+	scheme := strings.ToLower(u.Scheme)
+	h, ok := canonical(u.Host, scheme)
+	return ok && scheme == info.Scheme && h == info.Host
 }
 
 // ForeignOrigin reports a request that names an origin other than ours;

@@ -27,7 +27,7 @@ type Common struct {
 	// LogLevel is LOG_LEVEL: debug, info, warn or error.
 	LogLevel slog.Level
 	// Streams and Buckets size NATS state; STREAM_REPLICAS sets both
-	// replica counts, AUDIT_MAX_AGE the audit retention.
+	// replica counts, AUDIT_MAX_AGE and AUDIT_MAX_MB the audit retention.
 	Streams events.StreamsConfig
 	Buckets kv.BucketsConfig
 }
@@ -54,6 +54,7 @@ func LoadCommon(e *Env, defaultMetrics string) Common {
 	replicas := e.Int("STREAM_REPLICAS", 1, 1, 5)
 	c.Streams.Replicas, c.Buckets.Replicas = replicas, replicas
 	c.Streams.AuditMaxAge = e.Duration("AUDIT_MAX_AGE", c.Streams.AuditMaxAge, time.Hour, 10*365*24*time.Hour)
+	c.Streams.AuditMaxBytes = int64(e.Int("AUDIT_MAX_MB", int(c.Streams.AuditMaxBytes>>20), 16, 1<<20)) << 20
 	// Bucket limits every process provisions; they must agree, so these
 	// two edge settings are read everywhere.
 	c.Buckets.SessionTTL = e.Duration("COOKIE_MAX_AGE", c.Buckets.SessionTTL, time.Minute, 365*24*time.Hour)

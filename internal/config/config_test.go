@@ -88,11 +88,11 @@ func TestEdgeRefusesInsecureCookiesUnlessAllowed(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "COOKIE_SECURE:") || !strings.Contains(err.Error(), "ALLOW_INSECURE_COOKIES") {
 		t.Fatalf("err = %v", err)
 	}
-	c, err := config.LoadEdge(config.FromMap(map[string]string{"COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1", "HANDSHAKE_KEYS": key, "OPEN_SIGNUP": "true", "NATS_ALLOW_ANONYMOUS": "true"}))
+	c, err := config.LoadEdge(config.FromMap(map[string]string{"COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1", "HANDSHAKE_KEYS": key, "OPEN_SIGNUP": "true", "NATS_ALLOW_ANONYMOUS": "true", "PUBLIC_HOSTS": "localhost:8080"}))
 	if err != nil || c.CookieSecure {
 		t.Fatalf("allowed insecure: %+v %v", c, err)
 	}
-	d, err := config.LoadEdge(config.FromMap(map[string]string{"HANDSHAKE_KEYS": key, "SIGNUP_INVITE_CODE": "x", "NATS_ALLOW_ANONYMOUS": "true"}))
+	d, err := config.LoadEdge(config.FromMap(map[string]string{"HANDSHAKE_KEYS": key, "SIGNUP_INVITE_CODE": "x", "NATS_ALLOW_ANONYMOUS": "true", "PUBLIC_HOSTS": "gw.example"}))
 	if err != nil || !d.CookieSecure || d.MaxInFlightPerUser != 32 || d.WSMaxMessageBytes != 16<<20 || d.AuthRateLimit != 30 {
 		t.Fatalf("defaults: %+v %v", d, err)
 	}
@@ -146,10 +146,11 @@ func TestEdgeRefusesOpenSignupUnlessAsked(t *testing.T) {
 		{map[string]string{"OPEN_SIGNUP": "false"}, false},
 		{map[string]string{"OPEN_SIGNUP": "true"}, true},
 		{map[string]string{"SIGNUP_INVITE_CODE": "abc"}, true},
-		{map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User"}, true},
+		{map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User", "AUTH_PROXY_ALLOW": "*"}, true},
 	} {
 		tt.env["HANDSHAKE_KEYS"] = key
 		tt.env["NATS_ALLOW_ANONYMOUS"] = "true"
+		tt.env["PUBLIC_HOSTS"] = "gw.example"
 		_, err := config.LoadEdge(config.FromMap(tt.env))
 		if (err == nil) != tt.ok {
 			t.Errorf("%v: err = %v", tt.env, err)
@@ -157,6 +158,53 @@ func TestEdgeRefusesOpenSignupUnlessAsked(t *testing.T) {
 		if err != nil && !strings.Contains(err.Error(), "SIGNUP_INVITE_CODE:") {
 			t.Errorf("%v: the error does not name the variable: %v", tt.env, err)
 		}
+	}
+}
+
+// The edge's trust boundary is explicit: which hosts it serves, which
+// peers are its proxies, whom SSO admits. Each mistake is refused at start
+// and names its variable.
+func TestEdgeTrustBoundary(t *testing.T) {
+	base := map[string]string{
+		"HANDSHAKE_KEYS": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", "NATS_ALLOW_ANONYMOUS": "true", "OPEN_SIGNUP": "true",
+		"PUBLIC_HOSTS": "GW.example:443, localhost:8080",
+	}
+	for _, tt := range []struct {
+		name string
+		env  map[string]string
+		bad  string // the variable the error must name; "" for success
+	}{
+		{"defaults", nil, ""},
+		{"no public hosts", map[string]string{"PUBLIC_HOSTS": ""}, "PUBLIC_HOSTS"},
+		{"a URL is not a host", map[string]string{"PUBLIC_HOSTS": "https://gw.example"}, "PUBLIC_HOSTS"},
+		{"any host, said explicitly", map[string]string{"PUBLIC_HOSTS": "*"}, ""},
+		{"proxies as CIDRs and addresses", map[string]string{"TRUSTED_PROXIES": "10.0.0.0/8, 192.0.2.1, fd00::/8"}, ""},
+		{"a proxy by name", map[string]string{"TRUSTED_PROXIES": "ingress.example"}, "TRUSTED_PROXIES"},
+		{"SSO without an allow list", map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User"}, "AUTH_PROXY_ALLOW"},
+		{"SSO with an allow list", map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User", "AUTH_PROXY_ALLOW": "alice,group:acme:devs"}, ""},
+		{"bad id header", map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User", "AUTH_PROXY_ALLOW": "*", "AUTH_PROXY_ID_HEADER": "X Email"}, "AUTH_PROXY_ID_HEADER"},
+		{"session cap", map[string]string{"MAX_SESSIONS_PER_USER": "0"}, "MAX_SESSIONS_PER_USER"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			env := map[string]string{}
+			for k, v := range base {
+				env[k] = v
+			}
+			for k, v := range tt.env {
+				env[k] = v
+			}
+			c, err := config.LoadEdge(config.FromMap(env))
+			switch {
+			case tt.bad == "" && err != nil:
+				t.Fatal(err)
+			case tt.bad != "" && (err == nil || !strings.Contains(err.Error(), tt.bad+":")):
+				t.Fatalf("err = %v, want one naming %s", err, tt.bad)
+			case tt.bad == "" && tt.env == nil:
+				if strings.Join(c.PublicHosts, ",") != "gw.example,localhost:8080" || len(c.TrustedProxies) != 0 || c.MaxSessionsPerUser != 20 || c.AuthProxyIDHeader != "X-Forwarded-Email" {
+					t.Fatalf("defaults: %+v", c)
+				}
+			}
+		})
 	}
 }
 

@@ -1,10 +1,12 @@
 package config
 
 import (
+	"net/netip"
 	"regexp"
 	"strings"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/handshake"
 )
 
@@ -31,6 +33,35 @@ type Edge struct {
 	// AuthProxyHeader is AUTH_PROXY_HEADER: when set, that header names
 	// the user (SSO behind oauth2-proxy) and is trusted.
 	AuthProxyHeader string
+	// AuthProxyIDHeader is AUTH_PROXY_ID_HEADER: the header carrying the
+	// provider's stable id of the user, to which an SSO account is bound.
+	AuthProxyIDHeader string
+	// AuthProxyGroupsHeader is AUTH_PROXY_GROUPS_HEADER: the user's groups
+	// (comma separated), for AUTH_PROXY_ALLOW's group: entries.
+	AuthProxyGroupsHeader string
+	// AuthProxyAllow is AUTH_PROXY_ALLOW: who SSO admits (logins, group:
+	// entries, or * for everyone the SSO proxy admits); required with SSO.
+	AuthProxyAllow []string
+	// PublicHosts is PUBLIC_HOSTS, canonical: the hosts browsers use to
+	// reach the gateway ("*" for any); other Hosts get 421.
+	PublicHosts []string
+	// TrustedProxies is TRUSTED_PROXIES: the peers (our ingress) whose
+	// X-Forwarded-For and X-Forwarded-Proto are believed.
+	TrustedProxies []netip.Prefix
+	// MaxSessionsPerUser is MAX_SESSIONS_PER_USER: a new sign-in beyond it
+	// ends the user's oldest session.
+	MaxSessionsPerUser int
+	// ReadTimeout is HTTP_READ_TIMEOUT: the longest the edge waits for a
+	// client's next bytes (request headers, or a chunk of a body).
+	ReadTimeout time.Duration
+	// WriteTimeout is HTTP_WRITE_TIMEOUT: the longest one write to a client
+	// may block; streams get it afresh for every chunk.
+	WriteTimeout time.Duration
+	// IdleTimeout is HTTP_IDLE_TIMEOUT, for keep-alive connections.
+	IdleTimeout time.Duration
+	// Revalidate is how often long-lived streams re-check that their
+	// session is still valid (a revocation ends them within it).
+	Revalidate time.Duration
 	// MaxInFlightPerUser is MAX_IN_FLIGHT_PER_USER (HTTP plus WebSockets,
 	// per edge).
 	MaxInFlightPerUser int
@@ -66,6 +97,13 @@ func LoadEdge(e *Env) (Edge, error) {
 		RecreateRateLimit:  e.Int("RECREATE_RATE_LIMIT", 5, 1, 1000),
 		InviteCode:         e.Secret("SIGNUP_INVITE_CODE"),
 		AuthProxyHeader:    e.String("AUTH_PROXY_HEADER", ""),
+		AuthProxyIDHeader:  e.String("AUTH_PROXY_ID_HEADER", "X-Forwarded-Email"),
+		AuthProxyAllow:     e.List("AUTH_PROXY_ALLOW", nil),
+		MaxSessionsPerUser: e.Int("MAX_SESSIONS_PER_USER", 20, 1, 10_000),
+		ReadTimeout:        e.Duration("HTTP_READ_TIMEOUT", time.Minute, time.Second, time.Hour),
+		WriteTimeout:       e.Duration("HTTP_WRITE_TIMEOUT", time.Minute, time.Second, time.Hour),
+		IdleTimeout:        e.Duration("HTTP_IDLE_TIMEOUT", 90*time.Second, time.Second, time.Hour),
+		Revalidate:         500 * time.Millisecond,
 		MaxInFlightPerUser: e.Int("MAX_IN_FLIGHT_PER_USER", 32, 1, 100_000),
 		MaxBodyBytes:       int64(e.Int("MAX_BODY_MB", 2048, 1, 1<<20)) << 20,
 		WSMaxMessageBytes:  int64(e.Int("WS_MAX_MESSAGE_BYTES", 16<<20, 1024, 1<<30)),
@@ -85,10 +123,46 @@ func LoadEdge(e *Env) (Edge, error) {
 	if c.CookieName != "" && !cookieNameRE.MatchString(c.CookieName) {
 		e.Fail("COOKIE_NAME", "%q is not a valid cookie name", c.CookieName)
 	}
-	if c.AuthProxyHeader != "" && !cookieNameRE.MatchString(c.AuthProxyHeader) {
-		e.Fail("AUTH_PROXY_HEADER", "%q is not a valid header name", c.AuthProxyHeader)
+	c.AuthProxyGroupsHeader = e.String("AUTH_PROXY_GROUPS_HEADER", "X-Forwarded-Groups")
+	for name, h := range map[string]string{"AUTH_PROXY_HEADER": c.AuthProxyHeader, "AUTH_PROXY_ID_HEADER": c.AuthProxyIDHeader, "AUTH_PROXY_GROUPS_HEADER": c.AuthProxyGroupsHeader} {
+		if h != "" && !cookieNameRE.MatchString(h) {
+			e.Fail(name, "%q is not a valid header name", h)
+		}
+	}
+	if c.AuthProxyHeader != "" && len(c.AuthProxyAllow) == 0 {
+		e.Fail("AUTH_PROXY_ALLOW", "required with AUTH_PROXY_HEADER: the logins and group:<name> entries SSO admits (or * for everyone the SSO proxy admits)")
+	}
+	c.PublicHosts = publicHosts(e)
+	for _, s := range e.List("TRUSTED_PROXIES", nil) {
+		p, err := clientinfo.ParseTrustedProxy(s)
+		if err != nil {
+			e.Fail("TRUSTED_PROXIES", "%v", err)
+			continue
+		}
+		c.TrustedProxies = append(c.TrustedProxies, p)
 	}
 	return c, e.Err()
+}
+
+func publicHosts(e *Env) []string {
+	raw := e.List("PUBLIC_HOSTS", nil)
+	if len(raw) == 0 {
+		e.Fail("PUBLIC_HOSTS", "required: the host names browsers use to reach the gateway, with the port unless 80 or 443 (e.g. gateway.example.com); * accepts any Host (development only: every distinct Host costs a DSH handshake)")
+	}
+	out := make([]string, 0, len(raw))
+	for _, h := range raw {
+		if h == "*" {
+			out = append(out, h)
+			continue
+		}
+		c, err := clientinfo.ParsePublicHost(h)
+		if err != nil {
+			e.Fail("PUBLIC_HOSTS", "%v", err)
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
 }
 
 var cookieNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)

@@ -272,10 +272,7 @@ func startProcesses(o Options, logDir, natsURL string, ids *natsauth.Identities,
 		specs = append(specs, struct {
 			name string
 			env  map[string]string
-		}{fmt.Sprintf("edge-%c", 'a'+i), with(natsauth.Edge, map[string]string{
-			// Loopback only: a dev stack with plain-HTTP cookies is not for the LAN.
-			"LISTEN_ADDR": fmt.Sprintf("127.0.0.1:%d", port), "INSTANCE_ID": fmt.Sprintf("edge-%c", 'a'+i),
-		})})
+		}{fmt.Sprintf("edge-%c", 'a'+i), with(natsauth.Edge, edgeEnv(settings, i, port))})
 	}
 	var children []*child
 	for _, s := range specs {
@@ -288,6 +285,17 @@ func startProcesses(o Options, logDir, natsURL string, ids *natsauth.Identities,
 		children = append(children, c)
 	}
 	return children, nil
+}
+
+// edgeEnv is what devstack decides for edge i: loopback only (a dev stack
+// with plain-HTTP cookies is not for the LAN), and the names a browser on
+// this machine uses for it unless the operator set PUBLIC_HOSTS.
+func edgeEnv(settings map[string]string, i, port int) map[string]string {
+	env := map[string]string{"LISTEN_ADDR": fmt.Sprintf("127.0.0.1:%d", port), "INSTANCE_ID": fmt.Sprintf("edge-%c", 'a'+i)}
+	if settings["PUBLIC_HOSTS"] == "" {
+		env["PUBLIC_HOSTS"] = fmt.Sprintf("127.0.0.1:%d,localhost:%d", port, port)
+	}
+	return env
 }
 
 // waitServing waits until every edge answers /readyz.

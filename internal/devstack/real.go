@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -100,7 +101,7 @@ func runReal(ctx context.Context, o Options, start time.Time) error {
 		return err
 	}
 	if _, err := core.ConfigMaps(Namespace).Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "dsh-web"}, Data: map[string]string{"trusted-hosts": "localhost"},
+		ObjectMeta: metav1.ObjectMeta{Name: "dsh-web"}, Data: map[string]string{"trusted-hosts": publicHosts(o.EdgePorts)},
 	}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
@@ -157,4 +158,14 @@ func waitPool(ctx context.Context, c *devcluster.Cluster) error {
 		p, err := ext.ExtensionsV1beta1().SandboxWarmPools(Namespace).Get(ctx, "dsh-pool", metav1.GetOptions{})
 		return err == nil && p.Spec.Replicas != nil && p.Status.ReadyReplicas >= *p.Spec.Replicas, nil
 	})
+}
+
+// publicHosts are the names a browser on this machine uses for the local
+// ports: DSH trusts localhost anyway, the edge serves exactly these.
+func publicHosts(ports []int) string {
+	var hosts []string
+	for _, p := range ports {
+		hosts = append(hosts, fmt.Sprintf("localhost:%d", p), fmt.Sprintf("127.0.0.1:%d", p))
+	}
+	return strings.Join(hosts, ",")
 }

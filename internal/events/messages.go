@@ -241,6 +241,7 @@ const (
 	AuditHandshakeFailed AuditKind = "handshake_failed"
 	AuditRateLimited     AuditKind = "rate_limited"
 	AuditInviteRejected  AuditKind = "invite_rejected"
+	AuditSSORefused      AuditKind = "sso_refused"
 	AuditStateChange     AuditKind = "state"
 	AuditCommandFailed   AuditKind = "command_failed"
 )

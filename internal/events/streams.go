@@ -33,6 +33,11 @@ type StreamsConfig struct {
 	ActivityMaxAge time.Duration
 	// AuditMaxAge is the audit trail's retention.
 	AuditMaxAge time.Duration
+	// CommandsMaxBytes, ActivityMaxBytes and AuditMaxBytes cap each
+	// stream's storage, so no flood can fill JetStream's store for
+	// everything else. Full, the command stream refuses new commands
+	// (their requesters get 503); activity and audit drop their oldest.
+	CommandsMaxBytes, ActivityMaxBytes, AuditMaxBytes int64
 }
 
 // DefaultStreamsConfig is the development sizing.
@@ -42,6 +47,11 @@ func DefaultStreamsConfig() StreamsConfig {
 		DuplicateWindow: 2 * time.Minute,
 		ActivityMaxAge:  7 * 24 * time.Hour,
 		AuditMaxAge:     30 * 24 * time.Hour,
+		// 1.5 GiB in all; with the buckets' 2 GiB within the 4 GiB the
+		// embedded server and the manifests' 8 GiB store reserve.
+		CommandsMaxBytes: 256 << 20,
+		ActivityMaxBytes: 256 << 20,
+		AuditMaxBytes:    1 << 30,
 	}
 }
 
@@ -56,8 +66,10 @@ func StreamConfigs(c StreamsConfig) []jetstream.StreamConfig {
 			Storage:     jetstream.FileStorage,
 			Replicas:    c.Replicas,
 			Duplicates:  c.DuplicateWindow,
-			// No MaxAge: an unprocessed command must never expire unseen.
-			Discard: jetstream.DiscardOld,
+			// No MaxAge: an unprocessed command must never expire unseen,
+			// nor be dropped for a newer one when the stream is full.
+			Discard:  jetstream.DiscardNew,
+			MaxBytes: c.CommandsMaxBytes,
 		},
 		{
 			Name:              StreamActivity,
@@ -68,6 +80,8 @@ func StreamConfigs(c StreamsConfig) []jetstream.StreamConfig {
 			Replicas:          c.Replicas,
 			MaxMsgsPerSubject: 1,
 			MaxAge:            c.ActivityMaxAge,
+			MaxBytes:          c.ActivityMaxBytes,
+			Discard:           jetstream.DiscardOld,
 			Duplicates:        time.Second,
 			AllowDirect:       true,
 		},
@@ -81,6 +95,8 @@ func StreamConfigs(c StreamsConfig) []jetstream.StreamConfig {
 			Storage:    jetstream.FileStorage,
 			Replicas:   c.Replicas,
 			MaxAge:     c.AuditMaxAge,
+			MaxBytes:   c.AuditMaxBytes,
+			Discard:    jetstream.DiscardOld,
 			Duplicates: c.DuplicateWindow,
 		},
 	}

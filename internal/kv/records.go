@@ -49,16 +49,19 @@ func DefaultBucketsConfig() BucketsConfig {
 // every watcher to see them.
 const markerTTL = time.Minute
 
-// BucketConfigs returns every bucket definition.
+// BucketConfigs returns every bucket definition. Each has a MaxBytes (2 GiB
+// in all) so that no flood of sessions, handshakes or rate-limit entries
+// can fill the JetStream store the others share; a full bucket refuses
+// writes, which the edge answers with 503.
 func BucketConfigs(c BucketsConfig) []jetstream.KeyValueConfig {
 	return []jetstream.KeyValueConfig{
-		{Bucket: BucketSessions, Description: "browser sessions by user and sid hash", TTL: c.SessionTTL, LimitMarkerTTL: markerTTL, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketUsers, Description: "accounts, mirrored from SandboxClaims", Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketSandboxes, Description: "sandbox phase per user, written by lifecycle", Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketHandshakes, Description: "sealed DSH auth cookies by user, pod and host", TTL: c.HandshakeTTL, LimitMarkerTTL: markerTTL, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketRequests, Description: "outcomes of commands a requester waits for", TTL: c.RequestTTL, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketRateLimit, Description: "auth attempts per client per window", TTL: 2 * c.RateWindow, LimitMarkerTTL: markerTTL, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketLocks, Description: "leases for one-active-replica roles", LimitMarkerTTL: markerTTL, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketSessions, Description: "browser sessions by user and sid hash", TTL: c.SessionTTL, LimitMarkerTTL: markerTTL, MaxBytes: 512 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketUsers, Description: "accounts, mirrored from SandboxClaims", MaxBytes: 256 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketSandboxes, Description: "sandbox phase per user, written by lifecycle", MaxBytes: 256 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketHandshakes, Description: "sealed DSH auth cookies by user, pod and host", TTL: c.HandshakeTTL, LimitMarkerTTL: markerTTL, MaxBytes: 512 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketRequests, Description: "outcomes of commands a requester waits for", TTL: c.RequestTTL, MaxBytes: 256 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketRateLimit, Description: "auth attempts per client per window", TTL: 2 * c.RateWindow, LimitMarkerTTL: markerTTL, MaxBytes: 256 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketLocks, Description: "leases for one-active-replica roles", LimitMarkerTTL: markerTTL, MaxBytes: 16 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
 	}
 }
 
@@ -101,6 +104,9 @@ type User struct {
 	// RecreatingSince is set while /recreate replaces the claim, so the
 	// account survives the moment its old claim is gone.
 	RecreatingSince time.Time `json:"recreating_since,omitzero"`
+	// DeletingSince is set when a deletion starts: the account's
+	// credentials stop working before its sandbox goes.
+	DeletingSince time.Time `json:"deleting_since,omitzero"`
 }
 
 // Phase is where a user's sandbox is in its life.
@@ -174,6 +180,9 @@ const (
 // sliding log behind the shared rate limit.
 type Attempts struct {
 	At []int64 `json:"at"`
+	// Refused is when a refusal of this client was last audited (Unix
+	// milliseconds): at most one audit event per client per window.
+	Refused int64 `json:"refused,omitempty"`
 }
 
 // Holder is the value of a lease key.

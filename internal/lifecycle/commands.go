@@ -155,6 +155,12 @@ func (w *Worker) delete(ctx context.Context, c events.Command) (string, error) {
 		_ = w.answer(ctx, c, kv.OutcomeFailed, "claim is not managed by this gateway")
 		return "", events.Permanent(fmt.Errorf("claim %s is not managed by this gateway", claim.Name))
 	default:
+		// Signed out first: the user's open streams end as "signed out",
+		// not as a sandbox that vanished, and nothing authenticates as the
+		// account while it goes.
+		if err := w.signOut(ctx, c.User); err != nil {
+			return "", err
+		}
 		if err := w.k8s.DeleteClaim(ctx, c.User, claim.UID, false); err != nil {
 			return "", permanentKube(w.kubeErr("delete claim", err))
 		}
@@ -167,6 +173,23 @@ func (w *Worker) delete(ctx context.Context, c events.Command) (string, error) {
 	}
 	w.pub.Audit(events.AuditEvent{Kind: events.AuditDelete, User: c.User, RequestID: c.RequestID, Outcome: kv.OutcomeDeleted})
 	return kv.OutcomeDeleted, nil
+}
+
+// signOut marks the account as being deleted (its token and SSO binding
+// stop working) and ends its sessions.
+func (w *Worker) signOut(ctx context.Context, user string) error {
+	_, err := w.users.Mutate(ctx, user, func(cur kv.User, ok bool) (kv.User, bool, error) {
+		if !ok || !cur.DeletingSince.IsZero() {
+			return cur, false, nil
+		}
+		cur.DeletingSince = time.Now().UTC()
+		return cur, true, nil
+	})
+	if err != nil {
+		return err
+	}
+	_, err = w.sessions.PurgePrefix(ctx, user)
+	return err
 }
 
 // forget drops everything KV holds about a user.

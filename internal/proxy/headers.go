@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"net/http"
 	"net/url"
 	"strings"
@@ -13,16 +14,22 @@ var hopByHop = []string{
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
-// headerPolicy decides which browser request headers reach DSH.
+// headerPolicy decides which browser request headers reach DSH and which
+// of DSH's response headers reach the browser.
 type headerPolicy struct {
 	// allow, when non-empty, is the only set of headers passed on.
 	allow map[string]bool
-	// identity is AUTH_PROXY_HEADER, stripped like any other identity header.
-	identity string
+	// identity are the SSO headers, stripped like any other identity header.
+	identity map[string]bool
 }
 
-func newHeaderPolicy(allowlist []string, identity string) headerPolicy {
-	p := headerPolicy{identity: http.CanonicalHeaderKey(identity)}
+func newHeaderPolicy(allowlist, identity []string) headerPolicy {
+	p := headerPolicy{identity: map[string]bool{}}
+	for _, h := range identity {
+		if h != "" {
+			p.identity[http.CanonicalHeaderKey(h)] = true
+		}
+	}
 	if len(allowlist) > 0 {
 		p.allow = map[string]bool{}
 		for _, h := range allowlist {
@@ -39,9 +46,15 @@ func (p headerPolicy) pass(name string) bool {
 	switch {
 	case name == "Cookie", name == "Authorization", name == "Host", name == "Forwarded",
 		name == "Content-Length", name == "Expect", name == "X-Real-Ip",
-		name == p.identity,
+		name == "True-Client-Ip", name == "X-Client-Ip", name == "Cf-Connecting-Ip", name == "X-Cluster-Client-Ip",
+		name == "X-Original-Url", name == "X-Rewrite-Url", name == "X-Original-Host",
+		p.identity[name],
 		strings.HasPrefix(name, "X-Forwarded-"), strings.HasPrefix(name, "X-Auth-Request-"),
 		strings.HasPrefix(name, "Sec-Websocket-"):
+		return false
+	case strings.ContainsRune(name, '_'):
+		// Some servers read X_Forwarded_User as X-Forwarded-User; no
+		// browser sends underscores, so nothing is lost.
 		return false
 	}
 	if p.allow != nil {
@@ -73,40 +86,124 @@ func isHopByHop(name string, extra map[string]bool) bool {
 	return extra[name]
 }
 
-// rewriteLocation keeps DSH's redirects inside the user's prefix: a
-// root-absolute path, or an absolute URL on the browser's own host or on
-// DSH's address, is moved under /u/<user>. Relative and foreign URLs pass.
-func rewriteLocation(loc, prefix, host, upstream string) string {
-	if loc == "" {
-		return loc
-	}
-	if strings.HasPrefix(loc, "/") && !strings.HasPrefix(loc, "//") {
-		if loc == prefix || strings.HasPrefix(loc, prefix+"/") {
-			return loc
+// originWide are response headers that act on the whole origin, not on
+// the response: a tenant must not set them for the gateway's host (a
+// root-scoped service worker, wiped storage of every user's pages, HSTS or
+// alternative services for the host, reporting endpoints). Set-Cookie goes
+// too: DSH's cookies are the gateway's secret, and the browser holds only
+// ours.
+var originWide = map[string]bool{
+	"Set-Cookie": true, "Set-Cookie2": true, "Service-Worker-Allowed": true, "Clear-Site-Data": true,
+	"Strict-Transport-Security": true, "Alt-Svc": true, "Public-Key-Pins": true, "Public-Key-Pins-Report-Only": true,
+	"Report-To": true, "Reporting-Endpoints": true, "Nel": true, "Origin-Agent-Cluster": true,
+	"Content-Length": true, // fasthttp frames the body itself
+}
+
+// errForeignRedirect: DSH sent a redirect the gateway will not follow.
+var errForeignRedirect = errors.New("it redirects to a protocol-relative URL, which the gateway does not follow")
+
+// response passes DSH's response headers to add: hop-by-hop headers
+// (including every name any Connection header lists), origin-wide and
+// X-Accel-* (instructions to an nginx in front) headers are dropped,
+// Location and Refresh are kept inside the user's prefix. Nothing is added
+// unless all of it is acceptable.
+func (p headerPolicy) response(h http.Header, loc location, add func(name, value string)) error {
+	extra := connectionTokens(h.Values("Connection"))
+	type kv struct{ k, v string }
+	var out []kv
+	for name, values := range h {
+		if isHopByHop(name, extra) || originWide[name] || strings.HasPrefix(name, "X-Accel-") {
+			continue
 		}
-		return prefix + loc
+		for _, v := range values {
+			switch name {
+			case "Location":
+				r, ok := loc.rewrite(v)
+				if !ok {
+					return errForeignRedirect
+				}
+				v = r
+			case "Refresh":
+				r, ok := loc.refresh(v)
+				if !ok {
+					return errForeignRedirect
+				}
+				v = r
+			}
+			out = append(out, kv{name, v})
+		}
+	}
+	for _, e := range out {
+		add(e.k, e.v)
+	}
+	return nil
+}
+
+// location is where a user's DSH may send the browser: paths under
+// prefix on the gateway's host; DSH's own address (which browsers cannot
+// reach) is moved under the prefix.
+type location struct {
+	prefix, host, upstream string
+}
+
+// rewrite keeps a redirect inside the user's prefix: a root-absolute path,
+// or an absolute URL on the gateway's host or on DSH's address, is moved
+// under /u/<user>. Relative and foreign absolute URLs pass. A
+// protocol-relative URL ("//host/…", or with backslashes, which browsers
+// read as slashes) is refused: DSH has no business naming hosts that way.
+func (l location) rewrite(loc string) (string, bool) {
+	if loc == "" {
+		return loc, true
+	}
+	if len(loc) > 1 && (loc[0] == '/' || loc[0] == '\\') && (loc[1] == '/' || loc[1] == '\\') {
+		return "", false
+	}
+	if strings.HasPrefix(loc, "/") {
+		if loc == l.prefix || strings.HasPrefix(loc, l.prefix+"/") {
+			return loc, true
+		}
+		return l.prefix + loc, true
 	}
 	u, err := url.Parse(loc)
 	if err != nil || !u.IsAbs() || (u.Scheme != "http" && u.Scheme != "https") {
-		return loc
+		return loc, true
 	}
 	switch {
-	case strings.EqualFold(u.Host, host):
-		if u.Path == prefix || strings.HasPrefix(u.Path, prefix+"/") {
-			return loc
+	case strings.EqualFold(u.Host, l.host):
+		if u.Path == l.prefix || strings.HasPrefix(u.Path, l.prefix+"/") {
+			return loc, true
 		}
-		u.Path = prefix + ensureSlash(u.Path)
+		u.Path = l.prefix + ensureSlash(u.Path)
 		u.RawPath = ""
-		return u.String()
-	case strings.EqualFold(u.Host, upstream):
+		return u.String(), true
+	case strings.EqualFold(u.Host, l.upstream):
 		// DSH named its own address: the browser cannot reach it.
-		rel := prefix + ensureSlash(u.EscapedPath())
+		rel := l.prefix + ensureSlash(u.EscapedPath())
 		if u.RawQuery != "" {
 			rel += "?" + u.RawQuery
 		}
-		return rel
+		return rel, true
 	}
-	return loc
+	return loc, true
+}
+
+// refresh rewrites the URL of a Refresh header ("5; url=/next") the way
+// rewrite does a Location.
+func (l location) refresh(v string) (string, bool) {
+	i := strings.IndexAny(v, ";,")
+	if i < 0 {
+		return v, true
+	}
+	delay, target := v[:i], strings.TrimSpace(v[i+1:])
+	if len(target) >= 4 && strings.EqualFold(target[:4], "url=") {
+		target = strings.TrimSpace(target[4:])
+	}
+	target = strings.Trim(target, `"'`)
+	r, ok := l.rewrite(target)
+	if !ok {
+		return "", false
+	}
+	return delay + "; url=" + r, true
 }
 
 func ensureSlash(p string) string {

@@ -28,9 +28,12 @@ const statusClientClosed = 499
 // handshake, and only then the body, streamed to DSH.
 func (p *Proxy) serveHTTP(c *fiber.Ctx, user, rest string) error {
 	rid := requestID(c)
-	id, err := p.o.Authenticate(c)
-	if err != nil {
-		return p.reject(c, fiber.StatusUnauthorized, "Please sign in", err.Error())
+	id, status, err := p.authenticate(c)
+	switch {
+	case status == fiber.StatusUnauthorized:
+		return p.reject(c, status, "Please sign in", err.Error())
+	case err != nil:
+		return p.reject(c, status, "Not allowed", err.Error())
 	}
 	if id.User != user {
 		return p.reject(c, fiber.StatusForbidden, "Not your sandbox", "This sandbox belongs to another user.")
@@ -42,7 +45,7 @@ func (p *Proxy) serveHTTP(c *fiber.Ctx, user, rest string) error {
 	if id.Ambient && !safeMethod(c.Method()) && !clientinfo.SameOrigin(c) {
 		return p.reject(c, fiber.StatusForbidden, "Cross-site request refused", "Requests that change something must come from this gateway's own pages.")
 	}
-	if !p.slots.acquire(user) {
+	if !p.o.Slots.Acquire(user) {
 		c.Set(fiber.HeaderRetryAfter, "1")
 		return p.reject(c, fiber.StatusServiceUnavailable, "Too many requests", "Too many requests to your sandbox are in flight; retry shortly.")
 	}
@@ -52,14 +55,14 @@ func (p *Proxy) serveHTTP(c *fiber.Ctx, user, rest string) error {
 	var once sync.Once
 	finish := func(status int) {
 		once.Do(func() {
-			p.slots.release(user)
+			p.o.Slots.Release(user)
 			p.tracker.end(user)
 			p.m.inFlight.Dec()
 			p.m.requests.WithLabelValues(class(status)).Inc()
 		})
 	}
 
-	status, err := p.forward(c, user, rest, finish)
+	status, err = p.forward(c, id, rest, finish)
 	if err != nil {
 		finish(status)
 		if status == statusClientClosed {
@@ -84,7 +87,8 @@ func (p *Proxy) serveHTTP(c *fiber.Ctx, user, rest string) error {
 
 // forward does everything after the slot; on success the response is set
 // up to stream and finish runs when the body is done.
-func (p *Proxy) forward(c *fiber.Ctx, user, rest string, finish func(int)) (int, error) {
+func (p *Proxy) forward(c *fiber.Ctx, id Identity, rest string, finish func(int)) (int, error) {
+	user := id.User
 	req := &c.Request().Header
 	if n := req.ContentLength(); int64(n) > p.o.MaxBody {
 		return p.tooLarge()
@@ -139,7 +143,11 @@ func (p *Proxy) forward(c *fiber.Ctx, user, rest string, finish func(int)) (int,
 	p.m.bytesUp.Add(float64(body.n))
 	// What DSH left unread of the body, httpguard.ConsumeBody drains or
 	// the connection closes.
-	p.respond(c, user, box, resp, finish)
+	if err := p.respond(c, id, box, resp, finish); err != nil {
+		resp.Body.Close()
+		p.m.upstreamErrors.WithLabelValues("response").Inc()
+		return fiber.StatusBadGateway, &waitError{fiber.StatusBadGateway, "Response refused", "Your sandbox's answer was not passed on: " + err.Error() + "."}
+	}
 	return resp.StatusCode, nil
 }
 
@@ -221,7 +229,11 @@ func (p *Proxy) roundTrip(c *fiber.Ctx, user, rest string, box kv.Sandbox, cooki
 // ones that are ours to set.
 func (p *Proxy) upstreamHeaders(c *fiber.Ctx, user, cookie string, h http.Header) {
 	hdr := &c.Request().Header
-	extra := connectionTokens([]string{string(hdr.Peek(fiber.HeaderConnection))})
+	var conn []string
+	for _, v := range hdr.PeekAll(fiber.HeaderConnection) {
+		conn = append(conn, string(v))
+	}
+	extra := connectionTokens(conn)
 	hdr.VisitAll(func(k, v []byte) {
 		name := http.CanonicalHeaderKey(string(k))
 		if isHopByHop(name, extra) || !p.headers.pass(name) {
@@ -238,29 +250,24 @@ func (p *Proxy) upstreamHeaders(c *fiber.Ctx, user, cookie string, h http.Header
 
 // respond streams DSH's answer to the browser. fasthttp writes a body of
 // unknown length chunk by chunk, flushing each, so server-sent events
-// reach the browser one by one.
-func (p *Proxy) respond(c *fiber.Ctx, user string, box kv.Sandbox, resp *http.Response, finish func(int)) {
-	c.Status(resp.StatusCode)
+// reach the browser one by one. A response DSH should not give (a redirect
+// out of the gateway) is an error, and nothing of it is sent.
+func (p *Proxy) respond(c *fiber.Ctx, id Identity, box kv.Sandbox, resp *http.Response, finish func(int)) error {
 	out := &c.Response().Header
-	extra := connectionTokens(resp.Header.Values("Connection"))
-	prefix := "/u/" + user
 	// The edge's own page headers are not DSH's.
 	for name := range httpguard.PageHeaders {
 		out.Del(name)
 	}
-	for name, values := range resp.Header {
-		if isHopByHop(name, extra) || name == "Set-Cookie" || name == "Content-Length" {
-			continue
-		}
-		for _, v := range values {
-			if name == "Location" {
-				v = rewriteLocation(v, prefix, clientinfo.Host(c), box.Address)
-			}
-			out.Add(name, v)
-		}
+	loc := location{prefix: "/u/" + id.User, host: clientinfo.Host(c), upstream: box.Address}
+	if err := p.headers.response(resp.Header, loc, out.Add); err != nil {
+		return err
 	}
+	c.Status(resp.StatusCode)
 	status := resp.StatusCode
-	body := &responseBody{r: resp.Body, done: func(n int64) {
+	x := &exchange{valid: id.Valid, cancel: resp.Body.(*cancelOnClose).cancel}
+	user := id.User
+	body := &responseBody{r: resp.Body, conn: c.Context().Conn(), write: p.o.WriteTimeout, done: func(n int64) {
+		p.live.remove(x)
 		p.m.bytesDown.Add(float64(n))
 		p.tracker.touch(user)
 		finish(status)
@@ -270,9 +277,11 @@ func (p *Proxy) respond(c *fiber.Ctx, user string, box kv.Sandbox, resp *http.Re
 			out.SetContentLength(int(resp.ContentLength))
 		}
 		body.Close()
-		return
+		return nil
 	}
+	p.live.add(x)
 	c.Response().SetBodyStream(body, int(resp.ContentLength))
+	return nil
 }
 
 var errBodyTooLarge = errors.New("request body exceeds MAX_BODY_MB")
@@ -287,7 +296,7 @@ type bodyReader struct {
 	detached bool
 	r        io.Reader
 	conn     net.Conn
-	idle     time.Duration
+	read     time.Duration
 	max      int64
 	n        int64
 	tooLarge bool
@@ -295,7 +304,7 @@ type bodyReader struct {
 }
 
 func (p *Proxy) requestBody(c *fiber.Ctx) *bodyReader {
-	return &bodyReader{r: c.Context().RequestBodyStream(), conn: c.Context().Conn(), idle: p.o.IdleTimeout, max: p.o.MaxBody}
+	return &bodyReader{r: c.Context().RequestBodyStream(), conn: c.Context().Conn(), read: p.o.ReadTimeout, max: p.o.MaxBody}
 }
 
 func (b *bodyReader) Read(buf []byte) (int, error) {
@@ -304,7 +313,7 @@ func (b *bodyReader) Read(buf []byte) (int, error) {
 	if b.detached {
 		return 0, errDetached
 	}
-	_ = b.conn.SetReadDeadline(time.Now().Add(b.idle))
+	_ = b.conn.SetReadDeadline(time.Now().Add(b.read))
 	n, err := b.r.Read(buf)
 	b.n += int64(n)
 	if b.n > b.max {
@@ -334,17 +343,25 @@ func (b *bodyReader) detach() {
 func (b *bodyReader) untouched() bool { return b.n == 0 && b.failure == nil }
 
 // responseBody counts the bytes sent and runs done exactly once, when the
-// body is finished or abandoned (fasthttp closes it either way).
+// body is finished or abandoned (fasthttp closes it either way). Each
+// chunk read gets a fresh write deadline for the browser: a browser that
+// stops reading is dropped after HTTP_WRITE_TIMEOUT, a stream that keeps
+// flowing is never cut.
 type responseBody struct {
-	r    io.ReadCloser
-	n    int64
-	once sync.Once
-	done func(int64)
+	r     io.ReadCloser
+	conn  net.Conn
+	write time.Duration
+	n     int64
+	once  sync.Once
+	done  func(int64)
 }
 
 func (b *responseBody) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	b.n += int64(n)
+	if n > 0 {
+		_ = b.conn.SetWriteDeadline(time.Now().Add(b.write))
+	}
 	return n, err
 }
 

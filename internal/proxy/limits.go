@@ -5,13 +5,19 @@ import (
 	"sync/atomic"
 )
 
-// slots caps concurrent requests plus WebSockets per user on this edge.
-type slots struct {
+// Slots caps concurrent requests, WebSockets and status streams per user
+// on this edge (MAX_IN_FLIGHT_PER_USER). The account endpoints' status
+// streams share it with the proxy.
+type Slots struct {
 	max   int64
 	users sync.Map // user -> *atomic.Int64
 }
 
-func (s *slots) acquire(user string) bool {
+// NewSlots returns a cap of max per user.
+func NewSlots(max int) *Slots { return &Slots{max: int64(max)} }
+
+// Acquire takes one of user's slots, if one is free.
+func (s *Slots) Acquire(user string) bool {
 	v, ok := s.users.Load(user)
 	if !ok {
 		v, _ = s.users.LoadOrStore(user, new(atomic.Int64))
@@ -24,7 +30,8 @@ func (s *slots) acquire(user string) bool {
 	return true
 }
 
-func (s *slots) release(user string) {
+// Release gives back a slot Acquire took.
+func (s *Slots) Release(user string) {
 	if v, ok := s.users.Load(user); ok {
 		v.(*atomic.Int64).Add(-1)
 	}

@@ -10,6 +10,7 @@ type metrics struct {
 	wakeDuration   prometheus.Histogram
 	inFlight       prometheus.Gauge
 	websockets     prometheus.Gauge
+	revoked        prometheus.Counter
 	// Body bytes by direction, resolved once: they are counted on every
 	// request and WebSocket message.
 	bytesUp, bytesDown prometheus.Counter
@@ -40,12 +41,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		websockets: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "aaas_edge_websockets_open", Help: "WebSockets bridged by this edge.",
 		}),
+		revoked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "aaas_edge_revoked_streams_total", Help: "WebSockets and streamed responses ended because their credentials were revoked.",
+		}),
 	}
 	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "aaas_edge_proxied_bytes_total", Help: "Body bytes proxied, by direction (up: to DSH, down: to browsers).",
 	}, []string{"direction"})
 	m.bytesUp, m.bytesDown = bytes.WithLabelValues("up"), bytes.WithLabelValues("down")
-	reg.MustRegister(m.requests, m.duration, m.upstreamErrors, m.wakes, m.wakeDuration, m.inFlight, m.websockets, bytes)
+	reg.MustRegister(m.requests, m.duration, m.upstreamErrors, m.wakes, m.wakeDuration, m.inFlight, m.websockets, m.revoked, bytes)
 	return m
 }
 

@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -35,9 +34,13 @@ type Identity struct {
 	// Ambient is true for credentials a browser attaches by itself (the
 	// session cookie, an SSO header), which need same-origin checks.
 	Ambient bool
+	// Valid reports whether the credentials still hold; WebSockets and
+	// streamed responses end when it turns false. nil means always.
+	Valid func() bool
 }
 
-// Authenticator resolves a request's identity.
+// Authenticator resolves a request's identity. An error with an
+// HTTPStatus() int method answers with that status, any other with 401.
 type Authenticator func(*fiber.Ctx) (Identity, error)
 
 // ValidUser reports whether a path segment can be an account name.
@@ -53,18 +56,28 @@ type Options struct {
 	Sealer       *handshake.Sealer
 	Edge         string
 
+	// Slots is the per-user in-flight cap, shared with the status streams.
+	Slots            *Slots
 	WakeTimeout      time.Duration
 	HandshakeTimeout time.Duration
-	MaxInFlight      int
 	MaxBody          int64
 	WSMaxMessage     int64
 	HeaderAllowlist  []string
-	IdentityHeader   string
-	BeaconInterval   time.Duration
-	// IdleTimeout bounds how long a request body may stall.
-	IdleTimeout time.Duration
-	Log         *slog.Logger
-	Metrics     prometheus.Registerer
+	// IdentityHeaders are the SSO headers, never forwarded to DSH.
+	IdentityHeaders []string
+	BeaconInterval  time.Duration
+	// ReadTimeout bounds how long a request body may stall; WriteTimeout
+	// how long one write to the browser may block (both per chunk, so
+	// long streams are fine). Revalidate is how often long-lived exchanges
+	// re-check their credentials.
+	ReadTimeout  time.Duration
+	WriteTimeout time.Duration
+	Revalidate   time.Duration
+	// Changes signals a change to sessions or accounts: a moment to
+	// re-check at once.
+	Changes <-chan struct{}
+	Log     *slog.Logger
+	Metrics prometheus.Registerer
 }
 
 // Proxy serves /u/<user>/**.
@@ -74,24 +87,19 @@ type Proxy struct {
 	headers   headerPolicy
 	transport *http.Transport
 	dialer    *websocket.Dialer
-	slots     slots
 	tracker   *tracker
 	draining  atomic.Bool
-
-	wsMu sync.Mutex
-	ws   map[*websocket.Conn]struct{}
+	live      live
 }
 
-// New returns a Proxy; Run must be running for beacons to go out.
+// New returns a Proxy; Run must be running for beacons to go out and for
+// revoked credentials to end long-lived exchanges.
 func New(o Options) *Proxy {
-	if o.IdleTimeout == 0 {
-		o.IdleTimeout = 2 * time.Minute
-	}
 	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	return &Proxy{
 		o:       o,
 		m:       newMetrics(o.Metrics),
-		headers: newHeaderPolicy(o.HeaderAllowlist, o.IdentityHeader),
+		headers: newHeaderPolicy(o.HeaderAllowlist, o.IdentityHeaders),
 		transport: &http.Transport{
 			DialContext:           dialer.DialContext,
 			MaxIdleConns:          4096,
@@ -107,9 +115,8 @@ func New(o Options) *Proxy {
 			NetDialContext: dialer.DialContext, HandshakeTimeout: 10 * time.Second,
 			ReadBufferSize: 32 << 10, WriteBufferSize: 32 << 10,
 		},
-		slots:   slots{max: int64(o.MaxInFlight)},
 		tracker: newTracker(o.Publisher, o.Edge, o.BeaconInterval, o.Log),
-		ws:      map[*websocket.Conn]struct{}{},
+		live:    live{m: map[*exchange]struct{}{}},
 	}
 }
 
@@ -118,24 +125,37 @@ func (p *Proxy) Register(app *fiber.App) {
 	app.All("/u/*", p.serve)
 }
 
-// Run publishes activity beacons until ctx ends.
-func (p *Proxy) Run(ctx context.Context) { p.tracker.run(ctx) }
+// Run publishes activity beacons and re-checks the credentials of
+// long-lived exchanges until ctx ends.
+func (p *Proxy) Run(ctx context.Context) {
+	go p.revalidate(ctx, p.o.Revalidate)
+	p.tracker.run(ctx)
+}
 
 // Drain stops taking new proxied requests and closes every WebSocket with
 // 1001 (going away) so browsers reconnect through another edge.
 func (p *Proxy) Drain() {
 	p.draining.Store(true)
-	p.wsMu.Lock()
-	conns := make([]*websocket.Conn, 0, len(p.ws))
-	for c := range p.ws {
-		conns = append(conns, c)
+	for _, x := range p.live.snapshot() {
+		if x.ws != nil {
+			closeWith(x.ws, websocket.CloseGoingAway, "edge shutting down")
+		}
 	}
-	p.wsMu.Unlock()
-	msg := websocket.FormatCloseMessage(websocket.CloseGoingAway, "edge shutting down")
-	for _, c := range conns {
-		_ = c.WriteControl(websocket.CloseMessage, msg, time.Now().Add(time.Second))
-		_ = c.Close()
+}
+
+// authenticate resolves the request's identity, or the status to refuse it
+// with.
+func (p *Proxy) authenticate(c *fiber.Ctx) (Identity, int, error) {
+	id, err := p.o.Authenticate(c)
+	if err != nil {
+		status := fiber.StatusUnauthorized
+		var s interface{ HTTPStatus() int }
+		if errors.As(err, &s) {
+			status = s.HTTPStatus()
+		}
+		return id, status, err
 	}
+	return id, 0, nil
 }
 
 // splitUserPath takes /u/<user>/<rest> apart on the raw path, exactly as

@@ -27,19 +27,21 @@ const (
 // bridge exists are reported the way browsers can see them: the upgrade
 // succeeds and is closed at once with a code and reason.
 func (p *Proxy) serveWebSocket(c *fiber.Ctx, user, rest string) error {
-	id, err := p.o.Authenticate(c)
+	id, status, err := p.authenticate(c)
 	switch {
-	case err != nil:
+	case status == fiber.StatusUnauthorized:
 		return p.refuse(c, closeUnauthorized, "sign in again")
+	case err != nil:
+		return p.refuse(c, closeForbidden, err.Error())
 	case id.User != user:
 		return p.refuse(c, closeUnauthorized, "this sandbox belongs to another user")
 	case id.Ambient && c.Get(fiber.HeaderOrigin) != "" && !clientinfo.SameOrigin(c):
 		return p.refuse(c, closeForbidden, "cross-site WebSocket refused")
 	}
-	if !p.slots.acquire(user) {
+	if !p.o.Slots.Acquire(user) {
 		return p.refuse(c, websocket.CloseInternalServerErr, "too many connections to this sandbox")
 	}
-	release := func() { p.slots.release(user) }
+	release := func() { p.o.Slots.Release(user) }
 	box, _, err := p.ready(c, user, false)
 	if err != nil {
 		release()
@@ -78,7 +80,7 @@ func (p *Proxy) serveWebSocket(c *fiber.Ctx, user, rest string) error {
 			p.tracker.end(user)
 			release()
 		}()
-		p.bridge(user, down, up)
+		p.bridge(id, down, up)
 	})
 	if err != nil {
 		up.Close()
@@ -131,16 +133,14 @@ func (p *Proxy) dial(c *fiber.Ctx, user, rest string, box kv.Sandbox, cookie str
 
 // bridge copies messages both ways, frame by frame (a 16 MiB message is
 // never held whole), passes pings, pongs and close codes through, and
-// counts messages as activity.
-func (p *Proxy) bridge(user string, down, up *websocket.Conn) {
-	p.wsMu.Lock()
-	p.ws[down] = struct{}{}
-	p.wsMu.Unlock()
+// counts messages as activity. It lasts while id's credentials hold.
+func (p *Proxy) bridge(id Identity, down, up *websocket.Conn) {
+	user := id.User
+	x := &exchange{valid: id.Valid, ws: down}
+	p.live.add(x)
 	p.m.websockets.Inc()
 	defer func() {
-		p.wsMu.Lock()
-		delete(p.ws, down)
-		p.wsMu.Unlock()
+		p.live.remove(x)
 		p.m.websockets.Dec()
 		down.Close()
 		up.Close()
@@ -150,8 +150,17 @@ func (p *Proxy) bridge(user string, down, up *websocket.Conn) {
 	forwardControl(up, down)
 
 	errs := make(chan error, 2)
-	go func() { errs <- p.pump(user, p.m.bytesUp, up, down) }()
-	go func() { errs <- p.pump(user, p.m.bytesDown, down, up) }()
+	go func() { errs <- p.pump(user, p.m.bytesUp, up, down, closeFor) }()
+	go func() {
+		errs <- p.pump(user, p.m.bytesDown, down, up, func(err error) []byte {
+			// The sandbox went away because its user was signed out (a
+			// deletion, a recreate): tell the page so, not "lost".
+			if id.Valid != nil && !id.Valid() {
+				return websocket.FormatCloseMessage(closeUnauthorized, "signed out")
+			}
+			return closeFor(err)
+		})
+	}()
 	<-errs
 	// One side ended; the close it caused ends the other pump.
 	down.Close()
@@ -169,21 +178,21 @@ func forwardControl(from, to *websocket.Conn) {
 	})
 }
 
-// pump copies messages read from src to dst until src ends, then passes
-// src's close code on to dst (1009 when src sent too much; the library has
+// pump copies messages read from src to dst until src ends, then tells dst
+// why with closing(err) (1009 when src sent too much; the library has
 // already told src). bytes counts what passes in this direction.
-func (p *Proxy) pump(user string, bytes prometheus.Counter, dst, src *websocket.Conn) error {
+func (p *Proxy) pump(user string, bytes prometheus.Counter, dst, src *websocket.Conn, closing func(error) []byte) error {
 	for {
 		typ, r, err := src.NextReader()
 		if err != nil {
-			_ = dst.WriteControl(websocket.CloseMessage, closeFor(err), time.Now().Add(time.Second))
+			_ = dst.WriteControl(websocket.CloseMessage, closing(err), time.Now().Add(time.Second))
 			return err
 		}
 		w, err := dst.NextWriter(typ)
 		if err != nil {
 			return err
 		}
-		n, err := io.Copy(w, r)
+		n, err := io.Copy(deadlineWriter{w: w, c: dst, d: p.o.WriteTimeout}, r)
 		bytes.Add(float64(n))
 		if err != nil {
 			// Not w.Close(): that would deliver the truncated part as a
@@ -193,6 +202,7 @@ func (p *Proxy) pump(user string, bytes prometheus.Counter, dst, src *websocket.
 			}
 			return err
 		}
+		_ = dst.SetWriteDeadline(time.Now().Add(p.o.WriteTimeout))
 		if err := w.Close(); err != nil {
 			return err
 		}
@@ -215,4 +225,18 @@ func closeFor(err error) []byte {
 		return websocket.FormatCloseMessage(websocket.CloseMessageTooBig, "message too big")
 	}
 	return websocket.FormatCloseMessage(websocket.CloseInternalServerErr, "connection to the sandbox lost")
+}
+
+// deadlineWriter gives each chunk of a message a fresh write deadline: a
+// peer that stops reading is dropped after HTTP_WRITE_TIMEOUT, however long
+// the socket has been open or the message is.
+type deadlineWriter struct {
+	w io.Writer
+	c *websocket.Conn
+	d time.Duration
+}
+
+func (w deadlineWriter) Write(b []byte) (int, error) {
+	_ = w.c.SetWriteDeadline(time.Now().Add(w.d))
+	return w.w.Write(b)
 }

@@ -102,3 +102,41 @@ func ValidateUser(name string) error {
 	}
 	return nil
 }
+
+// SSOName maps a sign-in provider's login to an account name. Logins are
+// case-insensitive at the providers we front (GitHub, OIDC usernames), so
+// the name is the lowercased login when that fits the account grammar.
+// Anything else (dots, underscores, a reserved word, a "dsh" prefix, too
+// long) is mapped deterministically, not refused: the letters and digits
+// that survive, hyphenated, plus six hex digits of the login's hash, so two
+// logins that differ only in what was dropped get different accounts.
+func SSOName(login string) string {
+	l := strings.ToLower(strings.TrimSpace(login))
+	if ValidateUser(l) == nil {
+		return l
+	}
+	var b strings.Builder
+	dash := false
+	for _, r := range l {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			b.WriteRune(r)
+			dash = false
+		} else if !dash && b.Len() > 0 {
+			b.WriteByte('-')
+			dash = true
+		}
+	}
+	base := strings.Trim(b.String(), "-")
+	// Room for "-" and six hex digits; a name starts with a letter and
+	// never with "dsh".
+	switch {
+	case base == "":
+		base = "u"
+	case base[0] < 'a' || base[0] > 'z' || strings.HasPrefix(base, "dsh"):
+		base = "u-" + base
+	}
+	if max := MaxUserLen - 7; len(base) > max {
+		base = strings.TrimRight(base[:max], "-")
+	}
+	return base + "-" + HashHex(l)[:6]
+}

@@ -3,6 +3,7 @@ package session
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,7 +20,7 @@ import (
 )
 
 func (s *Service) landing(c *fiber.Ctx) error {
-	d := web.Landing{Invite: s.o.InviteCode != "", SSO: s.o.ProxyHeader != "", MaxUserLen: MaxUserLen}
+	d := web.Landing{Invite: s.o.InviteCode != "", SSO: s.o.SSO.NameHeader != "", MaxUserLen: MaxUserLen}
 	if id, err := s.Authenticate(c); err == nil {
 		d.User = id.User
 		st := s.state(id.User)
@@ -39,15 +40,18 @@ func (s *Service) state(user string) kv.Sandbox {
 	return e.Value
 }
 
-// signup: rate limit, size, type, invite, origin and name checks come
+// signup: rate limit, origin, size, type, invite and name checks come
 // before anything is created; then the claim command, its answer, a
 // session, and up to WAKE_TIMEOUT for the sandbox to be Ready.
 func (s *Service) signup(c *fiber.Ctx) error {
-	if s.o.ProxyHeader != "" {
+	if s.o.SSO.NameHeader != "" {
 		return s.fail(c, fiber.StatusForbidden, "accounts are created by signing in through SSO")
 	}
 	if ok, err := s.limit(c, "signup"); !ok {
 		return err
+	}
+	if clientinfo.ForeignOrigin(c) {
+		return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 	}
 	f, status, msg := s.form(c, "user", "invite")
 	if status != 0 {
@@ -60,12 +64,9 @@ func (s *Service) signup(c *fiber.Ctx) error {
 		}
 		if !constantEqual(invite, s.o.InviteCode) {
 			s.auth.WithLabelValues("signup", "invite_rejected").Inc()
-			s.audit(events.AuditEvent{Kind: events.AuditInviteRejected, Client: HashHex(clientinfo.IP(c))[:16]})
+			s.refused(c, events.AuditEvent{Kind: events.AuditInviteRejected})
 			return s.fail(c, fiber.StatusForbidden, "a valid invite code is required to sign up")
 		}
-	}
-	if clientinfo.ForeignOrigin(c) {
-		return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 	}
 	user := f["user"]
 	if err := ValidateUser(user); err != nil {
@@ -139,15 +140,23 @@ func (s *Service) login(c *fiber.Ctx) error {
 		}
 		token = f["token"]
 	}
-	user, ok := s.checkToken(token)
+	u, ok := s.checkToken(token)
 	if !ok {
 		s.auth.WithLabelValues("login", "rejected").Inc()
-		s.audit(events.AuditEvent{Kind: events.AuditLogin, Outcome: "rejected", Client: HashHex(clientinfo.IP(c))[:16]})
+		s.refused(c, events.AuditEvent{Kind: events.AuditLogin, Outcome: "rejected"})
 		return s.fail(c, fiber.StatusUnauthorized, "that token is not valid")
 	}
+	user := u.Name
 	sid, err := s.o.Store.Create(c.Context(), user, "login")
 	if err != nil {
 		return s.fail(c, fiber.StatusServiceUnavailable, errUnavailable.Error())
+	}
+	// Signing in again replaces the browser's session: the old id, which
+	// the new cookie overwrites, must not stay usable elsewhere.
+	if old := c.Request().Header.Cookie(s.cookie); validSID(old) {
+		if sess, ok := s.o.Store.Lookup(old); ok {
+			_ = s.o.Store.Revoke(c.Context(), sess.User, sha256.Sum256(old))
+		}
 	}
 	s.setCookie(c, sid)
 	s.auth.WithLabelValues("login", "ok").Inc()
@@ -172,9 +181,9 @@ func cutBearer(h string) (string, bool) {
 func (s *Service) mutation(c *fiber.Ctx) (id Identity, ok bool, err error) {
 	id, aerr := s.Authenticate(c)
 	if aerr != nil {
-		return id, false, s.fail(c, fiber.StatusUnauthorized, aerr.Error())
+		return id, false, s.fail(c, Status(aerr), aerr.Error())
 	}
-	if id.Method != "bearer" && !clientinfo.SameOrigin(c) {
+	if id.Method != MethodBearer && !clientinfo.SameOrigin(c) {
 		return id, false, s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 	}
 	return id, true, nil
@@ -182,11 +191,11 @@ func (s *Service) mutation(c *fiber.Ctx) (id Identity, ok bool, err error) {
 
 func (s *Service) logout(c *fiber.Ctx) error {
 	id, err := s.Authenticate(c)
-	if err == nil && id.Method == "cookie" {
+	if err == nil && id.Method == MethodCookie {
 		if !clientinfo.SameOrigin(c) {
 			return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 		}
-		if err := s.o.Store.Revoke(c.Context(), id.User, id.sid); err != nil {
+		if err := s.o.Store.Revoke(c.Context(), id.User, id.sum); err != nil {
 			return s.fail(c, fiber.StatusServiceUnavailable, errUnavailable.Error())
 		}
 		s.audit(events.AuditEvent{Kind: events.AuditLogout, User: id.User, Outcome: "ok"})
@@ -239,7 +248,7 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 		return s.fail(c, fiber.StatusServiceUnavailable, "the sandbox could not be recreated: "+res.Error)
 	}
 	s.audit(events.AuditEvent{Kind: events.AuditRecreate, User: id.User, Outcome: "requested", Detail: "by " + id.Method})
-	if id.Method == "cookie" {
+	if id.Method == MethodCookie {
 		if sid, err := s.o.Store.Create(c.Context(), id.User, "recreate"); err == nil {
 			s.setCookie(c, sid)
 		}
@@ -281,12 +290,12 @@ func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb) (kv
 	// Detached from the first requester: the others wait for the same.
 	v, err, _ := s.actions.Do(requestID, func() (any, error) {
 		ctx := context.Background()
-		allowed, retry, err := s.o.Actions.Allow(ctx, "account:"+user)
+		v, err := s.o.Actions.Allow(ctx, "account:"+user)
 		if err != nil {
 			return nil, errUnavailable
 		}
-		if !allowed {
-			return outcome{limited: true, retry: retry}, nil
+		if !v.Allowed {
+			return outcome{limited: true, retry: v.RetryAfter}, nil
 		}
 		res, err := s.command(ctx, cmd)
 		return outcome{res: res}, err
@@ -317,58 +326,66 @@ func (s *Service) statusOf(user string) statusBody {
 func (s *Service) status(c *fiber.Ctx) error {
 	id, err := s.Authenticate(c)
 	if err != nil {
-		return s.fail(c, fiber.StatusUnauthorized, err.Error())
+		return s.fail(c, Status(err), err.Error())
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	return c.JSON(s.statusOf(id.User))
 }
 
 // statusStream sends the user's sandbox state as server-sent events, once
-// now and again on every change, for the landing and starting pages.
+// now and again on every change, for the landing and starting pages. It
+// holds one of the user's in-flight slots, and ends when its credentials
+// are revoked (the browser's EventSource then reconnects and is refused).
 func (s *Service) statusStream(c *fiber.Ctx) error {
 	id, err := s.Authenticate(c)
 	if err != nil {
-		return s.fail(c, fiber.StatusUnauthorized, err.Error())
+		return s.fail(c, Status(err), err.Error())
+	}
+	if !s.o.InFlight.Acquire(id.User) {
+		c.Set(fiber.HeaderRetryAfter, "1")
+		return s.fail(c, fiber.StatusServiceUnavailable, "too many requests to your sandbox are in flight; retry shortly")
 	}
 	c.Set(fiber.HeaderContentType, "text/event-stream")
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	c.Set("X-Accel-Buffering", "no")
 	user := id.User
-	ctx := c.Context()
+	conn := c.Context().Conn()
 	c.Context().SetBodyStreamWriter(fasthttp.StreamWriter(func(w *bufio.Writer) {
+		defer s.o.InFlight.Release(user)
+		// Each write gets its own deadline: a browser that stops reading
+		// is dropped, one that keeps reading is never cut off.
+		send := func(text string) bool {
+			_ = conn.SetWriteDeadline(time.Now().Add(s.o.WriteTimeout))
+			_, err := w.WriteString(text)
+			return err == nil && w.Flush() == nil
+		}
 		var last uint64
 		sent := false
-		for {
+		quiet := time.Now()
+		for s.Valid(id) {
 			e, _ := s.o.Sandboxes.Get(user)
 			if !sent || e.Revision != last {
 				b, _ := json.Marshal(s.statusOf(user))
-				if _, err := w.WriteString("event: state\ndata: " + string(b) + "\n\n"); err != nil {
+				if !send("event: state\ndata: " + string(b) + "\n\n") {
 					return
 				}
-				if err := w.Flush(); err != nil {
-					return
-				}
-				last, sent = e.Revision, true
+				last, sent, quiet = e.Revision, true, time.Now()
 			}
-			wctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-			_, _, err := s.o.Sandboxes.Wait(wctx, user, func(e kv.Entry[kv.Sandbox], _ bool) bool { return e.Revision != last })
+			wctx, cancel := context.WithTimeout(context.Background(), s.o.Revalidate)
+			_, _, _ = s.o.Sandboxes.Wait(wctx, user, func(e kv.Entry[kv.Sandbox], _ bool) bool { return e.Revision != last })
 			cancel()
-			if err != nil {
+			if time.Since(quiet) >= keepAlive {
 				// Quiet for a while: a comment keeps proxies from closing the
 				// stream and tells us whether the browser is still there.
-				if _, err := w.WriteString(": keep-alive\n\n"); err != nil {
+				if !send(": keep-alive\n\n") {
 					return
 				}
-				if err := w.Flush(); err != nil {
-					return
-				}
-			}
-			select {
-			case <-ctx.Done():
-				return
-			default:
+				quiet = time.Now()
 			}
 		}
 	}))
 	return nil
 }
+
+// keepAlive is how long a status stream stays silent at most.
+const keepAlive = 15 * time.Second

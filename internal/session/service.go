@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -39,16 +41,44 @@ type Options struct {
 	Users     *kv.Cache[kv.User]
 	Sandboxes *kv.Cache[kv.Sandbox]
 	Requests  *kv.Cache[kv.Result]
+	// InFlight is the per-user cap the proxy's requests count against;
+	// status streams count too.
+	InFlight Slots
 
 	CookieName   string
 	CookieSecure bool
 	CookieMaxAge time.Duration
 	InviteCode   string
-	// ProxyHeader turns on SSO: the header names the user.
-	ProxyHeader string
-	WakeTimeout time.Duration
-	Log         *slog.Logger
-	Metrics     prometheus.Registerer
+	SSO          SSO
+	WakeTimeout  time.Duration
+	// WriteTimeout bounds each write of a status stream; Revalidate is how
+	// often a stream re-checks its credentials.
+	WriteTimeout time.Duration
+	Revalidate   time.Duration
+	Log          *slog.Logger
+	Metrics      prometheus.Registerer
+}
+
+// Slots caps a user's concurrent requests on this edge.
+type Slots interface {
+	Acquire(user string) bool
+	Release(user string)
+}
+
+// SSO is sign-in through an authenticating proxy (oauth2-proxy) that names
+// the user in headers the edge believes because nothing else can reach it
+// (the exposure's NetworkPolicies).
+type SSO struct {
+	// NameHeader (AUTH_PROXY_HEADER) carries the login; "" turns SSO off.
+	NameHeader string
+	// IDHeader (AUTH_PROXY_ID_HEADER) carries the provider's stable id of
+	// the user; an account is bound to it at creation.
+	IDHeader string
+	// GroupsHeader (AUTH_PROXY_GROUPS_HEADER) lists the user's groups.
+	GroupsHeader string
+	// Allow (AUTH_PROXY_ALLOW) is who may sign in: logins
+	// (case-insensitive), group:<name> entries, or * for everyone.
+	Allow []string
 }
 
 // Service serves the account endpoints and authenticates requests.
@@ -108,33 +138,66 @@ func (s *Service) Register(app *fiber.App) {
 	})
 }
 
-// Identity is who a request authenticated as.
+// How a request authenticated.
+const (
+	MethodCookie = "cookie"
+	MethodBearer = "bearer"
+	MethodSSO    = "sso"
+)
+
+// Identity is who a request authenticated as, and what must stay true
+// for it to hold (see Valid).
 type Identity struct {
 	User string
-	// Method is cookie, bearer or sso.
+	// Method is MethodCookie, MethodBearer or MethodSSO.
 	Method string
-	sid    string
+	// sum is the session id's SHA-256 (cookie).
+	sum [32]byte
+	// bound is the account's token hash when authenticated (bearer, SSO).
+	bound string
 }
+
+// authError is an authentication failure with the status it answers.
+type authError struct {
+	status int
+	msg    string
+}
+
+func (e *authError) Error() string { return e.msg }
+
+// HTTPStatus is the status a request failing with e gets.
+func (e *authError) HTTPStatus() int { return e.status }
 
 // Authentication failures.
 var (
-	ErrNoCredentials  = errors.New("sign in first")
-	ErrBadCredentials = errors.New("invalid or expired credentials")
+	ErrNoCredentials  error = &authError{fiber.StatusUnauthorized, "sign in first"}
+	ErrBadCredentials error = &authError{fiber.StatusUnauthorized, "invalid or expired credentials"}
+	// ErrNotAllowed: SSO knows the user, AUTH_PROXY_ALLOW does not.
+	ErrNotAllowed error = &authError{fiber.StatusForbidden, "your sign-in is not allowed on this gateway; ask its operators to add you to AUTH_PROXY_ALLOW"}
+	// ErrBoundElsewhere: the account belongs to another identity (a login
+	// renamed and registered again by someone else).
+	ErrBoundElsewhere error = &authError{fiber.StatusForbidden, "this account belongs to another identity at your sign-in provider; ask the gateway's operators"}
+	errUnavailable    error = &authError{fiber.StatusServiceUnavailable, "the gateway cannot reach its message bus; try again shortly"}
+	errTimeout        error = &authError{fiber.StatusServiceUnavailable, "your request is taking longer than expected; try again in a moment"}
 )
+
+// Status is the HTTP status for an authentication error: 401 unless the
+// error says otherwise.
+func Status(err error) int {
+	var e *authError
+	if errors.As(err, &e) {
+		return e.status
+	}
+	return fiber.StatusUnauthorized
+}
 
 // Authenticate resolves the request's identity: the SSO header when SSO
 // is on, else a bearer token, else the session cookie. Explicit
 // credentials that fail are an error, never a fall-back to the cookie.
 func (s *Service) Authenticate(c *fiber.Ctx) (Identity, error) {
-	if s.o.ProxyHeader != "" {
-		if name := c.Get(s.o.ProxyHeader); name != "" {
-			if ValidateUser(name) != nil {
-				return Identity{}, ErrBadCredentials
-			}
-			if err := s.ensureSSOAccount(c.Context(), name); err != nil {
-				return Identity{}, err
-			}
-			return Identity{User: name, Method: "sso"}, nil
+	if s.o.SSO.NameHeader != "" {
+		if login := c.Get(s.o.SSO.NameHeader); login != "" {
+			return s.ssoIdentity(c, login)
 		}
 	}
 	if h := c.Get(fiber.HeaderAuthorization); h != "" {
@@ -142,52 +205,129 @@ func (s *Service) Authenticate(c *fiber.Ctx) (Identity, error) {
 		if !ok {
 			return Identity{}, ErrBadCredentials
 		}
-		user, ok := s.checkToken(token)
+		u, ok := s.checkToken(token)
 		if !ok {
 			return Identity{}, ErrBadCredentials
 		}
-		return Identity{User: user, Method: "bearer"}, nil
+		return Identity{User: u.Name, Method: MethodBearer, bound: u.TokenHash}, nil
 	}
 	sid := c.Request().Header.Cookie(s.cookie)
 	if len(sid) == 0 {
 		return Identity{}, ErrNoCredentials
 	}
-	sess, ok := s.o.Store.Lookup(sid)
+	if !validSID(sid) {
+		return Identity{}, ErrBadCredentials
+	}
+	sum := sha256.Sum256(sid)
+	sess, ok := s.o.Store.LookupSum(sum)
 	if !ok {
 		return Identity{}, ErrBadCredentials
 	}
-	return Identity{User: sess.User, Method: "cookie", sid: string(sid)}, nil
+	return Identity{User: sess.User, Method: MethodCookie, sum: sum}, nil
 }
 
-func (s *Service) checkToken(token string) (string, bool) {
+// Valid reports whether id still holds: its session neither revoked nor
+// expired, its account neither deleted nor replaced. Long-lived streams
+// ask it until it says no, and then end.
+func (s *Service) Valid(id Identity) bool {
+	if id.Method == MethodCookie {
+		sess, ok := s.o.Store.LookupSum(id.sum)
+		return ok && sess.User == id.User
+	}
+	u, ok := s.o.Users.Get(id.User)
+	return ok && u.Value.DeletingSince.IsZero() && constantEqual(u.Value.TokenHash, id.bound)
+}
+
+func (s *Service) checkToken(token string) (kv.User, bool) {
 	user, ok := TokenUser(token)
 	if !ok {
-		return "", false
+		return kv.User{}, false
 	}
 	u, ok := s.o.Users.Get(user)
-	if !ok {
-		return "", false
+	if !ok || !u.Value.DeletingSince.IsZero() {
+		return kv.User{}, false
 	}
-	return user, TokenMatches(token, u.Value.TokenHash)
+	return u.Value, TokenMatches(token, u.Value.TokenHash)
 }
 
-// ensureSSOAccount creates the account of an SSO user on first sight.
-// Edges that see the same first visit within a minute publish the same
-// command, which the stream keeps once.
-func (s *Service) ensureSSOAccount(ctx context.Context, user string) error {
-	if _, ok := s.o.Users.Get(user); ok {
-		return nil
+// ssoIdentity admits an SSO user: allowed by AUTH_PROXY_ALLOW, mapped to
+// an account name, and bound to the provider's stable id (the id header,
+// else the login). The binding is the account's token hash, so an account
+// created for one identity never opens for another, and it is created on
+// first sight.
+func (s *Service) ssoIdentity(c *fiber.Ctx, login string) (Identity, error) {
+	if !s.ssoAllowed(login, c.Get(s.o.SSO.GroupsHeader)) {
+		s.auth.WithLabelValues("sso", "refused").Inc()
+		s.refused(c, events.AuditEvent{Kind: events.AuditSSORefused, Outcome: "not_allowed"})
+		return Identity{}, ErrNotAllowed
 	}
-	req := fmt.Sprintf("sso-%s-%d", user, time.Now().Unix()/60)
-	res, err := s.command(ctx, events.NewClaim(user, req, HashHex(NewToken(user))))
-	if err != nil {
+	name := SSOName(login)
+	subject := "login:" + strings.ToLower(strings.TrimSpace(login))
+	if s.o.SSO.IDHeader != "" {
+		if id := strings.TrimSpace(c.Get(s.o.SSO.IDHeader)); id != "" {
+			subject = "id:" + strings.ToLower(id)
+		}
+	}
+	bound := HashHex("sso\x00" + subject)
+	if u, ok := s.o.Users.Get(name); ok {
+		if !u.Value.DeletingSince.IsZero() {
+			return Identity{}, ErrBadCredentials
+		}
+		if !constantEqual(u.Value.TokenHash, bound) {
+			s.auth.WithLabelValues("sso", "bound_elsewhere").Inc()
+			s.refused(c, events.AuditEvent{Kind: events.AuditSSORefused, User: name, Outcome: "bound_elsewhere"})
+			return Identity{}, ErrBoundElsewhere
+		}
+		return Identity{User: name, Method: MethodSSO, bound: bound}, nil
+	}
+	if err := s.ssoAccount(c.Context(), name, bound); err != nil {
+		if errors.Is(err, ErrBoundElsewhere) {
+			s.refused(c, events.AuditEvent{Kind: events.AuditSSORefused, User: name, Outcome: "bound_elsewhere"})
+		}
+		return Identity{}, err
+	}
+	return Identity{User: name, Method: MethodSSO, bound: bound}, nil
+}
+
+// ssoAllowed applies AUTH_PROXY_ALLOW to a login and its groups.
+func (s *Service) ssoAllowed(login, groups string) bool {
+	for _, a := range s.o.SSO.Allow {
+		if g, ok := strings.CutPrefix(a, "group:"); ok {
+			for _, have := range strings.Split(groups, ",") {
+				if strings.EqualFold(strings.TrimSpace(have), g) {
+					return true
+				}
+			}
+			continue
+		}
+		if a == "*" || strings.EqualFold(a, strings.TrimSpace(login)) {
+			return true
+		}
+	}
+	return false
+}
+
+// ssoAccount creates the account of an SSO user on first sight. Edges that
+// see the same first visit within a minute publish the same command, which
+// the stream keeps once; lifecycle answers a repeat with the same binding
+// as created, and a name already bound to another identity as a conflict.
+func (s *Service) ssoAccount(ctx context.Context, user, bound string) error {
+	req := fmt.Sprintf("sso-%s-%s-%d", user, bound[:12], time.Now().Unix()/60)
+	res, err := s.command(ctx, events.NewClaim(user, req, bound))
+	switch {
+	case err != nil:
 		return err
+	case res.Outcome == kv.OutcomeConflict:
+		return ErrBoundElsewhere
+	case res.Outcome != kv.OutcomeCreated:
+		return &authError{fiber.StatusServiceUnavailable, "your account could not be created: " + res.Error}
 	}
-	if res.Outcome != kv.OutcomeCreated {
-		return fmt.Errorf("account %q cannot be created: %s", user, res.Outcome)
+	s.audit(events.AuditEvent{Kind: events.AuditSignup, User: user, RequestID: req, Outcome: "sso"})
+	wctx, cancel := context.WithTimeout(ctx, s.o.WakeTimeout)
+	defer cancel()
+	if _, _, err := s.o.Users.Wait(wctx, user, func(_ kv.Entry[kv.User], ok bool) bool { return ok }); err != nil {
+		return errTimeout
 	}
-	s.audit(events.AuditEvent{Kind: events.AuditSignup, User: user, Outcome: "sso"})
-	_, _, _ = s.o.Users.Wait(ctx, user, func(_ kv.Entry[kv.User], ok bool) bool { return ok })
 	return nil
 }
 
@@ -205,12 +345,21 @@ func (s *Service) command(ctx context.Context, c events.Command) (kv.Result, err
 	return e.Value, nil
 }
 
-var (
-	errUnavailable = errors.New("the gateway cannot reach its message bus; try again shortly")
-	errTimeout     = errors.New("your request is taking longer than expected; try again in a moment")
-)
-
 func (s *Service) audit(e events.AuditEvent) { s.o.Publisher.Audit(e) }
+
+// clientTag names the client in audit events without its address.
+func clientTag(c *fiber.Ctx) string { return HashHex(clientinfo.Key(c))[:16] }
+
+// refused audits a refused request, at most once per client per window:
+// a flood of refusals must not become a flood of audit events.
+func (s *Service) refused(c *fiber.Ctx, e events.AuditEvent) {
+	first, err := s.o.Limiter.Refused(c.Context(), clientinfo.Key(c))
+	if err != nil || !first {
+		return
+	}
+	e.Client = clientTag(c)
+	s.audit(e)
+}
 
 // wantsJSON is true for API clients: they send JSON, ask for it, or
 // authenticate with a token.
@@ -250,16 +399,17 @@ func statusTitle(code int) string {
 // limit applies the shared auth rate limit; false means a response was
 // written.
 func (s *Service) limit(c *fiber.Ctx, endpoint string) (bool, error) {
-	client := clientinfo.IP(c)
-	ok, retry, err := s.o.Limiter.Allow(c.Context(), client)
+	v, err := s.o.Limiter.Allow(c.Context(), clientinfo.Key(c))
 	if err != nil {
 		s.auth.WithLabelValues(endpoint, "unavailable").Inc()
 		return false, s.fail(c, fiber.StatusServiceUnavailable, errUnavailable.Error())
 	}
-	if !ok {
+	if !v.Allowed {
 		s.auth.WithLabelValues(endpoint, "rate_limited").Inc()
-		s.audit(events.AuditEvent{Kind: events.AuditRateLimited, Client: HashHex(client)[:16], Detail: endpoint})
-		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(int(retry.Seconds())+1))
+		if v.Audit {
+			s.audit(events.AuditEvent{Kind: events.AuditRateLimited, Client: clientTag(c), Detail: endpoint})
+		}
+		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(int(v.RetryAfter.Seconds())+1))
 		return false, s.fail(c, fiber.StatusTooManyRequests, "too many attempts; wait and try again")
 	}
 	return true, nil
@@ -289,7 +439,7 @@ func (s *Service) form(c *fiber.Ctx, fields ...string) (map[string]string, int, 
 			return nil, fiber.StatusBadRequest, "malformed JSON"
 		}
 		for k, v := range raw {
-			if !contains(fields, k) {
+			if !slices.Contains(fields, k) {
 				return nil, fiber.StatusBadRequest, fmt.Sprintf("unknown field %q", k)
 			}
 			var str string
@@ -305,7 +455,7 @@ func (s *Service) form(c *fiber.Ctx, fields ...string) (map[string]string, int, 
 		return nil, fiber.StatusBadRequest, "malformed form"
 	}
 	for k, v := range vals {
-		if !contains(fields, k) {
+		if !slices.Contains(fields, k) {
 			return nil, fiber.StatusBadRequest, fmt.Sprintf("unknown field %q", k)
 		}
 		if len(v) != 1 {
@@ -314,15 +464,6 @@ func (s *Service) form(c *fiber.Ctx, fields ...string) (map[string]string, int, 
 		out[k] = v[0]
 	}
 	return out, 0, ""
-}
-
-func contains(xs []string, x string) bool {
-	for _, y := range xs {
-		if x == y {
-			return true
-		}
-	}
-	return false
 }
 
 func (s *Service) setCookie(c *fiber.Ctx, sid string) {

@@ -2,6 +2,8 @@ package session_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -53,7 +55,9 @@ func TestTokens(t *testing.T) {
 	}
 }
 
-func setup(t testing.TB) (*session.Store, *session.Limiter) {
+func setup(t testing.TB) (*session.Store, *session.Limiter) { return setupCap(t, 10_000) }
+
+func setupCap(t testing.TB, maxPerUser int) (*session.Store, *session.Limiter) {
 	t.Helper()
 	s := natstest.Start(t)
 	_, js := natstest.Connect(t, s.URL())
@@ -61,7 +65,7 @@ func setup(t testing.TB) (*session.Store, *session.Limiter) {
 	if err := kv.EnsureBuckets(ctx, js, kv.DefaultBucketsConfig()); err != nil {
 		t.Fatal(err)
 	}
-	store, err := session.NewStore(context.Background(), js, time.Hour, slog.New(slog.DiscardHandler))
+	store, err := session.NewStore(context.Background(), js, session.StoreOptions{TTL: time.Hour, MaxPerUser: maxPerUser, Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +101,7 @@ func TestStoreCreateLookupRevoke(t *testing.T) {
 		}
 	}
 	other, _ := store.Create(ctx, "bob", "login")
-	if err := store.Revoke(ctx, "bob", sid); err != nil {
+	if err := store.Revoke(ctx, "bob", sha256.Sum256([]byte(sid))); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 5*time.Second, func() error {
@@ -120,20 +124,62 @@ func TestStoreCreateLookupRevoke(t *testing.T) {
 	})
 }
 
+// A user holds at most the cap of sessions: each new one beyond it ends
+// the oldest, and only the oldest.
+func TestSessionCapEndsTheOldest(t *testing.T) {
+	store, _ := setupCap(t, 3)
+	ctx := natstest.Context(t, time.Minute)
+	var sids []string
+	for i := 0; i < 5; i++ {
+		sid, err := store.Create(ctx, "bob", "login")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sids = append(sids, sid)
+		time.Sleep(5 * time.Millisecond) // distinct creation times
+	}
+	carol, _ := store.Create(ctx, "carol", "login")
+	testutil.Eventually(t, 5*time.Second, func() error {
+		for i, sid := range sids {
+			if _, ok := store.Lookup([]byte(sid)); ok != (i >= 2) {
+				return fmt.Errorf("session %d valid=%v", i, ok)
+			}
+		}
+		return nil
+	})
+	if _, ok := store.Lookup([]byte(carol)); !ok || store.Count("bob") != 3 || store.Count("carol") != 1 {
+		t.Fatalf("counts bob %d carol %d", store.Count("bob"), store.Count("carol"))
+	}
+}
+
 func TestLimiter(t *testing.T) {
 	_, lim := setup(t)
 	ctx := natstest.Context(t, time.Minute)
 	for i := 0; i < 3; i++ {
-		if ok, _, err := lim.Allow(ctx, "10.0.0.1"); !ok || err != nil {
+		if v, err := lim.Allow(ctx, "10.0.0.1"); !v.Allowed || err != nil {
 			t.Fatalf("attempt %d refused: %v", i+1, err)
 		}
 	}
-	ok, retry, err := lim.Allow(ctx, "10.0.0.1")
-	if ok || err != nil || retry <= 0 || retry > time.Minute {
-		t.Fatalf("4th attempt: ok=%v retry=%s err=%v", ok, retry, err)
+	v, err := lim.Allow(ctx, "10.0.0.1")
+	if v.Allowed || !v.Audit || err != nil || v.RetryAfter <= 0 || v.RetryAfter > time.Minute {
+		t.Fatalf("4th attempt: %+v err=%v", v, err)
 	}
-	if ok, _, _ := lim.Allow(ctx, "10.0.0.2"); !ok {
+	// Only the first refusal in the window is the one to audit, whichever
+	// way it was refused.
+	if v, _ := lim.Allow(ctx, "10.0.0.1"); v.Allowed || v.Audit {
+		t.Fatalf("5th attempt: %+v", v)
+	}
+	if first, err := lim.Refused(ctx, "10.0.0.1"); first || err != nil {
+		t.Fatalf("a refusal after the audited one is audited again: %v %v", first, err)
+	}
+	if v, _ := lim.Allow(ctx, "10.0.0.2"); !v.Allowed {
 		t.Fatal("another client was limited")
+	}
+	if first, _ := lim.Refused(ctx, "10.0.0.2"); !first {
+		t.Fatal("another client's first refusal is not audited")
+	}
+	if first, _ := lim.Refused(ctx, "10.0.0.2"); first {
+		t.Fatal("its second is")
 	}
 }
 
@@ -152,11 +198,11 @@ func TestLimiterWindowSlides(t *testing.T) {
 	}
 	allow := func(what string, want bool) time.Duration {
 		t.Helper()
-		ok, retry, err := lim.Allow(ctx, "10.0.0.3")
-		if err != nil || ok != want {
-			t.Fatalf("%s: allowed=%v err=%v, want allowed=%v", what, ok, err, want)
+		v, err := lim.Allow(ctx, "10.0.0.3")
+		if err != nil || v.Allowed != want {
+			t.Fatalf("%s: allowed=%v err=%v, want allowed=%v", what, v.Allowed, err, want)
 		}
-		return retry
+		return v.RetryAfter
 	}
 	allow("first", true)
 	time.Sleep(window / 2)
@@ -193,5 +239,39 @@ func BenchmarkSessionLookup(b *testing.B) {
 		if _, ok := store.Lookup(sids[i%len(sids)]); !ok {
 			b.Fatal("miss")
 		}
+	}
+}
+
+func TestSSOName(t *testing.T) {
+	for _, tt := range []struct{ login, want string }{
+		{"alice", "alice"},
+		{"AliceSmith", "alicesmith"},
+		{" Bob ", "bob"},
+		{"alice.smith", "alice-smith-"},
+		{"alice_smith", "alice-smith-"},
+		{"admin", "admin-"},
+		{"dshuser", "u-dshuser-"},
+		{"9lives", "u-9lives-"},
+		{"x", "x-"},
+		{"ünïcode", "n-code-"},
+		{"---", "u-"},
+		{strings.Repeat("long", 20), "longlonglonglonglonglongl-"},
+	} {
+		got := session.SSOName(tt.login)
+		if err := session.ValidateUser(got); err != nil {
+			t.Errorf("SSOName(%q) = %q, not an account name: %v", tt.login, got, err)
+		}
+		if got != tt.want && !(strings.HasSuffix(tt.want, "-") && strings.HasPrefix(got, tt.want) && len(got) == len(tt.want)+6) {
+			t.Errorf("SSOName(%q) = %q, want %q", tt.login, got, tt.want)
+		}
+		if again := session.SSOName(tt.login); again != got {
+			t.Errorf("SSOName(%q) is not deterministic: %q then %q", tt.login, got, again)
+		}
+	}
+	if session.SSOName("alice.smith") == session.SSOName("alice_smith") {
+		t.Error("two logins that differ in a dropped character share an account name")
+	}
+	if session.SSOName("AliceSmith") != session.SSOName("alicesmith") {
+		t.Error("logins that differ only in case got different accounts")
 	}
 }

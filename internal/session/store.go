@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -18,24 +19,66 @@ import (
 // Store keeps sessions in the shared bucket under <user>.<sha256(sid)>;
 // the sid itself never leaves the browser's cookie. Every edge holds a
 // watch cache indexed by the raw hash, so authenticating a request is a
-// hash and a map read, and a revocation anywhere reaches every edge.
+// hash and a map read, and a revocation anywhere reaches every edge. A
+// second index by user bounds how many sessions one user can hold.
 type Store struct {
-	bucket *kv.Bucket[kv.Session]
-	cache  *kv.Cache[kv.Session]
-	ttl    time.Duration
+	bucket   *kv.Bucket[kv.Session]
+	cache    *kv.Cache[kv.Session]
+	ttl      time.Duration
+	max      int
+	log      *slog.Logger
+	onRevoke func()
+
+	mu     sync.Mutex
+	byUser map[string]map[string]time.Time // user → key → created
+}
+
+// StoreOptions configure a Store.
+type StoreOptions struct {
+	// TTL is a session's lifetime; MaxPerUser how many one user may hold
+	// (a new one ends the oldest).
+	TTL        time.Duration
+	MaxPerUser int
+	// OnRevoke, if set, runs (in the watch goroutine) whenever a session
+	// ends, here or on another edge.
+	OnRevoke func()
+	Log      *slog.Logger
 }
 
 // NewStore opens the sessions bucket and starts its cache.
-func NewStore(ctx context.Context, js jetstream.JetStream, ttl time.Duration, log *slog.Logger) (*Store, error) {
+func NewStore(ctx context.Context, js jetstream.JetStream, o StoreOptions) (*Store, error) {
 	b, err := kv.Open[kv.Session](ctx, js, kv.BucketSessions)
 	if err != nil {
 		return nil, err
 	}
-	c, err := kv.NewCache(ctx, b, ">", log, kv.IndexBy[kv.Session](rawHash))
+	s := &Store{bucket: b, ttl: o.TTL, max: o.MaxPerUser, log: o.Log, onRevoke: o.OnRevoke, byUser: map[string]map[string]time.Time{}}
+	c, err := kv.NewCache(ctx, b, ">", o.Log, kv.IndexBy[kv.Session](rawHash), kv.OnChange(s.index))
 	if err != nil {
 		return nil, err
 	}
-	return &Store{bucket: b, cache: c, ttl: ttl}, nil
+	s.cache = c
+	return s, nil
+}
+
+// index keeps byUser in step with the cache.
+func (s *Store) index(key string, e kv.Entry[kv.Session], deleted bool) {
+	user, _, _ := strings.Cut(key, ".")
+	if deleted && s.onRevoke != nil {
+		defer s.onRevoke()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if deleted {
+		delete(s.byUser[user], key)
+		if len(s.byUser[user]) == 0 {
+			delete(s.byUser, user)
+		}
+		return
+	}
+	if s.byUser[user] == nil {
+		s.byUser[user] = map[string]time.Time{}
+	}
+	s.byUser[user][key] = e.Value.Created
 }
 
 // rawHash turns "<user>.<hex hash>" into the 32 raw hash bytes.
@@ -53,7 +96,8 @@ func (s *Store) Synced() bool { return s.cache.IsSynced() }
 
 // Create starts a session for user and returns its id once this edge's
 // cache holds it, so the browser's next request (often the redirect that
-// follows) is already authenticated here.
+// follows) is already authenticated here. Sessions of user beyond the cap
+// are ended, oldest first.
 func (s *Store) Create(ctx context.Context, user, via string) (string, error) {
 	sid := NewSessionID()
 	now := time.Now().UTC()
@@ -67,7 +111,40 @@ func (s *Store) Create(ctx context.Context, user, via string) (string, error) {
 	if _, _, err := s.cache.Wait(wctx, rawHash(key), func(e kv.Entry[kv.Session], ok bool) bool { return ok && e.Revision >= rev }); err != nil {
 		return "", fmt.Errorf("create session: not visible in the cache: %w", err)
 	}
+	s.trim(ctx, user, key)
 	return sid, nil
+}
+
+// trim ends user's oldest sessions beyond the cap, never keep. Edges that
+// trim at once purge the same keys, which is harmless.
+func (s *Store) trim(ctx context.Context, user, keep string) {
+	type aged struct {
+		key     string
+		created time.Time
+	}
+	s.mu.Lock()
+	var all []aged
+	for k, c := range s.byUser[user] {
+		if k != keep {
+			all = append(all, aged{k, c})
+		}
+	}
+	s.mu.Unlock()
+	if extra := len(all) + 1 - s.max; extra > 0 {
+		slices.SortFunc(all, func(a, b aged) int { return a.created.Compare(b.created) })
+		for _, a := range all[:extra] {
+			if err := s.bucket.Purge(ctx, a.key); err != nil {
+				s.log.Warn("could not end a session over the per-user cap", "user", user, "err", err)
+			}
+		}
+	}
+}
+
+// Count is how many sessions user holds.
+func (s *Store) Count(user string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.byUser[user])
 }
 
 // Lookup resolves a session id from the local cache. It allocates nothing
@@ -77,7 +154,12 @@ func (s *Store) Lookup(sid []byte) (kv.Session, bool) {
 	if !validSID(sid) {
 		return kv.Session{}, false
 	}
-	sum := sha256.Sum256(sid)
+	return s.LookupSum(sha256.Sum256(sid))
+}
+
+// LookupSum is Lookup by the id's SHA-256: what a long-lived connection
+// keeps to re-check its session without holding the id.
+func (s *Store) LookupSum(sum [32]byte) (kv.Session, bool) {
 	e, ok := s.cache.GetBytes(sum[:])
 	if !ok || !time.Now().Before(e.Value.Expires) {
 		return kv.Session{}, false
@@ -85,9 +167,9 @@ func (s *Store) Lookup(sid []byte) (kv.Session, bool) {
 	return e.Value, true
 }
 
-// Revoke ends one session.
-func (s *Store) Revoke(ctx context.Context, user, sid string) error {
-	return s.bucket.Purge(ctx, kv.SessionKey(user, HashHex(sid)))
+// Revoke ends one session, named by its id's SHA-256.
+func (s *Store) Revoke(ctx context.Context, user string, sum [32]byte) error {
+	return s.bucket.Purge(ctx, kv.SessionKey(user, hex.EncodeToString(sum[:])))
 }
 
 // RevokeAll ends every session of user.
@@ -119,28 +201,59 @@ func NewLimiter(ctx context.Context, js jetstream.JetStream, limit int, window t
 	return &Limiter{bucket: b, limit: limit, window: window}, nil
 }
 
+// Verdict is the Limiter's answer.
+type Verdict struct {
+	// Allowed is false when the client is over its limit.
+	Allowed bool
+	// RetryAfter says when the attempt that blocks it leaves the window.
+	RetryAfter time.Duration
+	// Audit is true for the first refusal of the client in a window: the
+	// one refusal that is written to the audit trail (a flood of refused
+	// requests must not become a flood of audit events).
+	Audit bool
+}
+
 // Allow records an attempt by client if it is within the limit. A refused
-// attempt is not recorded, and the duration says when the attempt that
-// blocks it leaves the window, so a client that waits that long gets in.
-func (l *Limiter) Allow(ctx context.Context, client string) (bool, time.Duration, error) {
+// attempt is not recorded, so a client that waits RetryAfter gets in.
+func (l *Limiter) Allow(ctx context.Context, client string) (Verdict, error) {
 	now := time.Now()
 	since := now.Add(-l.window).UnixMilli()
-	var (
-		ok    bool
-		retry time.Duration
-	)
+	var v Verdict
 	_, err := l.bucket.Mutate(ctx, HashHex(client)[:32], func(a kv.Attempts, _ bool) (kv.Attempts, bool, error) {
 		recent := slices.DeleteFunc(a.At, func(at int64) bool { return at <= since })
 		// Edges' clocks differ a little, so the log is not assumed sorted.
 		slices.Sort(recent)
-		if ok = len(recent) < l.limit; !ok {
-			retry = time.UnixMilli(recent[len(recent)-l.limit]).Add(l.window).Sub(now)
-			return kv.Attempts{}, false, nil
+		if v.Allowed = len(recent) < l.limit; !v.Allowed {
+			v.RetryAfter = time.UnixMilli(recent[len(recent)-l.limit]).Add(l.window).Sub(now)
+			if v.Audit = a.Refused <= since; !v.Audit {
+				return kv.Attempts{}, false, nil
+			}
+			return kv.Attempts{At: recent, Refused: now.UnixMilli()}, true, nil
 		}
-		return kv.Attempts{At: append(recent, now.UnixMilli())}, true, nil
+		return kv.Attempts{At: append(recent, now.UnixMilli()), Refused: a.Refused}, true, nil
 	}, kv.WithTTL(l.window))
 	if err != nil {
-		return false, 0, fmt.Errorf("rate limit: %w", err)
+		return Verdict{}, fmt.Errorf("rate limit: %w", err)
 	}
-	return ok, retry, nil
+	return v, nil
+}
+
+// Refused notes that client's attempt failed (a wrong token, a wrong
+// invite) and reports whether it is the first refusal of the client in
+// the window, the one to audit.
+func (l *Limiter) Refused(ctx context.Context, client string) (bool, error) {
+	now := time.Now()
+	since := now.Add(-l.window).UnixMilli()
+	first := false
+	_, err := l.bucket.Mutate(ctx, HashHex(client)[:32], func(a kv.Attempts, _ bool) (kv.Attempts, bool, error) {
+		if first = a.Refused <= since; !first {
+			return kv.Attempts{}, false, nil
+		}
+		a.Refused = now.UnixMilli()
+		return a, true, nil
+	}, kv.WithTTL(l.window))
+	if err != nil {
+		return false, fmt.Errorf("rate limit: %w", err)
+	}
+	return first, nil
 }

@@ -64,8 +64,16 @@ http {
 `
 
 // NewFront starts nginx on a free port in front of backends (host:port)
-// and stops it when the test ends.
+// and stops it when the test ends. Edges refuse Hosts they do not serve:
+// use Stack.FrontAddr and NewFrontAt for a front whose address the edges
+// know as a public host.
 func NewFront(t testing.TB, backends ...string) *Front {
+	t.Helper()
+	return NewFrontAt(t, FreeAddr(t), backends...)
+}
+
+// NewFrontAt is NewFront listening on addr.
+func NewFrontAt(t testing.TB, addr string, backends ...string) *Front {
 	t.Helper()
 	bin, err := exec.LookPath("nginx")
 	if err != nil {
@@ -79,7 +87,6 @@ func NewFront(t testing.TB, backends ...string) *Front {
 	for _, b := range backends {
 		fmt.Fprintf(&servers, "    server %s max_fails=0;\n", b)
 	}
-	addr := FreeAddr(t)
 	conf := filepath.Join(dir, "nginx.conf")
 	if err := os.WriteFile(conf, []byte(fmt.Sprintf(frontConf, dir, servers.String(), addr)), 0o600); err != nil {
 		t.Fatal(err)

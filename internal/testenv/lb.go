@@ -11,11 +11,12 @@ import (
 // next backend that accepts it, so a dead edge is skipped.
 type Balancer struct{ *tcplb.Balancer }
 
-// NewBalancer listens on a free port and spreads connections over
-// backends (host:port); it closes when the test ends.
-func NewBalancer(t testing.TB, backends ...string) *Balancer {
+// NewBalancer listens on addr (from Stack.FrontAddr, so the edges serve
+// it as a public host) and spreads connections over backends (host:port);
+// it closes when the test ends.
+func NewBalancer(t testing.TB, addr string, backends ...string) *Balancer {
 	t.Helper()
-	b, err := tcplb.Listen("127.0.0.1:0", backends...)
+	b, err := tcplb.Listen(addr, backends...)
 	if err != nil {
 		t.Fatal(err)
 	}

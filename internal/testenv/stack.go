@@ -33,6 +33,17 @@ type Stack struct {
 	// Env is added to every process started after it is set.
 	Env   map[string]string
 	Procs []*Proc
+	// PublicHosts are served by every edge started after they are added,
+	// besides the edge's own address (see FrontAddr).
+	PublicHosts []string
+}
+
+// FrontAddr reserves the address of a front (NewFrontAt) and makes it a
+// public host of every edge started after.
+func (s *Stack) FrontAddr() string {
+	addr := FreeAddr(s.t)
+	s.PublicHosts = append(s.PublicHosts, addr)
+	return addr
 }
 
 // NewStack starts NATS with the production identities, runs the setup
@@ -110,8 +121,8 @@ type Edge struct {
 }
 
 // Edge starts an edge replica on a free port (plain HTTP, so insecure
-// cookies are allowed; signup open unless the test sets an invite) and
-// waits until it is ready.
+// cookies are allowed; signup open unless the test sets an invite; serving
+// its own address and the stack's PublicHosts) and waits until it is ready.
 func (s *Stack) Edge(id string, env map[string]string) *Edge {
 	s.t.Helper()
 	addr := FreeAddr(s.t)
@@ -119,7 +130,8 @@ func (s *Stack) Edge(id string, env map[string]string) *Edge {
 		"LISTEN_ADDR": addr, "INSTANCE_ID": id, "COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1",
 		"BEACON_INTERVAL": "1s", "SHUTDOWN_TIMEOUT": "5s",
 		// Tests sign up without an invite unless they set one.
-		"OPEN_SIGNUP": "true",
+		"OPEN_SIGNUP":  "true",
+		"PUBLIC_HOSTS": strings.Join(append([]string{addr}, s.PublicHosts...), ","),
 	}
 	for k, v := range env {
 		full[k] = v

@@ -7,6 +7,8 @@
 //   GET  /stream   ?count=n&interval=ms: n chunks, one every interval
 //   GET  /ws       WebSocket echo
 //   any  /echo     the method, URL and headers it received
+//   GET  /hostile  ?redirect=url: a page whose headers try to act on the
+//                  whole origin, as a tenant's server could
 // It prints "listening <port>" once it accepts connections.
 'use strict';
 const http = require('http');
@@ -40,6 +42,27 @@ const server = http.createServer((req, res) => {
         if (++i >= count) { clearInterval(t); res.end(); }
       }, interval);
       req.on('close', () => clearInterval(t));
+      return;
+    }
+    case '/hostile': {
+      const headers = [
+        'Content-Type', 'text/plain',
+        'Set-Cookie', 'dsh_gw_session=stolen; Path=/',
+        'Service-Worker-Allowed', '/',
+        'Clear-Site-Data', '"*"',
+        'Strict-Transport-Security', 'max-age=31536000; includeSubDomains',
+        'X-Accel-Redirect', '/internal/',
+        'Refresh', '0; url=/elsewhere',
+        'Connection', 'X-Hop-One',
+        'Connection', 'X-Hop-Two',
+        'X-Hop-One', '1',
+        'X-Hop-Two', '2',
+        'X-Kept', 'yes',
+      ];
+      const redirect = url.searchParams.get('redirect');
+      if (redirect) headers.push('Location', redirect);
+      res.writeHead(redirect ? 302 : 200, headers);
+      res.end('hostile\n');
       return;
     }
     case '/echo':

@@ -212,8 +212,29 @@ func TestExposureVariantsAreDistinct(t *testing.T) {
 	if _, ok := env(t, get(t, ingress, "Deployment", "aaas-edge"))["AUTH_PROXY_HEADER"]; ok {
 		t.Fatal("the ingress variant trusts an identity header")
 	}
-	if env(t, get(t, sso, "Deployment", "aaas-edge"))["AUTH_PROXY_HEADER"] != "X-Forwarded-User" {
-		t.Fatal("the SSO variant does not take the identity from oauth2-proxy")
+	edgeEnv := env(t, get(t, sso, "Deployment", "aaas-edge"))
+	if edgeEnv["AUTH_PROXY_HEADER"] != "X-Forwarded-User" || edgeEnv["AUTH_PROXY_ID_HEADER"] != "X-Forwarded-Email" {
+		t.Fatal("the SSO variant does not take the identity, and the id it binds accounts to, from oauth2-proxy")
+	}
+	// Default deny: the edge admits a placeholder group, never everyone.
+	if allow := edgeEnv["AUTH_PROXY_ALLOW"]; allow == "" || strings.Contains(allow, "*") {
+		t.Fatalf("AUTH_PROXY_ALLOW %q: the SSO variant must name whom it admits", allow)
+	}
+	// oauth2-proxy restricts sign-in to an organisation and team and keeps
+	// its session cookie off cross-site requests and plain HTTP.
+	var args []string
+	for _, a := range podSpec(t, get(t, sso, "Deployment", "oauth2-proxy"))["containers"].([]any)[0].(map[string]any)["args"].([]any) {
+		args = append(args, a.(string))
+	}
+	for _, want := range []string{"--github-org=", "--github-team=", "--cookie-samesite=lax", "--cookie-secure=true", "--redirect-url=https://", "--cookie-name=__Host-"} {
+		if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, want) }) {
+			t.Errorf("oauth2-proxy lacks %s…: %v", want, args)
+		}
+	}
+	// The edge serves only the public host names, which the operator sets
+	// once in ConfigMap dsh-web (DSH reads them too).
+	if !strings.Contains(fmt.Sprint(get(t, sso, "Deployment", "aaas-edge").Object), "trusted-hosts") {
+		t.Error("PUBLIC_HOSTS does not come from ConfigMap dsh-web")
 	}
 	if len(manifests.Pick(sso, "Ingress")) != 0 {
 		t.Fatal("the SSO variant has a second path to the edge")

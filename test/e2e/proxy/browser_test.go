@@ -87,9 +87,10 @@ func TestBrowserWakesASleepingSandbox(t *testing.T) {
 // balancer without signing in again.
 func TestBrowserSocketMovesToAnotherEdge(t *testing.T) {
 	w := newWorld(t, nil)
+	lbAddr := w.FrontAddr()
 	a := w.Edge("edge-a", nil)
 	b := w.Edge("edge-b", nil)
-	lb := testenv.NewBalancer(t, strings.TrimPrefix(a.URL, "http://"), strings.TrimPrefix(b.URL, "http://"))
+	lb := testenv.NewBalancer(t, lbAddr, strings.TrimPrefix(a.URL, "http://"), strings.TrimPrefix(b.URL, "http://"))
 	ctx := testenv.Browser(t)
 	signIn(t, ctx, lb.URL(), "lou")
 	testenv.Do(t, ctx, "open the app",

@@ -19,10 +19,13 @@ import (
 // refused before anything reaches DSH. Bearer tokens need no origin.
 func TestCrossSiteMutationsNeverReachTheSandbox(t *testing.T) {
 	w := newWorld(t, nil)
-	edge := w.Edge("edge-a", nil)
+	// The test client stands in for the ingress too: X-Forwarded-Proto
+	// from it is believed.
+	edge := w.Edge("edge-a", map[string]string{"TRUSTED_PROXIES": "127.0.0.1"})
 	c := testenv.NewClient(t, edge.URL)
 	token := c.Signup("bob", "")
 	sid := "dsh_gw_session=" + c.Cookie("dsh_gw_session").Value
+	httpsOrigin := "https://" + strings.TrimPrefix(edge.URL, "http://")
 	expect(t, c.Do("GET", "/u/bob/api/files", nil), http.StatusOK, "warm-up (handshake)")
 
 	cases := []struct {
@@ -37,6 +40,7 @@ func TestCrossSiteMutationsNeverReachTheSandbox(t *testing.T) {
 		{"cookie, cross-site fetch metadata", []string{"Cookie", sid, "Origin", "", "Sec-Fetch-Site", "cross-site"}, http.StatusForbidden},
 		{"cookie, same Origin", []string{"Cookie", sid, "Origin", edge.URL}, http.StatusOK},
 		{"cookie, same-origin fetch metadata", []string{"Cookie", sid, "Origin", "", "Sec-Fetch-Site", "same-origin"}, http.StatusOK},
+		{"cookie, https Origin behind a TLS-terminating proxy", []string{"Cookie", sid, "Origin", httpsOrigin, "X-Forwarded-Proto", "https"}, http.StatusOK},
 		{"bearer, foreign Origin", []string{"Authorization", "Bearer " + token, "Origin", "https://evil.example"}, http.StatusOK},
 	}
 	for i, tc := range cases {

@@ -74,8 +74,9 @@ type nodeWorld struct {
 func newNodeWorld(t *testing.T) *nodeWorld {
 	s := pkg.NewStack(t, nil)
 	upstream := testenv.NodeUpstream(t)
+	frontAddr := s.FrontAddr()
 	edge := s.Edge("edge-a", nil)
-	front := testenv.NewFront(t, strings.TrimPrefix(edge.URL, "http://"))
+	front := testenv.NewFrontAt(t, frontAddr, strings.TrimPrefix(edge.URL, "http://"))
 	token := nodeSandbox(t, s, "nod", upstream, strings.TrimPrefix(edge.URL, "http://"), front.Addr)
 	return &nodeWorld{edge: edge, front: front, token: token}
 }
@@ -212,4 +213,48 @@ func TestNodeStreamsAndWebSocketsThroughTheFront(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// A tenant's server answers with headers that would act on the whole
+// gateway origin (a root-scoped service worker, wiped site data, HSTS, an
+// nginx internal redirect, a cookie) and with redirects out of its prefix:
+// none of it reaches the browser as sent, directly or through the front
+// (where nginx would obey X-Accel-Redirect).
+func TestTenantHeadersCannotActOnTheOrigin(t *testing.T) {
+	w := newNodeWorld(t)
+	for _, base := range []string{w.edge.URL, w.front.URL()} {
+		resp, body := w.do(t, base, "GET", "/u/nod/hostile", nil, -1)
+		if resp == nil || resp.StatusCode != http.StatusOK || string(body) != "hostile\n" {
+			t.Fatalf("via %s: %v %s", base, resp, body)
+		}
+		for _, h := range []string{"Set-Cookie", "Service-Worker-Allowed", "Clear-Site-Data", "Strict-Transport-Security", "X-Accel-Redirect", "X-Hop-One", "X-Hop-Two"} {
+			if v := resp.Header.Values(h); len(v) != 0 {
+				t.Errorf("via %s: %s: %v reached the browser", base, h, v)
+			}
+		}
+		if resp.Header.Get("X-Kept") != "yes" || resp.Header.Get("Refresh") != "0; url=/u/nod/elsewhere" {
+			t.Errorf("via %s: X-Kept %q, Refresh %q", base, resp.Header.Get("X-Kept"), resp.Header.Get("Refresh"))
+		}
+
+		client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		for _, tc := range []struct {
+			redirect, location string
+			status             int
+		}{
+			{"/settings/", "/u/nod/settings/", http.StatusFound},
+			{"//evil.example/", "", http.StatusBadGateway},
+			{`/\evil.example/`, "", http.StatusBadGateway},
+		} {
+			req, _ := http.NewRequest("GET", base+"/u/nod/hostile?redirect="+url.QueryEscape(tc.redirect), nil)
+			req.Header.Set("Authorization", "Bearer "+w.token)
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.status || resp.Header.Get("Location") != tc.location {
+				t.Errorf("via %s, redirect %q: %d Location %q, want %d %q", base, tc.redirect, resp.StatusCode, resp.Header.Get("Location"), tc.status, tc.location)
+			}
+		}
+	}
 }

@@ -22,8 +22,9 @@ import (
 func TestHandshakeKeyRotationUnderTraffic(t *testing.T) {
 	w := newWorld(t, nil)
 	lc := w.Procs[0]
+	lbAddr := w.FrontAddr()
 	a, b := w.Edge("edge-a", nil), w.Edge("edge-b", nil)
-	lb := testenv.NewBalancer(t, a.URL[len("http://"):], b.URL[len("http://"):])
+	lb := testenv.NewBalancer(t, lbAddr, a.URL[len("http://"):], b.URL[len("http://"):])
 	c := testenv.NewClient(t, lb.URL())
 	token := c.Signup("rot", "")
 

@@ -60,10 +60,12 @@ func responses(t *testing.T, addr, raw string) []int {
 // through nginx.
 func TestNoRequestHidesInAnUnreadBody(t *testing.T) {
 	w := newWorld(t, nil)
+	w.PublicHosts = append(w.PublicHosts, "edge.example")
+	frontAddr := w.FrontAddr()
 	edge := w.Edge("edge-a", nil)
 	c := testenv.NewClient(t, edge.URL)
 	token := c.Signup("sam", "")
-	front := testenv.NewFront(t, edge.URL[len("http://"):])
+	front := testenv.NewFrontAt(t, frontAddr, edge.URL[len("http://"):])
 
 	routes := []struct{ name, head string }{
 		{"landing page", "GET / HTTP/1.1\r\n"},

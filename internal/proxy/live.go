@@ -1,0 +1,85 @@
+package proxy
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/fasthttp/websocket"
+)
+
+// exchange is a long-lived proxied exchange: a WebSocket or a streamed
+// response. Credentials are checked when it starts; live re-checks them
+// while it lasts, so a logout, a deletion or a recreate on any edge ends it.
+type exchange struct {
+	valid func() bool
+	// ws is the browser's side of a WebSocket; cancel aborts a streamed
+	// response (its upstream request).
+	ws     *websocket.Conn
+	cancel context.CancelFunc
+}
+
+// live is every exchange open on this edge.
+type live struct {
+	mu sync.Mutex
+	m  map[*exchange]struct{}
+}
+
+func (l *live) add(x *exchange) {
+	l.mu.Lock()
+	l.m[x] = struct{}{}
+	l.mu.Unlock()
+}
+
+func (l *live) remove(x *exchange) {
+	l.mu.Lock()
+	delete(l.m, x)
+	l.mu.Unlock()
+}
+
+func (l *live) snapshot() []*exchange {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]*exchange, 0, len(l.m))
+	for x := range l.m {
+		out = append(out, x)
+	}
+	return out
+}
+
+// revalidate ends the exchanges whose credentials no longer hold:
+// WebSockets with 4401 (the page signs in again), streamed responses by
+// aborting them. It checks on every change to sessions or accounts
+// (Options.Changes), and every interval in case one was missed; the
+// checks are cache reads.
+func (p *Proxy) revalidate(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-p.o.Changes:
+		}
+		for _, x := range p.live.snapshot() {
+			if x.valid == nil || x.valid() {
+				continue
+			}
+			p.m.revoked.Inc()
+			p.live.remove(x)
+			if x.ws != nil {
+				closeWith(x.ws, closeUnauthorized, "signed out")
+			} else {
+				x.cancel()
+			}
+		}
+	}
+}
+
+// closeWith sends a close frame and closes the connection; safe to call
+// while the bridge is reading and writing.
+func closeWith(c *websocket.Conn, code int, text string) {
+	_ = c.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, text), time.Now().Add(time.Second))
+	_ = c.Close()
+}
