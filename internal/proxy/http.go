@@ -200,7 +200,7 @@ func (p *Proxy) roundTrip(c *fiber.Ctx, user, rest string, box kv.Sandbox, cooki
 		t := time.NewTicker(poll)
 		defer t.Stop()
 		for {
-			if clientGone(c.Context().Conn()) {
+			if clientinfo.Gone(c.Context().Conn()) {
 				cancel()
 				return
 			}

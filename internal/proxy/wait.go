@@ -44,7 +44,7 @@ func (p *Proxy) until(c *fiber.Ctx, deadline time.Time, user string, done func(k
 		if !time.Now().Before(deadline) {
 			return e, context.DeadlineExceeded
 		}
-		if clientGone(c.Context().Conn()) {
+		if clientinfo.Gone(c.Context().Conn()) {
 			return e, errClientGone
 		}
 	}
@@ -146,7 +146,7 @@ func (p *Proxy) handshakeCookie(c *fiber.Ctx, user string, box kv.Sandbox, stale
 		if !time.Now().Before(deadline) {
 			return "", 0, &waitError{fiber.StatusServiceUnavailable, "Sandbox not answering", "The handshake with your sandbox timed out; try again."}
 		}
-		if clientGone(c.Context().Conn()) {
+		if clientinfo.Gone(c.Context().Conn()) {
 			return "", 0, errClientGone
 		}
 	}

@@ -362,7 +362,9 @@ func (s *Service) statusStream(c *fiber.Ctx) error {
 		var last uint64
 		sent := false
 		quiet := time.Now()
-		for s.Valid(id) {
+		// Until the credentials are revoked or the browser leaves (its
+		// slot must not wait for the next write to find out).
+		for s.Valid(id) && !clientinfo.Gone(conn) {
 			e, _ := s.o.Sandboxes.Get(user)
 			if !sent || e.Revision != last {
 				b, _ := json.Marshal(s.statusOf(user))

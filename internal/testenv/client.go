@@ -3,6 +3,7 @@ package testenv
 import (
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
@@ -102,6 +103,15 @@ func (c *Client) Cookie(name string) *http.Cookie {
 		}
 	}
 	return nil
+}
+
+// From makes the client connect from the loopback address ip (127.0.0.2,
+// 127.0.0.3, …: Linux routes all of 127/8 to lo), so one test can be many
+// clients to an edge that keys them by address.
+func (c *Client) From(ip string) *Client {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 10 * time.Second}
+	c.HTTP.Transport = &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 64}
+	return c
 }
 
 // WithTimeout sets the client timeout.

@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/session"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
@@ -239,32 +242,201 @@ func TestTwoEdgesShareSessionsAndTheRateLimit(t *testing.T) {
 			t.Fatalf("Retry-After %q", r.Header.Get("Retry-After"))
 		}
 	}
-	// Another client (rightmost X-Forwarded-For) has its own budget.
-	expect(t, clients[0].Form("/login", "token", "x"), http.StatusTooManyRequests, "same client")
-	r := clients[0].Do("POST", "/login", strings.NewReader("token=x"), "Content-Type", "application/x-www-form-urlencoded", "X-Forwarded-For", "203.0.113.9, 198.51.100.7", "Accept", "application/json")
-	expect(t, r, http.StatusUnauthorized, "another client behind the proxy")
-	if !strings.Contains(w.AuditLog(), `"kind":"rate_limited"`) {
-		t.Fatal("no audit event for the rate limit")
+	// The edges trust no proxy here: a client that names another address in
+	// X-Forwarded-For is still itself, with no fresh budget.
+	for _, c := range clients {
+		r := c.Do("POST", "/login", strings.NewReader("token=x"), "Content-Type", "application/x-www-form-urlencoded", "X-Forwarded-For", "203.0.113.9, 198.51.100.7", "Accept", "application/json")
+		expect(t, r, http.StatusTooManyRequests, "a spoofed X-Forwarded-For from an untrusted peer")
+	}
+	// Refusals are audited once per client per window, not once each.
+	if a := w.AuditLog(); strings.Count(a, `"kind":"rate_limited"`)+strings.Count(a, `"outcome":"rejected"`) != 1 {
+		t.Fatalf("want exactly one audited refusal of the client:\n%s", a)
 	}
 }
 
-func TestSSOHeaderIsTheIdentityOnlyWhenConfigured(t *testing.T) {
+// Behind the pooling front (nginx, trusted by TRUSTED_PROXIES), each
+// browser is the address nginx saw: two browsers have two budgets, and
+// neither buys a fresh one by sending X-Forwarded-For, through the front
+// or around it.
+func TestClientAddressBehindTheFront(t *testing.T) {
 	w := newWorld(t)
-	sso := w.Edge("edge-sso", map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User"})
-	plain := w.Edge("edge-plain", nil)
+	w.Env["AUTH_RATE_LIMIT"] = "3"
+	frontAddr := w.FrontAddr()
+	edge := w.Edge("edge-a", map[string]string{"TRUSTED_PROXIES": "127.0.0.1"})
+	front := testenv.NewFrontAt(t, frontAddr, strings.TrimPrefix(edge.URL, "http://"))
 
-	r := testenv.NewClient(t, sso.URL).Do("GET", "/_/status", nil, "X-Forwarded-User", "gus")
-	expect(t, r, http.StatusOK, "first SSO visit")
-	if r.JSON()["user"] != "gus" {
-		t.Fatalf("status %s", r.Body)
+	login := func(c *testenv.Client, xff string) int {
+		return c.Do("POST", "/login", strings.NewReader("token=x"), "Content-Type", "application/x-www-form-urlencoded", "Accept", "application/json", "X-Forwarded-For", xff).StatusCode
+	}
+	x := testenv.NewClient(t, front.URL()).From("127.0.0.2")
+	for i := range 3 {
+		if got := login(x, ""); got != http.StatusUnauthorized {
+			t.Fatalf("attempt %d: %d", i+1, got)
+		}
+	}
+	if got := login(x, ""); got != http.StatusTooManyRequests {
+		t.Fatalf("over the limit: %d", got)
+	}
+	if got := login(x, "203.0.113.9"); got != http.StatusTooManyRequests {
+		t.Fatalf("a spoofed X-Forwarded-For through the front bought a fresh budget: %d", got)
+	}
+	if got := login(testenv.NewClient(t, edge.URL).From("127.0.0.2"), "198.51.100.1"); got != http.StatusTooManyRequests {
+		t.Fatalf("a spoofed X-Forwarded-For around the front bought a fresh budget: %d", got)
+	}
+	if got := login(testenv.NewClient(t, front.URL()).From("127.0.0.3"), ""); got != http.StatusUnauthorized {
+		t.Fatalf("another browser behind the front shares the first one's budget: %d", got)
+	}
+}
+
+// A flood of refused logins is bounded where it lands: 20,000 from two
+// clients add at most one audit event per client per AUTH_RATE_WINDOW
+// (the stream would otherwise grow by one event per request).
+func TestRefusedLoginsAddOneAuditEventPerClient(t *testing.T) {
+	w := newWorld(t)
+	edge := w.Edge("edge-a", nil)
+	const perClient = 10_000
+	start := time.Now()
+	var refused, limited atomic.Int64
+	var wg sync.WaitGroup
+	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
+		c := testenv.NewClient(t, edge.URL).From(ip)
+		var next atomic.Int64
+		for range 8 {
+			wg.Go(func() {
+				for next.Add(1) <= perClient {
+					switch st := c.Form("/login", "token", "nobody.aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa").StatusCode; st {
+					case http.StatusUnauthorized:
+						refused.Add(1)
+					case http.StatusTooManyRequests:
+						limited.Add(1)
+					default:
+						t.Errorf("status %d", st)
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if refused.Load()+limited.Load() != 2*perClient || limited.Load() < 2*perClient-2*30 {
+		t.Fatalf("%d refused, %d rate limited: the flood did not happen as intended", refused.Load(), limited.Load())
+	}
+	// A window is 60 s: one event per client per window begun.
+	windows := 1 + int(elapsed/time.Minute)
+	audit := w.AuditLog()
+	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
+		n := strings.Count(audit, `"client":"`+session.HashHex(ip)[:16]+`"`)
+		if n < 1 || n > windows {
+			t.Errorf("client %s: %d audit events for %d refusals in %s, want 1..%d", ip, n, perClient, elapsed.Round(time.Millisecond), windows)
+		}
+	}
+	t.Logf("20000 refused logins in %s: %d wrong token, %d rate limited; audit events %d in all", elapsed.Round(time.Millisecond), refused.Load(), limited.Load(), strings.Count(audit, "\n"))
+}
+
+// SSO admits only whom AUTH_PROXY_ALLOW names (a login in any case, or a
+// group), maps logins outside the account grammar to names instead of
+// refusing them, and binds each account to the provider's stable id, so a
+// login renamed and registered again by someone else opens nothing.
+func TestSSOAdmitsOnlyWhomItShould(t *testing.T) {
+	w := newWorld(t)
+	sso := w.Edge("edge-sso", map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User", "AUTH_PROXY_ALLOW": "AliceSmith,gus,group:acme:devs"})
+	plain := w.Edge("edge-plain", nil)
+	status := func(headers ...string) *testenv.Response {
+		return testenv.NewClient(t, sso.URL).Do("GET", "/_/status", nil, headers...)
 	}
 	users, _ := kv.Open[kv.User](testenv.Context(t, time.Minute), w.JS, kv.BucketUsers)
-	if _, err := users.Get(testenv.Context(t, time.Minute), "gus"); err != nil {
-		t.Fatalf("SSO user has no account: %v", err)
+	exists := func(name string) bool {
+		_, err := users.Get(testenv.Context(t, time.Minute), name)
+		return err == nil
 	}
-	expect(t, testenv.NewClient(t, sso.URL).Do("GET", "/_/status", nil, "X-Forwarded-User", "Not A Name"), http.StatusUnauthorized, "invalid SSO name")
+
+	r := status("X-Forwarded-User", "mallory", "X-Forwarded-Email", "m@evil.example", "X-Forwarded-Groups", "acme,evil:devs")
+	expect(t, r, http.StatusForbidden, "a user AUTH_PROXY_ALLOW does not name")
+	if !strings.Contains(string(r.Body), "AUTH_PROXY_ALLOW") || exists("mallory") || w.claims() != 0 {
+		t.Fatalf("unlisted user: %s; account %v, %d claims", r.Body, exists("mallory"), w.claims())
+	}
+
+	r = status("X-Forwarded-User", "Carol.Jones", "X-Forwarded-Email", "carol@acme.example", "X-Forwarded-Groups", "other, acme:devs")
+	expect(t, r, http.StatusOK, "a group member whose login is not an account name")
+	if name := r.JSON()["user"]; name != session.SSOName("Carol.Jones") || !strings.HasPrefix(session.SSOName("Carol.Jones"), "carol-jones-") {
+		t.Fatalf("Carol.Jones got account %v", name)
+	}
+
+	for _, login := range []string{"AliceSmith", "alicesmith", "ALICESMITH"} {
+		r := status("X-Forwarded-User", login, "X-Forwarded-Email", "Alice@Acme.example")
+		expect(t, r, http.StatusOK, login)
+		if r.JSON()["user"] != "alicesmith" {
+			t.Fatalf("%s got account %v", login, r.JSON()["user"])
+		}
+	}
+	if n := w.claims(); n != 2 {
+		t.Fatalf("%d claims, want 2 (carol's and one for alice in any case)", n)
+	}
+
+	// gus signs in; later the login "gus" belongs to someone else (another
+	// stable id), who must not get gus's workspace.
+	expect(t, status("X-Forwarded-User", "gus", "X-Forwarded-Email", "gus@old.example"), http.StatusOK, "gus")
+	r = status("X-Forwarded-User", "gus", "X-Forwarded-Email", "newcomer@example.com")
+	expect(t, r, http.StatusForbidden, "the login gus with another identity")
+	if !strings.Contains(string(r.Body), "another identity") {
+		t.Fatalf("unclear refusal: %s", r.Body)
+	}
+	expect(t, status("X-Forwarded-User", "gus"), http.StatusForbidden, "the login gus without its stable id")
+	if n := w.claims(); n != 3 {
+		t.Fatalf("%d claims, want 3", n)
+	}
+
+	// The SSO headers are the edge's to read: DSH never sees them.
+	c := testenv.NewClient(t, sso.URL).WithTimeout(3 * time.Minute)
+	r = c.Do("GET", "/u/gus/api/echo", nil, "X-Forwarded-User", "gus", "X-Forwarded-Email", "gus@old.example", "X-Forwarded-Groups", "acme:devs")
+	expect(t, r, http.StatusOK, "gus's sandbox")
+	for _, h := range []string{"gus@old.example", "acme:devs", "X-Forwarded-User", "X-Forwarded-Email", "X-Forwarded-Groups"} {
+		if strings.Contains(string(r.Body), h) {
+			t.Errorf("%s reached DSH: %s", h, r.Body)
+		}
+	}
+	expect(t, testenv.NewClient(t, sso.URL).Do("GET", "/u/alicesmith/api/echo", nil, "X-Forwarded-User", "gus", "X-Forwarded-Email", "gus@old.example"), http.StatusForbidden, "gus at alice's sandbox")
+
 	expect(t, testenv.NewClient(t, plain.URL).Do("GET", "/_/status", nil, "X-Forwarded-User", "gus"), http.StatusUnauthorized, "header without AUTH_PROXY_HEADER")
 	expect(t, testenv.NewClient(t, sso.URL).Form("/users", "user", "hal", "invite", invite), http.StatusForbidden, "signup form in SSO mode")
+	if a := w.AuditLog(); strings.Count(a, `"kind":"sso_refused"`) != 1 {
+		t.Fatalf("want one audited SSO refusal for this client in the window:\n%s", a)
+	}
+}
+
+// A user holds at most MAX_SESSIONS_PER_USER sessions: signing in beyond
+// it ends the oldest; signing in again from a browser ends that browser's
+// previous session.
+func TestSessionsPerUserAreCapped(t *testing.T) {
+	w := newWorld(t)
+	edge := w.Edge("edge-a", map[string]string{"MAX_SESSIONS_PER_USER": "2"})
+	first := testenv.NewClient(t, edge.URL)
+	token := first.Signup("sue", invite)
+	sid := func(c *testenv.Client) string { return "dsh_gw_session=" + c.Cookie("dsh_gw_session").Value }
+	s1 := sid(first)
+	second := testenv.NewClient(t, edge.URL)
+	expect(t, second.Form("/login", "token", token), http.StatusOK, "second session")
+	expect(t, testenv.NewClient(t, edge.URL).Do("GET", "/_/status", nil, "Cookie", s1), http.StatusOK, "first session within the cap")
+	third := testenv.NewClient(t, edge.URL)
+	expect(t, third.Form("/login", "token", token), http.StatusOK, "third session")
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if r := testenv.NewClient(t, edge.URL).Do("GET", "/_/status", nil, "Cookie", s1); r.StatusCode != http.StatusUnauthorized {
+			return fmt.Errorf("the oldest session still works: %d", r.StatusCode)
+		}
+		return nil
+	})
+	s2 := sid(second)
+	expect(t, second.Form("/login", "token", token), http.StatusOK, "signing in again")
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if r := testenv.NewClient(t, edge.URL).Do("GET", "/_/status", nil, "Cookie", s2); r.StatusCode != http.StatusUnauthorized {
+			return fmt.Errorf("the replaced session still works: %d", r.StatusCode)
+		}
+		return nil
+	})
+	for _, c := range []*testenv.Client{second, third} {
+		expect(t, c.Do("GET", "/_/status", nil), http.StatusOK, "current sessions")
+	}
 }
 
 func TestSecureCookieAndInsecureRefusal(t *testing.T) {

@@ -12,12 +12,15 @@ import (
 )
 
 // TestBrowserAccountJourney drives headless Chromium through the landing
-// page: sign up, open the sandbox, see its state, sign out, sign in with
-// the token, delete the account. The browser must never hold any cookie
-// but the gateway's.
+// page, behind the pooling nginx front as behind an ingress: sign up, open
+// the sandbox, see its state, sign out, sign in with the token, delete the
+// account. The browser must never hold any cookie but the gateway's.
 func TestBrowserAccountJourney(t *testing.T) {
 	w := newWorld(t)
-	edge := w.Edge("edge-a", nil)
+	frontAddr := w.FrontAddr()
+	backend := w.Edge("edge-a", map[string]string{"TRUSTED_PROXIES": "127.0.0.1"})
+	front := testenv.NewFrontAt(t, frontAddr, strings.TrimPrefix(backend.URL, "http://"))
+	edge := struct{ URL string }{front.URL()}
 	ctx := testenv.Browser(t)
 	onlyGatewayCookie := func(when string) {
 		t.Helper()

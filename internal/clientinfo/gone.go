@@ -1,4 +1,4 @@
-package proxy
+package clientinfo
 
 import (
 	"errors"
@@ -8,11 +8,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// clientGone reports whether the peer has closed its side of conn, without
+// Gone reports whether the peer has closed its side of conn, without
 // consuming anything: a non-blocking MSG_PEEK reads zero bytes only at EOF.
 // fasthttp has no per-request cancellation, so waits (wake, handshake,
 // upstream headers) poll this to stop working for a client that left.
-func clientGone(conn net.Conn) bool {
+func Gone(conn net.Conn) bool {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
 		return false
