@@ -75,7 +75,9 @@ func (p *Proxy) serveHTTP(c *fiber.Ctx, user, rest string) error {
 			return p.problem(c, we.status, we.title, we.detail)
 		}
 		p.o.Log.Warn("proxy error", "request_id", rid, "user", user, "status", status, "err", err)
-		return p.problem(c, status, "Sandbox unreachable", "Your sandbox did not answer: "+err.Error())
+		// The cause (addresses, transport errors) is for the log, not the
+		// browser; the request id ties the two together.
+		return p.problem(c, status, "Sandbox unreachable", "Your sandbox did not answer (request "+rid+"). Try again in a moment.")
 	}
 	took := time.Since(start)
 	p.m.duration.WithLabelValues(class(status)).Observe(took.Seconds())
