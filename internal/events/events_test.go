@@ -481,3 +481,45 @@ func TestHandlerPanicIsRetriedAndTheConsumerCarriesOn(t *testing.T) {
 		t.Fatalf("deliveries %v: want pam redelivered once after the panic, quin once", done)
 	}
 }
+
+// No flood fills the JetStream store the whole platform shares: every
+// stream has a byte cap; a full audit (or activity) stream drops its
+// oldest messages, while a full command stream refuses new commands
+// rather than losing queued ones.
+func TestEveryStreamIsBounded(t *testing.T) {
+	for _, sc := range events.StreamConfigs(events.DefaultStreamsConfig()) {
+		want := jetstream.DiscardOld
+		if sc.Name == events.StreamCommands {
+			want = jetstream.DiscardNew
+		}
+		if sc.MaxBytes <= 0 || sc.Discard != want {
+			t.Errorf("%s: MaxBytes %d, discard %v (want a cap and %v)", sc.Name, sc.MaxBytes, sc.Discard, want)
+		}
+	}
+
+	_, js := natstest.Connect(t, natstest.Start(t).URL())
+	ctx := natstest.Context(t, time.Minute)
+	cfg := events.DefaultStreamsConfig()
+	cfg.AuditMaxBytes = 64 << 10
+	if err := events.EnsureStreams(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	pub := events.NewPublisher(js, "test", slog.New(slog.DiscardHandler))
+	for i := range 2000 {
+		pub.Audit(events.AuditEvent{Kind: events.AuditLogin, Outcome: "rejected", Detail: fmt.Sprintf("%04d %s", i, strings.Repeat("x", 100))})
+	}
+	st, _ := js.Stream(ctx, events.StreamAudit)
+	testutil.Eventually(t, 10*time.Second, func() error {
+		info, err := st.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.LastSeq != 2000 {
+			return fmt.Errorf("last sequence %d", info.State.LastSeq)
+		}
+		if info.State.Bytes > 64<<10 || info.State.FirstSeq == 1 {
+			return fmt.Errorf("audit stream holds %d bytes from sequence %d: the oldest were not dropped", info.State.Bytes, info.State.FirstSeq)
+		}
+		return nil
+	})
+}

@@ -436,3 +436,18 @@ func BenchmarkCachedSessionLookup(b *testing.B) {
 		}
 	}
 }
+
+// Every bucket has a byte cap, and all of them together leave room in the
+// 4 GiB store of the embedded server for the streams.
+func TestEveryBucketIsBounded(t *testing.T) {
+	var sum int64
+	for _, bc := range kv.BucketConfigs(kv.DefaultBucketsConfig()) {
+		if bc.MaxBytes <= 0 {
+			t.Errorf("bucket %s has no byte cap", bc.Bucket)
+		}
+		sum += bc.MaxBytes
+	}
+	if sum > 2<<30+64<<20 {
+		t.Errorf("buckets reserve %d MiB", sum>>20)
+	}
+}
