@@ -293,6 +293,13 @@ var errBodyTooLarge = errors.New("request body exceeds MAX_BODY_MB")
 // fresh deadline so a long upload is fine but a stalled one is not, and
 // remembers whether anything was read (a refused request can be retried
 // only then) and whether the browser failed mid-body.
+//
+// It also says where the body ends without another read of the stream: a
+// body of known length ends with its last byte. Go's transport reads once
+// more after Content-Length bytes, and that read can come after the
+// handler has returned (DSH answered as soon as it had the bytes); a
+// failing read there makes the transport close the upstream connection
+// and cut the response it is streaming.
 type bodyReader struct {
 	mu       sync.Mutex // serialises reads with detach
 	detached bool
@@ -300,20 +307,29 @@ type bodyReader struct {
 	conn     net.Conn
 	read     time.Duration
 	max      int64
+	size     int64 // Content-Length, -1 when chunked
 	n        int64
+	eof      bool
 	tooLarge bool
 	failure  error
 }
 
 func (p *Proxy) requestBody(c *fiber.Ctx) *bodyReader {
-	return &bodyReader{r: c.Context().RequestBodyStream(), conn: c.Context().Conn(), read: p.o.ReadTimeout, max: p.o.MaxBody}
+	return &bodyReader{r: c.Context().RequestBodyStream(), conn: c.Context().Conn(), read: p.o.ReadTimeout, max: p.o.MaxBody,
+		size: int64(c.Request().Header.ContentLength())}
 }
 
 func (b *bodyReader) Read(buf []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.complete() {
+		return 0, io.EOF
+	}
 	if b.detached {
 		return 0, errDetached
+	}
+	if b.size >= 0 && int64(len(buf)) > b.size-b.n {
+		buf = buf[:b.size-b.n]
 	}
 	_ = b.conn.SetReadDeadline(time.Now().Add(b.read))
 	n, err := b.r.Read(buf)
@@ -322,24 +338,46 @@ func (b *bodyReader) Read(buf []byte) (int, error) {
 		b.tooLarge = true
 		return n, errBodyTooLarge
 	}
-	if err != nil && !errors.Is(err, io.EOF) {
+	switch {
+	case errors.Is(err, io.EOF):
+		b.eof = true
+	case err != nil:
 		b.failure = err
+	case b.complete():
+		err = io.EOF
 	}
 	return n, err
 }
+
+// complete: the whole body has been read.
+func (b *bodyReader) complete() bool { return b.eof || b.size >= 0 && b.n >= b.size }
 
 func (b *bodyReader) Close() error { return nil }
 
 var errDetached = errors.New("request finished: its body can no longer be read")
 
+// chunkedEndGrace is how long detach waits for the end of a chunked body
+// whose data has all been read: its last chunk may still be on the wire.
+const chunkedEndGrace = 50 * time.Millisecond
+
 // detach ends reading: a read blocked on the browser is released (its
-// deadline moved to now), and every later read fails. After it, nothing
-// but the edge's own drain touches the body stream.
+// deadline moved to now), and every later read fails unless the body is
+// complete. After it, nothing but the edge's own drain touches the body
+// stream. A chunked body whose end has not been seen yet gets one short
+// read for it, so an answer that came with the last data byte is not
+// mistaken for an early one.
 func (b *bodyReader) detach() {
 	_ = b.conn.SetReadDeadline(time.Now())
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	b.detached = true
-	b.mu.Unlock()
+	if b.complete() || b.size >= 0 || b.n == 0 || b.failure != nil {
+		return
+	}
+	_ = b.conn.SetReadDeadline(time.Now().Add(chunkedEndGrace))
+	var probe [1]byte
+	n, err := b.r.Read(probe[:])
+	b.eof = n == 0 && errors.Is(err, io.EOF)
 }
 
 func (b *bodyReader) untouched() bool { return b.n == 0 && b.failure == nil }
