@@ -178,19 +178,13 @@ func cache[T any](ctx context.Context, p *process.Process, bucket string, opts .
 	return kv.NewCache(ctx, b, ">", p.Log, opts...)
 }
 
-// errorPage renders Fiber's own errors (unknown routes, bad requests) the
-// way the rest of the edge does.
+// errorPage renders Fiber's own errors (unknown routes, bad requests,
+// 421 for a foreign host) the way the rest of the edge does.
 func errorPage(c *fiber.Ctx, err error) error {
 	code := fiber.StatusInternalServerError
 	var fe *fiber.Error
 	if errors.As(err, &fe) {
 		code = fe.Code
 	}
-	c.Status(code)
-	c.Set(fiber.HeaderCacheControl, "no-store")
-	if c.Accepts("text/html") == "text/html" {
-		c.Type("html")
-		return web.RenderProblem(c, web.Problem{Status: code, Title: "Not available", Detail: err.Error()})
-	}
-	return c.JSON(fiber.Map{"error": err.Error()})
+	return web.WriteProblem(c, web.Problem{Status: code, Title: "Not available", Detail: err.Error()})
 }

@@ -24,6 +24,10 @@ type Common struct {
 	InstanceID string
 	// MetricsAddr is METRICS_ADDR, where /metrics is served ("" disables).
 	MetricsAddr string
+	// Pprof is PPROF: Go's profiler under /debug/pprof/ on the metrics
+	// address, for profiling a live process (off by default: it lets
+	// whoever reaches the metrics port slow the process down).
+	Pprof bool
 	// LogLevel is LOG_LEVEL: debug, info, warn or error.
 	LogLevel slog.Level
 	// Streams and Buckets size NATS state; STREAM_REPLICAS sets both
@@ -41,6 +45,7 @@ func LoadCommon(e *Env, defaultMetrics string) Common {
 		NATSURL:     e.String("NATS_URL", "nats://127.0.0.1:4222"),
 		InstanceID:  e.String("INSTANCE_ID", defaultInstanceID()),
 		MetricsAddr: e.String("METRICS_ADDR", defaultMetrics),
+		Pprof:       e.Bool("PPROF", false),
 		Streams:     events.DefaultStreamsConfig(),
 		Buckets:     kv.DefaultBucketsConfig(),
 	}

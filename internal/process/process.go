@@ -59,7 +59,7 @@ func Start(role natsauth.Role, common config.Common) (*Process, error) {
 	log := telemetry.Logger(name, common.InstanceID, common.LogLevel)
 	ctx, stop := notifyContext(log)
 	p := &Process{Name: name, Common: common, Log: log, Metrics: telemetry.Registry(), Ctx: ctx, stop: stop}
-	if err := telemetry.ServeMetrics(ctx, common.MetricsAddr, p.Metrics, p.isReady, log); err != nil {
+	if err := telemetry.ServeMetrics(ctx, common.MetricsAddr, p.Metrics, p.isReady, common.Pprof, log); err != nil {
 		stop()
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"net/http"
 	"net/url"
@@ -64,14 +65,20 @@ func (p headerPolicy) pass(name string) bool {
 }
 
 // connectionTokens are the extra hop-by-hop headers a message names in its
-// Connection header.
-func connectionTokens(values []string) map[string]bool {
-	out := map[string]bool{}
+// Connection headers (all of them count); nil when they name none beyond
+// keep-alive and close, as nearly all do.
+func connectionTokens(values [][]byte) map[string]bool {
+	var out map[string]bool
 	for _, v := range values {
-		for _, t := range strings.Split(v, ",") {
-			if t = strings.TrimSpace(t); t != "" {
-				out[http.CanonicalHeaderKey(t)] = true
+		for t := range strings.SplitSeq(string(v), ",") {
+			t = strings.TrimSpace(t)
+			if t == "" || strings.EqualFold(t, "keep-alive") || strings.EqualFold(t, "close") {
+				continue
 			}
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[http.CanonicalHeaderKey(t)] = true
 		}
 	}
 	return out
@@ -102,42 +109,69 @@ var originWide = map[string]bool{
 // errForeignRedirect: DSH sent a redirect the gateway will not follow.
 var errForeignRedirect = errors.New("it redirects to a protocol-relative URL, which the gateway does not follow")
 
-// response passes DSH's response headers to add: hop-by-hop headers
-// (including every name any Connection header lists), origin-wide and
-// X-Accel-* (instructions to an nginx in front) headers are dropped,
-// Location and Refresh are kept inside the user's prefix. Nothing is added
-// unless all of it is acceptable.
-func (p headerPolicy) response(h http.Header, loc location, add func(name, value string)) error {
-	extra := connectionTokens(h.Values("Connection"))
-	type kv struct{ k, v string }
-	var out []kv
-	for name, values := range h {
-		if isHopByHop(name, extra) || originWide[name] || strings.HasPrefix(name, "X-Accel-") {
-			continue
-		}
-		for _, v := range values {
-			switch name {
-			case "Location":
-				r, ok := loc.rewrite(v)
-				if !ok {
-					return errForeignRedirect
-				}
-				v = r
-			case "Refresh":
-				r, ok := loc.refresh(v)
-				if !ok {
-					return errForeignRedirect
-				}
-				v = r
+// response passes DSH's response headers (visit calls its argument for
+// each) to add: hop-by-hop headers (including every name any Connection
+// header lists), origin-wide and X-Accel-* (instructions to an nginx in
+// front) headers are dropped, Location and Refresh are kept inside the
+// user's prefix. Nothing is added unless all of it is acceptable. It runs
+// on every response, so it works on the bytes as fasthttp parsed them.
+func (p headerPolicy) response(visit func(func(k, v []byte)), loc location, add func(k, v []byte)) error {
+	var conn [][]byte
+	var location, refresh []byte
+	err := error(nil)
+	visit(func(k, v []byte) {
+		switch string(k) {
+		case "Connection":
+			conn = append(conn, v)
+		case "Location", "Refresh":
+			// Rewritten here, once: a (malformed) second one is sent
+			// with the first one's value.
+			r, ok := "", true
+			if string(k) == "Location" && location == nil {
+				r, ok = loc.rewrite(string(v))
+				location = []byte(r)
+			} else if string(k) == "Refresh" && refresh == nil {
+				r, ok = loc.refresh(string(v))
+				refresh = []byte(r)
 			}
-			out = append(out, kv{name, v})
+			if !ok {
+				err = errForeignRedirect
+			}
 		}
+	})
+	if err != nil {
+		return err
 	}
-	for _, e := range out {
-		add(e.k, e.v)
-	}
+	extra := connectionTokens(conn)
+	visit(func(k, v []byte) {
+		name := string(k)
+		switch {
+		case dropped(k, extra):
+		case name == "Location":
+			add(k, location)
+		case name == "Refresh":
+			add(k, refresh)
+		default:
+			add(k, v)
+		}
+	})
 	return nil
 }
+
+// dropped: a response header that never reaches the browser.
+func dropped(k []byte, extra map[string]bool) bool {
+	if originWide[string(k)] || extra[string(k)] || bytes.HasPrefix(k, accelPrefix) {
+		return true
+	}
+	for _, h := range hopByHop {
+		if string(k) == h {
+			return true
+		}
+	}
+	return false
+}
+
+var accelPrefix = []byte("X-Accel-")
 
 // location is where a user's DSH may send the browser: paths under
 // prefix on the gateway's host; DSH's own address (which browsers cannot

@@ -101,7 +101,7 @@ func TestResponseHeaders(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var got []string
-			err := p.response(tt.in, loc, func(k, v string) { got = append(got, k+": "+v) })
+			err := p.response(visitHeader(tt.in), loc, func(k, v []byte) { got = append(got, string(k)+": "+string(v)) })
 			slices.Sort(got)
 			switch {
 			case tt.err && (err == nil || len(got) != 0):
@@ -144,7 +144,10 @@ func TestRequestHeaderPolicy(t *testing.T) {
 			t.Errorf("allowlist: %s passes=%v, want %v", tt.name, got, tt.allow)
 		}
 	}
-	tokens := connectionTokens([]string{"keep-alive, X-A", "x-b"})
+	if connectionTokens([][]byte{[]byte("keep-alive"), []byte("Close")}) != nil {
+		t.Fatal("keep-alive and close are no extra hop-by-hop headers")
+	}
+	tokens := connectionTokens([][]byte{[]byte("keep-alive, X-A"), []byte("x-b")})
 	if !tokens["X-A"] || !tokens["X-B"] || !isHopByHop("X-B", tokens) || isHopByHop("X-C", tokens) {
 		t.Fatalf("connection tokens %v", tokens)
 	}
@@ -165,6 +168,17 @@ func TestSplitUserPath(t *testing.T) {
 		user, rest, ok := splitUserPath(tt.raw)
 		if user != tt.user || rest != tt.rest || ok != tt.ok {
 			t.Errorf("%q → %q %q %v", tt.raw, user, rest, ok)
+		}
+	}
+}
+
+// visitHeader visits h as fasthttp visits a parsed header.
+func visitHeader(h http.Header) func(func(k, v []byte)) {
+	return func(f func(k, v []byte)) {
+		for k, vs := range h {
+			for _, v := range vs {
+				f([]byte(k), []byte(v))
+			}
 		}
 	}
 }

@@ -1,10 +1,14 @@
 package proxy
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 type metrics struct {
 	requests       *prometheus.CounterVec
-	duration       *prometheus.HistogramVec
+	durations      *prometheus.HistogramVec
 	upstreamErrors *prometheus.CounterVec
 	wakes          *prometheus.CounterVec
 	wakeDuration   prometheus.Histogram
@@ -14,14 +18,20 @@ type metrics struct {
 	// Body bytes by direction, resolved once: they are counted on every
 	// request and WebSocket message.
 	bytesUp, bytesDown prometheus.Counter
+	// The requests counter and duration histogram by class, resolved once
+	// (index: classIndex).
+	byClass    [len(classes)]prometheus.Counter
+	durByClass [len(classes)]prometheus.Observer
 }
+
+var classes = [...]string{"1xx", "2xx", "3xx", "4xx", "5xx", "499"}
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aaas_edge_requests_total", Help: "Proxied requests by status class (1xx for WebSockets, 499 for clients that left).",
 		}, []string{"class"}),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		durations: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "aaas_edge_request_duration_seconds", Help: "Time to the upstream response headers, by status class.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 14),
 		}, []string{"class"}),
@@ -49,22 +59,31 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "aaas_edge_proxied_bytes_total", Help: "Body bytes proxied, by direction (up: to DSH, down: to browsers).",
 	}, []string{"direction"})
 	m.bytesUp, m.bytesDown = bytes.WithLabelValues("up"), bytes.WithLabelValues("down")
-	reg.MustRegister(m.requests, m.duration, m.upstreamErrors, m.wakes, m.wakeDuration, m.inFlight, m.websockets, m.revoked, bytes)
+	for i, c := range classes {
+		m.byClass[i], m.durByClass[i] = m.requests.WithLabelValues(c), m.durations.WithLabelValues(c)
+	}
+	reg.MustRegister(m.requests, m.durations, m.upstreamErrors, m.wakes, m.wakeDuration, m.inFlight, m.websockets, m.revoked, bytes)
 	return m
 }
 
-func class(code int) string {
+// classIndex is code's status class in classes (499 for clients that
+// left; 1xx counts WebSockets).
+func classIndex(code int) int {
 	switch {
-	case code == 499:
-		return "499"
+	case code == statusClientClosed:
+		return 5
 	case code < 200:
-		return "1xx"
-	case code < 300:
-		return "2xx"
-	case code < 400:
-		return "3xx"
-	case code < 500:
-		return "4xx"
+		return 0
+	case code >= 500:
+		return 4
 	}
-	return "5xx"
+	return code/100 - 1
+}
+
+// count records one request answered with code.
+func (m *metrics) count(code int) { m.byClass[classIndex(code)].Inc() }
+
+// observe records how long a request took to its response headers.
+func (m *metrics) observe(code int, d time.Duration) {
+	m.durByClass[classIndex(code)].Observe(d.Seconds())
 }

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"log/slog"
 	"net"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -22,6 +21,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
@@ -82,41 +82,40 @@ type Options struct {
 
 // Proxy serves /u/<user>/**.
 type Proxy struct {
-	o         Options
-	m         *metrics
-	headers   headerPolicy
-	transport *http.Transport
-	dialer    *websocket.Dialer
-	tracker   *tracker
-	draining  atomic.Bool
-	live      live
+	o          Options
+	m          *metrics
+	headers    headerPolicy
+	resolver   *Resolver
+	upstream   *upstream
+	dialer     *websocket.Dialer
+	tracker    *tracker
+	departures departures
+	draining   atomic.Bool
+	live       live
 }
 
-// New returns a Proxy; Run must be running for beacons to go out and for
-// revoked credentials to end long-lived exchanges.
+// New returns a Proxy; Run must be running for beacons to go out, for
+// clients that leave to cancel their requests, and for revoked credentials
+// to end long-lived exchanges.
 func New(o Options) *Proxy {
-	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	m := newMetrics(o.Metrics)
+	up := newUpstream()
 	return &Proxy{
 		o:       o,
-		m:       newMetrics(o.Metrics),
+		m:       m,
 		headers: newHeaderPolicy(o.HeaderAllowlist, o.IdentityHeaders),
-		transport: &http.Transport{
-			DialContext:           dialer.DialContext,
-			MaxIdleConns:          4096,
-			MaxIdleConnsPerHost:   256,
-			IdleConnTimeout:       90 * time.Second,
-			ExpectContinueTimeout: time.Second,
-			// Bodies pass through as DSH encoded them.
-			DisableCompression: true,
-			WriteBufferSize:    32 << 10,
-			ReadBufferSize:     32 << 10,
+		resolver: &Resolver{
+			Sandboxes: o.Sandboxes, Handshakes: o.Handshakes, Commands: o.Publisher, Sealer: o.Sealer,
+			WakeTimeout: o.WakeTimeout, HandshakeTimeout: o.HandshakeTimeout, m: m,
 		},
+		upstream: up,
 		dialer: &websocket.Dialer{
-			NetDialContext: dialer.DialContext, HandshakeTimeout: 10 * time.Second,
-			ReadBufferSize: 32 << 10, WriteBufferSize: 32 << 10,
+			NetDialContext: up.dialer.DialContext, HandshakeTimeout: 10 * time.Second,
+			ReadBufferSize: wsBufferSize, WriteBufferSize: wsBufferSize, WriteBufferPool: wsWriteBuffers,
 		},
-		tracker: newTracker(o.Publisher, o.Edge, o.BeaconInterval, o.Log),
-		live:    live{m: map[*exchange]struct{}{}},
+		tracker:    newTracker(o.Publisher, o.Edge, o.BeaconInterval, o.Log),
+		departures: departures{m: map[*request]net.Conn{}},
+		live:       live{m: map[*exchange]struct{}{}},
 	}
 }
 
@@ -125,11 +124,14 @@ func (p *Proxy) Register(app *fiber.App) {
 	app.All("/u/*", p.serve)
 }
 
-// Run publishes activity beacons and re-checks the credentials of
-// long-lived exchanges until ctx ends.
+// Run publishes activity beacons, cancels the requests of clients that
+// left and re-checks the credentials of long-lived exchanges until ctx
+// ends.
 func (p *Proxy) Run(ctx context.Context) {
 	go p.revalidate(ctx, p.o.Revalidate)
+	go p.departures.run(ctx)
 	p.tracker.run(ctx)
+	p.upstream.closeIdle()
 }
 
 // Drain stops taking new proxied requests and closes every WebSocket with
@@ -141,21 +143,6 @@ func (p *Proxy) Drain() {
 			closeWith(x.ws, websocket.CloseGoingAway, "edge shutting down")
 		}
 	}
-}
-
-// authenticate resolves the request's identity, or the status to refuse it
-// with.
-func (p *Proxy) authenticate(c *fiber.Ctx) (Identity, int, error) {
-	id, err := p.o.Authenticate(c)
-	if err != nil {
-		status := fiber.StatusUnauthorized
-		var s interface{ HTTPStatus() int }
-		if errors.As(err, &s) {
-			status = s.HTTPStatus()
-		}
-		return id, status, err
-	}
-	return id, 0, nil
 }
 
 // splitUserPath takes /u/<user>/<rest> apart on the raw path, exactly as
@@ -174,10 +161,14 @@ func splitUserPath(raw string) (user, rest string, ok bool) {
 	return user, "/" + rest, true
 }
 
+// serve is the route: everything that decides whether a request may go to
+// a sandbox at all, then HTTP or WebSocket. Refusals take one error path
+// (fail, or close codes for WebSockets).
 func (p *Proxy) serve(c *fiber.Ctx) error {
+	rid := requestID(c)
 	user, rest, ok := splitUserPath(string(c.Request().URI().PathOriginal()))
 	if !ok || !p.o.ValidUser(user) {
-		return p.reject(c, fiber.StatusNotFound, "No such sandbox", "There is no sandbox at this address.")
+		return p.refuse(c, rid, false, errNoSandbox)
 	}
 	if rest == "" {
 		loc := "/u/" + user + "/"
@@ -190,33 +181,76 @@ func (p *Proxy) serve(c *fiber.Ctx) error {
 		}
 		return c.Redirect(loc, code)
 	}
+	ws := websocket.FastHTTPIsWebSocketUpgrade(c.Context())
 	if p.draining.Load() {
 		c.Set(fiber.HeaderConnection, "close")
 		c.Set(fiber.HeaderRetryAfter, "1")
-		return p.reject(c, fiber.StatusServiceUnavailable, "Edge shutting down", "This gateway replica is shutting down; retry.")
+		return p.refuse(c, rid, ws, errDraining)
 	}
-	if websocket.FastHTTPIsWebSocketUpgrade(c.Context()) {
-		return p.serveWebSocket(c, user, rest)
+	id, err := p.o.Authenticate(c)
+	switch {
+	case err != nil:
+		return p.refuse(c, rid, ws, authFailed(err))
+	case id.User != user:
+		return p.refuse(c, rid, ws, errNotYours)
+	// Credentials the browser attaches by itself (the session cookie, the
+	// SSO proxy's header) must not let another site drive the agent: a
+	// state-changing request, or any WebSocket that names an origin, needs
+	// our own origin. Bearer tokens are sent on purpose and need none.
+	case id.Ambient && ws && c.Get(fiber.HeaderOrigin) != "" && !clientinfo.SameOrigin(c),
+		id.Ambient && !ws && !safeMethod(c.Method()) && !clientinfo.SameOrigin(c):
+		return p.refuse(c, rid, ws, errCrossSite)
 	}
-	return p.serveHTTP(c, user, rest)
+	if !p.o.Slots.Acquire(user) {
+		c.Set(fiber.HeaderRetryAfter, "1")
+		return p.refuse(c, rid, ws, errBusy)
+	}
+	r := p.begin(c, rid, user, rest, id)
+	if ws {
+		return p.serveWebSocket(r)
+	}
+	return p.serveHTTP(r)
 }
 
-// reject counts a request refused before it took a slot and answers it.
-func (p *Proxy) reject(c *fiber.Ctx, status int, title, detail string) error {
-	p.m.requests.WithLabelValues(class(status)).Inc()
-	return p.problem(c, status, title, detail)
+// refuse counts and answers a request refused before it took a slot.
+func (p *Proxy) refuse(c *fiber.Ctx, rid string, ws bool, err *proxyError) error {
+	if ws {
+		p.m.count(fiber.StatusSwitchingProtocols)
+		return p.closeAtOnce(c, closeCode(err), err.Detail)
+	}
+	p.m.count(p.fail(c, rid, err))
+	return nil
 }
 
-// problem answers an error as JSON for API clients and as a page for
-// browsers.
-func (p *Proxy) problem(c *fiber.Ctx, status int, title, detail string) error {
-	c.Status(status)
-	c.Set(fiber.HeaderCacheControl, "no-store")
-	if !strings.Contains(c.Get(fiber.HeaderAccept), "text/html") {
-		return c.JSON(fiber.Map{"error": detail})
+// fail is the one error path of proxied HTTP requests: err becomes the
+// status and the page or problem document the browser gets; causes the
+// browser must not see are logged with the request id it does see. It
+// returns the status.
+func (p *Proxy) fail(c *fiber.Ctx, rid string, err error) int {
+	var starting *sandboxStarting
+	if errors.As(err, &starting) {
+		c.Status(fiber.StatusServiceUnavailable)
+		c.Set(fiber.HeaderRetryAfter, "2")
+		c.Set(fiber.HeaderCacheControl, "no-store")
+		c.Type("html")
+		_ = web.RenderStarting(c, web.Starting{User: starting.User, Phase: string(starting.Phase), Reason: starting.Reason})
+		return fiber.StatusServiceUnavailable
 	}
-	c.Type("html")
-	return web.RenderProblem(c, web.Problem{Status: status, Title: title, Detail: detail, SignIn: status == fiber.StatusUnauthorized})
+	pe := asProxyError(err)
+	switch {
+	case pe.Status == statusClientClosed:
+		p.o.Log.Info("client closed request", "request_id", rid, "method", c.Method(), "status", statusClientClosed)
+		c.Status(statusClientClosed)
+		return statusClientClosed
+	case pe.Err != nil && pe.Status >= 500:
+		p.o.Log.Warn("proxy error", "request_id", rid, "status", pe.Status, "err", pe.Err)
+	}
+	detail := pe.Detail
+	if pe.Status >= 500 {
+		detail += " (request " + rid + ")"
+	}
+	_ = web.WriteProblem(c, web.Problem{Status: pe.Status, Title: pe.Title, Detail: detail, SignIn: pe.Status == fiber.StatusUnauthorized})
+	return pe.Status
 }
 
 // requestIDs are a random per-process prefix and a counter: unique across
@@ -236,5 +270,3 @@ func requestID(c *fiber.Ctx) string {
 	c.Set("X-Request-Id", id)
 	return id
 }
-
-var errClientGone = errors.New("client closed the request")

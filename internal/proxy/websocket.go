@@ -1,18 +1,17 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/fasthttp/websocket"
 	"github.com/gofiber/fiber/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
-
-	"github.com/aaas-project/aaas/internal/clientinfo"
-	"github.com/aaas-project/aaas/internal/kv"
 )
 
 // Close codes sent to browsers: 4401 asks the page to sign in again, 4403
@@ -23,86 +22,87 @@ const (
 	closeForbidden    = 4403
 )
 
-// serveWebSocket bridges a browser WebSocket to DSH. Failures before the
-// bridge exists are reported the way browsers can see them: the upgrade
-// succeeds and is closed at once with a code and reason.
-func (p *Proxy) serveWebSocket(c *fiber.Ctx, user, rest string) error {
-	id, status, err := p.authenticate(c)
-	switch {
-	case status == fiber.StatusUnauthorized:
-		return p.refuse(c, closeUnauthorized, "sign in again")
-	case err != nil:
-		return p.refuse(c, closeForbidden, err.Error())
-	case id.User != user:
-		return p.refuse(c, closeUnauthorized, "this sandbox belongs to another user")
-	case id.Ambient && c.Get(fiber.HeaderOrigin) != "" && !clientinfo.SameOrigin(c):
-		return p.refuse(c, closeForbidden, "cross-site WebSocket refused")
+// WebSocket buffers: reads go through a small buffer per socket (an idle
+// socket holds little), writes borrow one from a pool for the time of a
+// message.
+const wsBufferSize = 4 << 10
+
+var wsWriteBuffers = &sync.Pool{}
+
+// closeCode is the close code a browser gets for a refusal: 4401 asks the
+// page to sign in again, 4403 says it may not, 1011 covers the rest.
+func closeCode(pe *proxyError) int {
+	switch pe.Status {
+	case fiber.StatusUnauthorized:
+		return closeUnauthorized
+	case fiber.StatusForbidden:
+		return closeForbidden
 	}
-	if !p.o.Slots.Acquire(user) {
-		return p.refuse(c, websocket.CloseInternalServerErr, "too many connections to this sandbox")
-	}
-	release := func() { p.o.Slots.Release(user) }
-	box, _, err := p.ready(c, user, false)
-	if err != nil {
-		release()
-		return p.refuse(c, websocket.CloseInternalServerErr, reason(err))
-	}
-	cookie, rev, err := p.handshakeCookie(c, user, box, 0)
-	if err != nil {
-		release()
-		return p.refuse(c, websocket.CloseInternalServerErr, reason(err))
-	}
-	up, resp, err := p.dial(c, user, rest, box, cookie)
-	if resp != nil && resp.StatusCode == http.StatusUnauthorized {
-		if cookie, _, err = p.handshakeCookie(c, user, box, rev); err == nil {
-			up, _, err = p.dial(c, user, rest, box, cookie)
+	return websocket.CloseInternalServerErr
+}
+
+// serveWebSocket bridges a browser WebSocket that holds a slot to DSH.
+// Failures before the bridge exists are reported the way browsers can see
+// them: the upgrade succeeds and is closed at once with a code and reason.
+func (p *Proxy) serveWebSocket(r *request) error {
+	up, err := p.resolver.Resolve(r.ctx, r.target(), true)
+	var conn *websocket.Conn
+	if err == nil {
+		var resp *http.Response
+		conn, resp, err = p.dial(r, up)
+		if resp != nil && resp.StatusCode == http.StatusUnauthorized {
+			if up, err = p.resolver.Refresh(r.ctx, r.target(), up); err == nil {
+				conn, _, err = p.dial(r, up)
+			}
+		}
+		if err != nil && r.ctx.Err() == nil {
+			p.m.upstreamErrors.WithLabelValues("websocket_dial").Inc()
+			err = &proxyError{Status: http.StatusBadGateway, Detail: "your sandbox did not accept the connection", Err: err}
 		}
 	}
+	p.departures.remove(r)
 	if err != nil {
-		release()
-		p.m.upstreamErrors.WithLabelValues("websocket_dial").Inc()
-		return p.refuse(c, websocket.CloseInternalServerErr, "your sandbox did not accept the connection")
+		r.cancel()
+		p.o.Slots.Release(r.user)
+		pe := asProxyError(err)
+		p.m.count(fiber.StatusSwitchingProtocols)
+		if pe.Err != nil && pe.Status >= 500 {
+			p.o.Log.Warn("websocket refused", "request_id", r.rid, "user", r.user, "err", pe.Err)
+		}
+		return p.closeAtOnce(r.c, closeCode(pe), pe.Detail)
 	}
-	up.SetReadLimit(p.o.WSMaxMessage)
+	conn.SetReadLimit(p.o.WSMaxMessage)
 
 	upgrader := websocket.FastHTTPUpgrader{
-		ReadBufferSize: 32 << 10, WriteBufferSize: 32 << 10,
-		CheckOrigin: func(*fasthttp.RequestCtx) bool { return true }, // checked above
+		ReadBufferSize: wsBufferSize, WriteBufferSize: wsBufferSize, WriteBufferPool: wsWriteBuffers,
+		CheckOrigin: func(*fasthttp.RequestCtx) bool { return true }, // checked by serve
 	}
-	if sp := up.Subprotocol(); sp != "" {
+	if sp := conn.Subprotocol(); sp != "" {
 		upgrader.Subprotocols = []string{sp}
 	}
-	p.tracker.begin(user)
+	p.tracker.begin(r.user)
 	p.m.inFlight.Inc()
-	err = upgrader.Upgrade(c.Context(), func(down *websocket.Conn) {
-		defer func() {
-			p.m.inFlight.Dec()
-			p.tracker.end(user)
-			release()
-		}()
-		p.bridge(id, down, up)
+	p.m.count(fiber.StatusSwitchingProtocols)
+	done := func() {
+		r.cancel()
+		p.m.inFlight.Dec()
+		p.tracker.end(r.user)
+		p.o.Slots.Release(r.user)
+	}
+	err = upgrader.Upgrade(r.c.Context(), func(down *websocket.Conn) {
+		defer done()
+		p.bridge(r.id, down, conn)
 	})
 	if err != nil {
-		up.Close()
-		p.m.inFlight.Dec()
-		p.tracker.end(user)
-		release()
+		conn.Close()
+		done()
 	}
 	return nil
 }
 
-func reason(err error) string {
-	var we *waitError
-	if errors.As(err, &we) {
-		return we.detail
-	}
-	return err.Error()
-}
-
-// refuse completes the upgrade and closes at once with code, because a
-// browser cannot read the status of a failed upgrade.
-func (p *Proxy) refuse(c *fiber.Ctx, code int, text string) error {
-	p.m.requests.WithLabelValues("1xx").Inc()
+// closeAtOnce completes the upgrade and closes at once with code, because
+// a browser cannot read the status of a failed upgrade.
+func (p *Proxy) closeAtOnce(c *fiber.Ctx, code int, text string) error {
 	upgrader := websocket.FastHTTPUpgrader{CheckOrigin: func(*fasthttp.RequestCtx) bool { return true }}
 	if len(text) > 120 { // a close reason must fit a control frame
 		text = text[:120]
@@ -113,18 +113,20 @@ func (p *Proxy) refuse(c *fiber.Ctx, code int, text string) error {
 	})
 }
 
-func (p *Proxy) dial(c *fiber.Ctx, user, rest string, box kv.Sandbox, cookie string) (*websocket.Conn, *http.Response, error) {
-	u := "ws://" + box.Address + rest
-	if q := c.Request().URI().QueryString(); len(q) > 0 {
-		u += "?" + string(q)
-	}
+func (p *Proxy) dial(r *request, up Upstream) (*websocket.Conn, *http.Response, error) {
+	// The headers HTTP requests get, read back from their wire form.
 	h := http.Header{}
-	p.upstreamHeaders(c, user, cookie, h)
-	h.Set("Host", clientinfo.Host(c))
-	if sp := c.Get("Sec-WebSocket-Protocol"); sp != "" {
+	o := p.outgoing(r, up.Cookie, nil)
+	for line := range bytes.SplitSeq(o.header, []byte("\r\n")) {
+		if k, v, ok := bytes.Cut(line, []byte(": ")); ok {
+			h.Add(string(k), string(v))
+		}
+	}
+	outgoings.Put(o)
+	if sp := r.c.Get("Sec-WebSocket-Protocol"); sp != "" {
 		h.Set("Sec-WebSocket-Protocol", sp)
 	}
-	conn, resp, err := p.dialer.Dial(u, h)
+	conn, resp, err := p.dialer.DialContext(r.ctx, "ws://"+up.Address+r.uri(), h)
 	if resp != nil && resp.Body != nil {
 		resp.Body.Close()
 	}

@@ -369,19 +369,17 @@ func wantsJSON(c *fiber.Ctx) bool {
 		strings.HasPrefix(c.Get(fiber.HeaderAuthorization), "Bearer ")
 }
 
-// fail answers an error as JSON for API clients and as the landing page
-// (or an error page) for browsers.
+// fail answers an error the edge's one way (web.WriteProblem), except
+// that a browser's refused sign-up or sign-in form gets the landing page
+// back with the error above the form.
 func (s *Service) fail(c *fiber.Ctx, status int, msg string) error {
-	c.Status(status)
-	c.Set(fiber.HeaderCacheControl, "no-store")
-	if wantsJSON(c) {
-		return c.JSON(fiber.Map{"error": msg})
-	}
-	c.Type("html")
-	if c.Method() == fiber.MethodPost && (c.Path() == "/users" || c.Path() == "/login") {
+	if web.WantsHTML(c) && c.Method() == fiber.MethodPost && (c.Path() == "/users" || c.Path() == "/login") {
+		c.Status(status)
+		c.Set(fiber.HeaderCacheControl, "no-store")
+		c.Type("html")
 		return web.RenderLanding(c, web.Landing{Error: msg, Invite: s.o.InviteCode != "", MaxUserLen: MaxUserLen})
 	}
-	return web.RenderProblem(c, web.Problem{Status: status, Title: statusTitle(status), Detail: msg, SignIn: status == fiber.StatusUnauthorized})
+	return web.WriteProblem(c, web.Problem{Status: status, Title: statusTitle(status), Detail: msg, SignIn: status == fiber.StatusUnauthorized})
 }
 
 func statusTitle(code int) string {

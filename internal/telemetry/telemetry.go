@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"time"
 
@@ -31,10 +32,11 @@ func Registry() *prometheus.Registry {
 }
 
 // ServeMetrics serves /metrics, /healthz and /readyz on addr until ctx
-// ends; ready (nil means always) decides /readyz. An empty addr disables it.
+// ends; ready (nil means always) decides /readyz, profile adds
+// /debug/pprof/. An empty addr disables it.
 // It returns once the listener is bound, so a port clash is reported at
 // start.
-func ServeMetrics(ctx context.Context, addr string, reg *prometheus.Registry, ready func() bool, log *slog.Logger) error {
+func ServeMetrics(ctx context.Context, addr string, reg *prometheus.Registry, ready func() bool, profile bool, log *slog.Logger) error {
 	if addr == "" {
 		return nil
 	}
@@ -52,6 +54,12 @@ func ServeMetrics(ctx context.Context, addr string, reg *prometheus.Registry, re
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
+	if profile {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()

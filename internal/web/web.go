@@ -7,11 +7,15 @@ package web
 
 import (
 	"embed"
+	"encoding/json"
 	"html/template"
 	"io"
 	"io/fs"
 	"mime"
 	"path"
+	"strings"
+
+	"github.com/gofiber/fiber/v2"
 )
 
 //go:embed templates/*.html
@@ -62,6 +66,39 @@ func RenderStarting(w io.Writer, d Starting) error {
 
 // RenderProblem writes an error page.
 func RenderProblem(w io.Writer, d Problem) error { return pages.ExecuteTemplate(w, "problem.html", d) }
+
+// WantsHTML is the edge's one negotiation rule for answers it writes
+// itself: a page for requests that accept text/html (browser navigations
+// and form posts), JSON for everything else (fetch, XHR, API clients).
+func WantsHTML(c *fiber.Ctx) bool {
+	return strings.Contains(c.Get(fiber.HeaderAccept), "text/html")
+}
+
+// problemJSON is an RFC 9457 problem document.
+type problemJSON struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+}
+
+// WriteProblem answers with d: the problem page, or
+// application/problem+json, by WantsHTML. Every error the edge writes goes
+// through it.
+func WriteProblem(c *fiber.Ctx, d Problem) error {
+	c.Status(d.Status)
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	if WantsHTML(c) {
+		c.Type("html")
+		return RenderProblem(c, d)
+	}
+	b, err := json.Marshal(problemJSON{Type: "about:blank", Title: d.Title, Status: d.Status, Detail: d.Detail})
+	if err != nil {
+		return err
+	}
+	c.Set(fiber.HeaderContentType, "application/problem+json")
+	return c.Send(b)
+}
 
 // Asset returns an embedded static file and its content type.
 func Asset(name string) ([]byte, string, bool) {

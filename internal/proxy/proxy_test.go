@@ -1,0 +1,260 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/kv"
+	tu "github.com/aaas-project/aaas/internal/testutil"
+)
+
+// echoHandler answers with what it was sent: method, path, headers, body.
+var echoHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"method": r.Method, "uri": r.RequestURI, "host": r.Host, "headers": r.Header, "body": string(body)})
+})
+
+type echoed struct {
+	Method, URI, Host, Body string
+	Headers                 http.Header
+}
+
+func readEcho(t *testing.T, resp *http.Response) echoed {
+	t.Helper()
+	var e echoed
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func TestCachedPathStreamsAndReusesConnections(t *testing.T) {
+	f := newFixture(t, payload, nil)
+	for _, size := range []int{0, 1, smallBody, smallBody + 1, 3 << 20} {
+		for range 5 {
+			resp := f.do("GET", fmt.Sprintf("/u/bob/bytes?n=%d", size), nil)
+			n, err := io.Copy(io.Discard, resp.Body)
+			if resp.StatusCode != http.StatusOK || n != int64(size) || err != nil {
+				t.Fatalf("%d bytes: status %d, got %d bytes, %v", size, resp.StatusCode, n, err)
+			}
+		}
+	}
+	if n := f.upstreamConns.Load(); n != 1 {
+		t.Fatalf("25 sequential requests opened %d upstream connections, want 1", n)
+	}
+}
+
+// The request DSH sees: our headers set, the browser's credentials and
+// claims gone, hop-by-hop headers (and those Connection names) dropped,
+// the path and query as sent.
+func TestRequestHygiene(t *testing.T) {
+	f := newFixture(t, echoHandler, nil)
+	e := readEcho(t, f.do("GET", "/u/bob/a/../b%2Fc?x=1&y=%20", nil,
+		"X-Forwarded-For", "6.6.6.6", "X-Real-Ip", "6.6.6.6", "Connection", "X-Secret", "X-Secret", "s",
+		"X-Custom", "kept", "Cookie", "dsh_gw_session=abc; other=1"))
+	if e.URI != "/a/../b%2Fc?x=1&y=%20" {
+		t.Errorf("DSH saw %q", e.URI)
+	}
+	for h, want := range map[string]string{
+		"Cookie": "dsh-auth=first", "X-Forwarded-For": "127.0.0.1", "X-Forwarded-Prefix": "/u/bob", "X-Forwarded-Proto": "http", "X-Custom": "kept",
+	} {
+		if got := e.Headers.Values(h); len(got) != 1 || got[0] != want {
+			t.Errorf("DSH saw %s=%q, want %q", h, got, want)
+		}
+	}
+	for _, h := range []string{"Authorization", "X-Real-Ip", "X-Secret"} {
+		if v := e.Headers.Values(h); len(v) != 0 {
+			t.Errorf("DSH saw %s=%q", h, v)
+		}
+	}
+}
+
+// DSH's answer as the browser sees it: origin-wide and nginx headers
+// gone, redirects kept in the prefix, a protocol-relative one refused.
+func TestResponseHygiene(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Set-Cookie", "dsh-auth=secret")
+		h.Set("X-Accel-Redirect", "/internal")
+		h.Set("Connection", "X-Secret")
+		h.Set("X-Secret", "s")
+		h.Set("X-Custom", "kept")
+		switch r.URL.Path {
+		case "/away":
+			h.Set("Location", "//evil.example/")
+			w.WriteHeader(http.StatusFound)
+		default:
+			h.Set("Location", "/settings/")
+			w.WriteHeader(http.StatusFound)
+		}
+	}), nil)
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	get := func(path string) *http.Response {
+		req, _ := http.NewRequest("GET", f.url+path, nil)
+		req.Header.Set("Authorization", fixtureToken)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	resp := get("/u/bob/here")
+	if resp.StatusCode != http.StatusFound || resp.Header.Get("Location") != "/u/bob/settings/" || resp.Header.Get("X-Custom") != "kept" {
+		t.Fatalf("%d Location %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	for _, h := range []string{"Set-Cookie", "X-Accel-Redirect", "X-Secret"} {
+		if v := resp.Header.Values(h); len(v) != 0 {
+			t.Errorf("browser got %s=%q", h, v)
+		}
+	}
+	if resp := get("/u/bob/away"); resp.StatusCode != http.StatusBadGateway || resp.Header.Get("Location") != "" {
+		t.Fatalf("protocol-relative redirect: %d Location %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+}
+
+// lifecycle plays the handshake worker: every handshake command seals
+// the upstream's current cookie. It returns how many it served.
+func (f *fixture) lifecycle(t *testing.T) *atomic.Int64 {
+	nc, err := nats.Connect(f.natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	var n atomic.Int64
+	_, err = nc.Subscribe(events.CommandSubject(events.VerbHandshake, fixtureUser), func(m *nats.Msg) {
+		var c events.Command
+		if json.Unmarshal(m.Data, &c) == nil && c.Handshake != nil {
+			n.Add(1)
+			f.seal(c.Handshake.Host)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &n
+}
+
+// A rotated DSH cookie costs one 401, one handshake and one retry, with
+// the body (kept unread by Expect: 100-continue) sent once.
+func TestRefusedCookieIsRefreshedOnce(t *testing.T) {
+	f := newFixture(t, echoHandler, nil)
+	handshakes := f.lifecycle(t)
+	var refused atomic.Int64
+	f.onRefuse = func() { refused.Add(1) }
+
+	f.rotate("dsh-auth=second")
+	if e := readEcho(t, f.do("GET", "/u/bob/x", nil)); e.Headers.Get("Cookie") != "dsh-auth=second" {
+		t.Fatalf("GET retried with %q", e.Headers.Get("Cookie"))
+	}
+	f.rotate("dsh-auth=third")
+	e := readEcho(t, f.do("POST", "/u/bob/upload", strings.NewReader("hello body"), "Content-Type", "text/plain"))
+	if e.Body != "hello body" || e.Headers.Get("Cookie") != "dsh-auth=third" {
+		t.Fatalf("POST retried with %q, body %q", e.Headers.Get("Cookie"), e.Body)
+	}
+	if refused.Load() != 2 || handshakes.Load() != 2 {
+		t.Fatalf("%d refusals and %d handshakes, want 2 and 2", refused.Load(), handshakes.Load())
+	}
+}
+
+// Bodies above MAX_BODY get 413: by their length before DSH is asked,
+// and chunked ones by their bytes.
+func TestBodyLimit(t *testing.T) {
+	f := newFixture(t, echoHandler, nil)
+	big := bytes.Repeat([]byte("x"), 2<<20)
+	resp := f.do("PUT", "/u/bob/f", bytes.NewReader(big))
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("2 MiB with a length: %d", resp.StatusCode)
+	}
+	resp = f.do("PUT", "/u/bob/f", io.MultiReader(bytes.NewReader(big))) // no length: chunked
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("2 MiB chunked: %d", resp.StatusCode)
+	}
+	if e := readEcho(t, f.do("PUT", "/u/bob/f", io.MultiReader(bytes.NewReader(big[:1<<20])))); len(e.Body) != 1<<20 {
+		t.Fatalf("1 MiB chunked arrived as %d bytes", len(e.Body))
+	}
+}
+
+// DSH answering before it reads an upload: the browser gets the answer,
+// and the next request is served.
+func TestEarlyAnswer(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == "PUT" {
+			w.WriteHeader(http.StatusCreated)
+			return
+		}
+		echoHandler(w, r)
+	}), nil)
+	for range 5 {
+		resp := f.do("PUT", "/u/bob/f", bytes.NewReader(make([]byte, 1<<20)))
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("early answer: %d", resp.StatusCode)
+		}
+		readEcho(t, f.do("GET", "/u/bob/after", nil))
+	}
+}
+
+// A client that leaves while its request waits for a sandbox cancels the
+// wait: the slot comes back and the request is counted as 499.
+func TestClientGoneCancelsTheWait(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	f := newFixture(t, echoHandler, func(o *Options) { o.Metrics = reg; o.WakeTimeout = time.Minute })
+	f.putBox(kv.Sandbox{User: fixtureUser, Phase: kv.PhaseSuspended, PodUID: fixturePod})
+	client := &http.Client{Timeout: 400 * time.Millisecond}
+	req, _ := http.NewRequest("GET", f.url+"/u/bob/x", nil)
+	req.Header.Set("Authorization", fixtureToken)
+	if resp, err := client.Do(req); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("the request did not wait for the sandbox: %d %s", resp.StatusCode, b)
+	}
+	left := func() error {
+		if n := testutil.ToFloat64(f.proxy.m.byClass[classIndex(statusClientClosed)]); n != 1 {
+			return fmt.Errorf("%v requests counted as 499", n)
+		}
+		if !f.proxy.o.Slots.Acquire(fixtureUser) {
+			return fmt.Errorf("slot still held")
+		}
+		f.proxy.o.Slots.Release(fixtureUser)
+		return nil
+	}
+	tu.Eventually(t, 5*time.Second, left)
+}
+
+// The edge's own answers negotiate one way: a page for text/html, RFC 9457
+// JSON for everything else.
+func TestProblemNegotiation(t *testing.T) {
+	f := newFixture(t, echoHandler, nil)
+	resp := f.do("GET", "/u/nobody/x", nil, "Authorization", "")
+	var p struct {
+		Status int
+		Title  string
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil || resp.Header.Get("Content-Type") != "application/problem+json" || p.Status != http.StatusUnauthorized {
+		t.Fatalf("*/*: %d %s %+v %v", resp.StatusCode, resp.Header.Get("Content-Type"), p, err)
+	}
+	resp = f.do("GET", "/u/nobody/x", nil, "Authorization", "", "Accept", "text/html,*/*")
+	if b, _ := io.ReadAll(resp.Body); resp.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") || !bytes.Contains(b, []byte("<html")) {
+		t.Fatalf("text/html: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	resp = f.do("GET", "/u/bob/x", nil, "Accept", "application/json")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("bob: %d", resp.StatusCode)
+	}
+}

@@ -1,0 +1,215 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/handshake"
+	"github.com/aaas-project/aaas/internal/kv"
+)
+
+// Commander publishes lifecycle commands (events.Publisher).
+type Commander interface {
+	Command(ctx context.Context, c events.Command) (duplicate bool, err error)
+}
+
+// Target is what a request asks for: user's DSH, as seen from the
+// browser's host and scheme (DSH's auth cookie is per host).
+type Target struct {
+	User, Host, Scheme string
+}
+
+// Upstream is where a request goes and the cookie it carries.
+type Upstream struct {
+	Address string
+	PodUID  string
+	Cookie  string
+	// rev is the handshake's revision: Refresh asks for a newer one.
+	rev uint64
+}
+
+// sandboxStarting answers a browser navigation while the sandbox wakes:
+// the starting page, which follows the sandbox's phase live, rather than a
+// wait with a blank tab.
+type sandboxStarting struct {
+	User   string
+	Phase  kv.Phase
+	Reason string
+}
+
+func (e *sandboxStarting) Error() string { return "sandbox " + string(e.Phase) }
+
+// Resolver finds where a user's requests go: the sandbox's address once it
+// is Ready (waking it when it is not) and DSH's auth cookie for the pod
+// and host (asking lifecycle for a handshake when none is cached). HTTP
+// and WebSocket share it. The cached path, a Ready sandbox with a cached
+// handshake, is two cache reads and one decryption.
+type Resolver struct {
+	Sandboxes        *kv.Cache[kv.Sandbox]
+	Handshakes       *kv.Cache[kv.Handshake]
+	Commands         Commander
+	Sealer           *handshake.Sealer
+	WakeTimeout      time.Duration
+	HandshakeTimeout time.Duration
+	m                *metrics
+
+	// opened keeps decrypted cookies while the handshakes cache has not
+	// changed since (its update count), so the cached path neither builds
+	// the handshake key nor decrypts.
+	mu     sync.RWMutex
+	opened map[cookieKey]openedCookie
+}
+
+type cookieKey struct{ user, pod, host string }
+
+// maxOpened bounds opened; past it, it starts afresh.
+const maxOpened = 1 << 16
+
+type openedCookie struct {
+	cookie  string
+	rev     uint64
+	updates uint64
+}
+
+// Resolve returns t's upstream. With wait false (a browser navigation) a
+// sandbox that is not Ready is woken and answered with *sandboxStarting at
+// once; otherwise Resolve waits up to WakeTimeout for it. Every wait ends
+// with ctx.
+func (r *Resolver) Resolve(ctx context.Context, t Target, wait bool) (Upstream, error) {
+	box, err := r.ready(ctx, t.User, wait)
+	if err != nil {
+		return Upstream{}, err
+	}
+	return r.cookie(ctx, t, box, 0)
+}
+
+// Refresh returns up with a fresh cookie, after DSH refused up.Cookie.
+func (r *Resolver) Refresh(ctx context.Context, t Target, up Upstream) (Upstream, error) {
+	return r.cookie(ctx, t, kv.Sandbox{Address: up.Address, PodUID: up.PodUID}, up.rev)
+}
+
+func usable(e kv.Entry[kv.Sandbox], ok bool) bool {
+	return ok && e.Value.Phase == kv.PhaseReady && e.Value.Address != ""
+}
+
+// ready returns user's sandbox once it is Ready.
+func (r *Resolver) ready(ctx context.Context, user string, wait bool) (kv.Sandbox, error) {
+	e, ok := r.Sandboxes.Get(user)
+	if usable(e, ok) {
+		return e.Value, nil
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, r.WakeTimeout)
+	defer cancel()
+	woken := uint64(0)
+	for {
+		switch e.Value.Phase {
+		case kv.PhaseReady:
+			if e.Value.Address != "" {
+				r.m.wakes.WithLabelValues("ready").Inc()
+				r.m.wakeDuration.Observe(time.Since(start).Seconds())
+				return e.Value, nil
+			}
+		case kv.PhaseFailed:
+			r.m.wakes.WithLabelValues("failed").Inc()
+			return kv.Sandbox{}, &proxyError{Status: http.StatusServiceUnavailable, Title: "Sandbox failed", Detail: "Your sandbox failed to start: " + e.Value.Reason}
+		case kv.PhaseDeleting:
+			return kv.Sandbox{}, errDeleting
+		case kv.PhaseSuspended, kv.PhaseSuspending:
+			// Wake it; the command's ID is derived from this revision, so
+			// every edge asking about the same state publishes one wake.
+			if e.Revision != woken {
+				if _, err := r.Commands.Command(ctx, events.NewWake(user, e.Revision)); err != nil {
+					r.m.wakes.WithLabelValues("unavailable").Inc()
+					return kv.Sandbox{}, errNotRunning
+				}
+				woken = e.Revision
+			}
+		}
+		if !wait {
+			return kv.Sandbox{}, &sandboxStarting{User: user, Phase: e.Value.Phase, Reason: e.Value.Reason}
+		}
+		rev := e.Revision
+		var err error
+		e, _, err = r.Sandboxes.Wait(ctx, user, func(n kv.Entry[kv.Sandbox], ok bool) bool { return ok && n.Revision != rev })
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
+			r.m.wakes.WithLabelValues("timeout").Inc()
+			return kv.Sandbox{}, &proxyError{Status: http.StatusGatewayTimeout, Title: "Sandbox not ready",
+				Detail: "Your sandbox did not become ready within " + r.WakeTimeout.String() + " (it is " + string(e.Value.Phase) + "). Try again in a moment."}
+		case err != nil:
+			r.m.wakes.WithLabelValues("abandoned").Inc()
+			return kv.Sandbox{}, err
+		}
+	}
+}
+
+// freshFailure is how long a recorded handshake failure is taken as the
+// answer rather than a reason to try again.
+const freshFailure = 5 * time.Second
+
+// cookie returns DSH's auth cookie for (user, pod, host), asking lifecycle
+// for one when none is cached or the cached one (revision stale) was
+// refused.
+func (r *Resolver) cookie(ctx context.Context, t Target, box kv.Sandbox, stale uint64) (Upstream, error) {
+	up := Upstream{Address: box.Address, PodUID: box.PodUID}
+	ck := cookieKey{t.User, box.PodUID, t.Host}
+	updates := r.Handshakes.Updates()
+	r.mu.RLock()
+	o, ok := r.opened[ck]
+	r.mu.RUnlock()
+	if ok && o.updates == updates && o.rev > stale {
+		up.Cookie, up.rev = o.cookie, o.rev
+		return up, nil
+	}
+	key := kv.HandshakeKey(t.User, box.PodUID, events.HostKey(t.Host))
+	e, ok := r.Handshakes.Get(key)
+	if ok && e.Revision > stale {
+		if e.Value.Error == "" {
+			if c, err := r.Sealer.Open(e.Value.Sealed, []byte(key)); err == nil {
+				up.Cookie, up.rev = string(c), e.Revision
+				r.mu.Lock()
+				if r.opened == nil || len(r.opened) >= maxOpened {
+					r.opened = map[cookieKey]openedCookie{} // old pods' and hosts' entries go too
+				}
+				r.opened[ck] = openedCookie{cookie: up.Cookie, rev: up.rev, updates: updates}
+				r.mu.Unlock()
+				return up, nil
+			}
+			// Sealed with a key this edge no longer has (a rotation
+			// retired it): as good as no cookie. Ask for a fresh one.
+		} else if time.Since(e.Value.At) < freshFailure {
+			return Upstream{}, handshakeFailed(e.Value.Error)
+		}
+		stale = e.Revision
+	}
+	if _, err := r.Commands.Command(ctx, events.NewHandshake(t.User, events.HandshakeArgs{
+		PodUID: box.PodUID, Host: t.Host, Proto: t.Scheme, Prefix: "/u/" + t.User, StaleRevision: stale,
+	})); err != nil {
+		if ctx.Err() != nil {
+			return Upstream{}, ctx.Err()
+		}
+		return Upstream{}, errNotRunning
+	}
+	wctx, cancel := context.WithTimeout(ctx, r.HandshakeTimeout)
+	defer cancel()
+	e, _, err := r.Handshakes.Wait(wctx, key, func(n kv.Entry[kv.Handshake], ok bool) bool { return ok && n.Revision > stale })
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return Upstream{}, errHandshakeTimeout
+	case err != nil:
+		return Upstream{}, err
+	case e.Value.Error != "":
+		return Upstream{}, handshakeFailed(e.Value.Error)
+	}
+	c, err := r.Sealer.Open(e.Value.Sealed, []byte(key))
+	if err != nil {
+		return Upstream{}, errUnsealable
+	}
+	up.Cookie, up.rev = string(c), e.Revision
+	return up, nil
+}
