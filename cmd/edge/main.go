@@ -11,6 +11,8 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/aaas-project/aaas/internal/accounts"
+	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
@@ -20,8 +22,7 @@ import (
 	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/process"
 	"github.com/aaas-project/aaas/internal/proxy"
-	"github.com/aaas-project/aaas/internal/session"
-	"github.com/aaas-project/aaas/internal/web"
+		"github.com/aaas-project/aaas/internal/web"
 )
 
 func main() {
@@ -45,17 +46,17 @@ func run(p *process.Process, cfg config.Edge) error {
 		default:
 		}
 	}
-	store, err := session.NewStore(ctx, p.JS, session.StoreOptions{
+	store, err := auth.NewStore(ctx, p.JS, auth.StoreOptions{
 		TTL: cfg.Buckets.SessionTTL, MaxPerUser: cfg.MaxSessionsPerUser, OnRevoke: changed, Log: p.Log,
 	})
 	if err != nil {
 		return err
 	}
-	limiter, err := session.NewLimiter(ctx, p.JS, cfg.AuthRateLimit, cfg.Buckets.RateWindow)
+	limiter, err := auth.NewLimiter(ctx, p.JS, cfg.AuthRateLimit, cfg.Buckets.RateWindow)
 	if err != nil {
 		return err
 	}
-	actions, err := session.NewLimiter(ctx, p.JS, cfg.RecreateRateLimit, cfg.Buckets.RateWindow)
+	actions, err := auth.NewLimiter(ctx, p.JS, cfg.RecreateRateLimit, cfg.Buckets.RateWindow)
 	if err != nil {
 		return err
 	}
@@ -83,22 +84,23 @@ func run(p *process.Process, cfg config.Edge) error {
 		return err
 	}
 	slots := proxy.NewSlots(cfg.MaxInFlightPerUser)
-	sso := session.SSO{}
+	sso := auth.SSO{}
 	if cfg.AuthProxyHeader != "" {
-		sso = session.SSO{NameHeader: cfg.AuthProxyHeader, IDHeader: cfg.AuthProxyIDHeader, GroupsHeader: cfg.AuthProxyGroupsHeader, Allow: cfg.AuthProxyAllow}
+		sso = auth.SSO{NameHeader: cfg.AuthProxyHeader, IDHeader: cfg.AuthProxyIDHeader, GroupsHeader: cfg.AuthProxyGroupsHeader, Allow: cfg.AuthProxyAllow}
 	}
-	accounts := session.New(session.Options{
-		Store: store, Limiter: limiter, Actions: actions, Publisher: pub, Users: users, Sandboxes: boxes, Requests: requests,
-		InFlight: slots, CookieName: cfg.CookieName, CookieSecure: cfg.CookieSecure, CookieMaxAge: cfg.Buckets.SessionTTL,
-		InviteCode: cfg.InviteCode, SSO: sso, WakeTimeout: cfg.WakeTimeout,
-		WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Log: p.Log, Metrics: p.Metrics,
+	authn := auth.New(auth.Options{
+		Store: store, Limiter: limiter, Users: users, Publisher: pub,
+		CookieName: cfg.CookieName, CookieSecure: cfg.CookieSecure, SSO: sso, Metrics: p.Metrics,
+	})
+	acct := accounts.New(accounts.Options{
+		Auth: authn, Actions: actions, Publisher: pub, Users: users, Sandboxes: boxes, Requests: requests,
+		InFlight: slots, CookieSecure: cfg.CookieSecure, CookieMaxAge: cfg.Buckets.SessionTTL,
+		InviteCode: cfg.InviteCode, SSO: sso.NameHeader != "", WakeTimeout: cfg.WakeTimeout,
+		WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Log: p.Log,
 	})
 	prx := proxy.New(proxy.Options{
-		Authenticate: func(c *fiber.Ctx) (proxy.Identity, error) {
-			id, err := accounts.Authenticate(c)
-			return proxy.Identity{User: id.User, Ambient: id.Method != session.MethodBearer, Valid: func() bool { return accounts.Valid(id) }}, err
-		},
-		ValidUser: func(u string) bool { return session.ValidateUser(u) == nil },
+		Auth:      authn,
+		ValidUser: func(u string) bool { return auth.ValidateUser(u) == nil },
 		Sandboxes: boxes, Handshakes: handshakes, Publisher: pub, Sealer: sealer, Edge: cfg.InstanceID, Slots: slots,
 		WakeTimeout: cfg.WakeTimeout, HandshakeTimeout: cfg.HandshakeTimeout,
 		MaxBody: cfg.MaxBodyBytes, WSMaxMessage: cfg.WSMaxMessageBytes, HeaderAllowlist: cfg.HeaderAllowlist,
@@ -108,7 +110,7 @@ func run(p *process.Process, cfg config.Edge) error {
 	})
 
 	var draining atomic.Bool
-	ready := func() bool { return !draining.Load() && accounts.Ready() && handshakes.IsSynced() }
+	ready := func() bool { return !draining.Load() && acct.Ready() && handshakes.IsSynced() }
 
 	app := fiber.New(fiber.Config{
 		AppName:                      "aaas-edge",
@@ -140,7 +142,7 @@ func run(p *process.Process, cfg config.Edge) error {
 	app.Use(httpguard.ConsumeBody, httpguard.Recover(p.Log), httpguard.Methods, httpguard.Pages, clients.Middleware)
 	app.Get("/healthz", health(func() bool { return true }))
 	app.Get("/readyz", health(ready))
-	accounts.Register(app)
+	acct.Register(app)
 	prx.Register(app)
 	go prx.Run(ctx)
 
@@ -151,7 +153,7 @@ func run(p *process.Process, cfg config.Edge) error {
 	// Ready only once the socket is open: earlier, a probe (or a test) could
 	// route a client here and get "connection refused".
 	p.SetReady(ready)
-	p.Log.Info("serving", "addr", ln.Addr().String(), "cookie", accounts.CookieName())
+	p.Log.Info("serving", "addr", ln.Addr().String(), "cookie", authn.CookieName())
 	served := make(chan error, 1)
 	go func() { served <- app.Listener(ln) }()
 	select {

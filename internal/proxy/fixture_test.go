@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/embednats"
 	"github.com/aaas-project/aaas/internal/events"
@@ -115,12 +116,7 @@ func newFixture(t testing.TB, upstream http.Handler, mutate func(*Options)) *fix
 	f.putBox(kv.Sandbox{User: fixtureUser, Phase: kv.PhaseReady, PodUID: fixturePod, Address: f.upstream.Listener.Addr().String()})
 
 	o := Options{
-		Authenticate: func(c *fiber.Ctx) (Identity, error) {
-			if c.Get(fiber.HeaderAuthorization) != fixtureToken {
-				return Identity{}, errUnauthorized
-			}
-			return Identity{User: fixtureUser}, nil
-		},
+		Auth: bearerOnly{},
 		ValidUser: func(u string) bool { return u != "" && !strings.ContainsAny(u, "./") },
 		Sandboxes: boxes, Handshakes: handshakes, Publisher: events.NewPublisher(js, "edge-test", log),
 		Sealer: f.sealer, Edge: "edge-test", Slots: NewSlots(64),
@@ -155,6 +151,18 @@ func newFixture(t testing.TB, upstream http.Handler, mutate func(*Options)) *fix
 }
 
 var errUnauthorized = &statusError{http.StatusUnauthorized, "sign in first"}
+
+// bearerOnly admits fixtureToken as bob, for good.
+type bearerOnly struct{}
+
+func (bearerOnly) Authenticate(c *fiber.Ctx) (auth.Identity, error) {
+	if c.Get(fiber.HeaderAuthorization) != fixtureToken {
+		return auth.Identity{}, errUnauthorized
+	}
+	return auth.Identity{User: fixtureUser, Method: auth.MethodBearer}, nil
+}
+
+func (bearerOnly) Valid(auth.Identity) bool { return true }
 
 type statusError struct {
 	status int

@@ -187,7 +187,7 @@ func (p *Proxy) respond(r *request, up Upstream, a *answer) (int, bool, error) {
 		p.tracker.touch(r.user)
 		return status, false, nil
 	}
-	x := &exchange{valid: r.id.Valid, cancel: r.cancel}
+	x := &exchange{id: r.id, cancel: r.cancel}
 	p.live.add(x)
 	c.Response().SetBodyStream(&responseBody{a: a, conn: c.Context().Conn(), write: p.o.WriteTimeout, done: func(n int64) {
 		p.live.remove(x)

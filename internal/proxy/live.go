@@ -6,13 +6,15 @@ import (
 	"time"
 
 	"github.com/fasthttp/websocket"
+
+	"github.com/aaas-project/aaas/internal/auth"
 )
 
 // exchange is a long-lived proxied exchange: a WebSocket or a streamed
 // response. Credentials are checked when it starts; live re-checks them
 // while it lasts, so a logout, a deletion or a recreate on any edge ends it.
 type exchange struct {
-	valid func() bool
+	id auth.Identity
 	// ws is the browser's side of a WebSocket; cancel aborts a streamed
 	// response (its upstream request).
 	ws     *websocket.Conn
@@ -63,7 +65,7 @@ func (p *Proxy) revalidate(ctx context.Context, interval time.Duration) {
 		case <-p.o.Changes:
 		}
 		for _, x := range p.live.snapshot() {
-			if x.valid == nil || x.valid() {
+			if p.o.Auth.Valid(x.id) {
 				continue
 			}
 			p.m.revoked.Inc()

@@ -21,6 +21,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
@@ -28,27 +29,21 @@ import (
 	"github.com/aaas-project/aaas/internal/web"
 )
 
-// Identity is who a request authenticated as.
-type Identity struct {
-	User string
-	// Ambient is true for credentials a browser attaches by itself (the
-	// session cookie, an SSO header), which need same-origin checks.
-	Ambient bool
-	// Valid reports whether the credentials still hold; WebSockets and
-	// streamed responses end when it turns false. nil means always.
-	Valid func() bool
+// Authenticator is what the proxy needs of authentication
+// (auth.Authenticator): who a request is, and whether that still holds. An
+// error with an HTTPStatus() int method answers with that status, any
+// other with 401.
+type Authenticator interface {
+	Authenticate(c *fiber.Ctx) (auth.Identity, error)
+	Valid(id auth.Identity) bool
 }
-
-// Authenticator resolves a request's identity. An error with an
-// HTTPStatus() int method answers with that status, any other with 401.
-type Authenticator func(*fiber.Ctx) (Identity, error)
 
 // ValidUser reports whether a path segment can be an account name.
 type ValidUser func(string) bool
 
 // Options wires a Proxy.
 type Options struct {
-	Authenticate Authenticator
+	Auth         Authenticator
 	ValidUser    ValidUser
 	Sandboxes    *kv.Cache[kv.Sandbox]
 	Handshakes   *kv.Cache[kv.Handshake]
@@ -187,7 +182,7 @@ func (p *Proxy) serve(c *fiber.Ctx) error {
 		c.Set(fiber.HeaderRetryAfter, "1")
 		return p.refuse(c, rid, ws, errDraining)
 	}
-	id, err := p.o.Authenticate(c)
+	id, err := p.o.Auth.Authenticate(c)
 	switch {
 	case err != nil:
 		return p.refuse(c, rid, ws, authFailed(err))
@@ -197,8 +192,8 @@ func (p *Proxy) serve(c *fiber.Ctx) error {
 	// SSO proxy's header) must not let another site drive the agent: a
 	// state-changing request, or any WebSocket that names an origin, needs
 	// our own origin. Bearer tokens are sent on purpose and need none.
-	case id.Ambient && ws && c.Get(fiber.HeaderOrigin) != "" && !clientinfo.SameOrigin(c),
-		id.Ambient && !ws && !safeMethod(c.Method()) && !clientinfo.SameOrigin(c):
+	case id.Ambient() && ws && c.Get(fiber.HeaderOrigin) != "" && !clientinfo.SameOrigin(c),
+		id.Ambient() && !ws && !safeMethod(c.Method()) && !clientinfo.SameOrigin(c):
 		return p.refuse(c, rid, ws, errCrossSite)
 	}
 	if !p.o.Slots.Acquire(user) {

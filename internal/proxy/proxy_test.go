@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -256,5 +257,42 @@ func TestProblemNegotiation(t *testing.T) {
 	resp = f.do("GET", "/u/bob/x", nil, "Accept", "application/json")
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("bob: %d", resp.StatusCode)
+	}
+}
+
+// Server-sent events arrive one by one (DSH sends the next only once the
+// browser has the previous one) and the stream ends when DSH ends it (a
+// chunked body, which fasthttp reads past its end).
+func TestEventStream(t *testing.T) {
+	next := make(chan struct{})
+	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range 3 {
+			if i > 0 {
+				<-next
+			}
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			w.(http.Flusher).Flush()
+		}
+	}), nil)
+	for range 2 { // the second on the reused connection
+		resp := f.do("GET", "/u/bob/events", nil)
+		r := bufio.NewReader(resp.Body)
+		for i := range 3 {
+			line, err := r.ReadString('\n')
+			if err != nil || line != fmt.Sprintf("data: %d\n", i) {
+				t.Fatalf("event %d: %q %v", i, line, err)
+			}
+			_, _ = r.ReadString('\n')
+			if i < 2 {
+				next <- struct{}{}
+			}
+		}
+		if rest, err := io.ReadAll(r); err != nil || len(rest) != 0 {
+			t.Fatalf("after the last event: %q %v", rest, err)
+		}
+	}
+	if n := f.upstreamConns.Load(); n != 1 {
+		t.Fatalf("%d upstream connections", n)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/clientinfo"
 )
 
@@ -27,7 +28,7 @@ type request struct {
 	user   string
 	// rest is the path after /u/<user>, as it arrived.
 	rest string
-	id   Identity
+	id   auth.Identity
 	// host and scheme are the browser's, as clientinfo resolved them.
 	host, scheme string
 	start        time.Time
@@ -90,7 +91,7 @@ func (d *departures) run(ctx context.Context) {
 // with the request (finish), which for a streamed response is when the
 // stream ends: from the handler's return on, a client that leaves is
 // noticed by the failing write.
-func (p *Proxy) begin(c *fiber.Ctx, rid, user, rest string, id Identity) *request {
+func (p *Proxy) begin(c *fiber.Ctx, rid, user, rest string, id auth.Identity) *request {
 	ctx, cancel := context.WithCancel(context.Background())
 	info := clientinfo.Get(c)
 	r := &request{c: c, ctx: ctx, cancel: cancel, rid: rid, method: c.Method(), user: user, rest: rest, id: id,

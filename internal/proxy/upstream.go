@@ -429,6 +429,9 @@ type chunkedBody struct {
 }
 
 func (b *chunkedBody) Read(p []byte) (int, error) {
+	if b.a.complete.Load() {
+		return 0, io.EOF // asked again after the end (fasthttp does)
+	}
 	n, err := b.r.Read(p)
 	if err == io.EOF {
 		for {

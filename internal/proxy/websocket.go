@@ -12,6 +12,8 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+
+	"github.com/aaas-project/aaas/internal/auth"
 )
 
 // Close codes sent to browsers: 4401 asks the page to sign in again, 4403
@@ -136,9 +138,9 @@ func (p *Proxy) dial(r *request, up Upstream) (*websocket.Conn, *http.Response, 
 // bridge copies messages both ways, frame by frame (a 16 MiB message is
 // never held whole), passes pings, pongs and close codes through, and
 // counts messages as activity. It lasts while id's credentials hold.
-func (p *Proxy) bridge(id Identity, down, up *websocket.Conn) {
+func (p *Proxy) bridge(id auth.Identity, down, up *websocket.Conn) {
 	user := id.User
-	x := &exchange{valid: id.Valid, ws: down}
+	x := &exchange{id: id, ws: down}
 	p.live.add(x)
 	p.m.websockets.Inc()
 	defer func() {
@@ -157,7 +159,7 @@ func (p *Proxy) bridge(id Identity, down, up *websocket.Conn) {
 		errs <- p.pump(user, p.m.bytesDown, down, up, func(err error) []byte {
 			// The sandbox went away because its user was signed out (a
 			// deletion, a recreate): tell the page so, not "lost".
-			if id.Valid != nil && !id.Valid() {
+			if !p.o.Auth.Valid(id) {
 				return websocket.FormatCloseMessage(closeUnauthorized, "signed out")
 			}
 			return closeFor(err)
