@@ -22,7 +22,7 @@ import (
 	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/process"
 	"github.com/aaas-project/aaas/internal/proxy"
-		"github.com/aaas-project/aaas/internal/web"
+	"github.com/aaas-project/aaas/internal/web"
 )
 
 func main() {

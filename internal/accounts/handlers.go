@@ -1,9 +1,8 @@
-package session
+package accounts
 
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 
+	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
@@ -20,8 +20,8 @@ import (
 )
 
 func (s *Service) landing(c *fiber.Ctx) error {
-	d := web.Landing{Invite: s.o.InviteCode != "", SSO: s.o.SSO.NameHeader != "", MaxUserLen: MaxUserLen}
-	if id, err := s.Authenticate(c); err == nil {
+	d := web.Landing{Invite: s.o.InviteCode != "", SSO: s.o.SSO, MaxUserLen: auth.MaxUserLen}
+	if id, err := s.identity(c); err == nil {
 		d.User = id.User
 		st := s.state(id.User)
 		d.Phase, d.Reason = string(st.Phase), st.Reason
@@ -44,7 +44,7 @@ func (s *Service) state(user string) kv.Sandbox {
 // before anything is created; then the claim command, its answer, a
 // session, and up to WAKE_TIMEOUT for the sandbox to be Ready.
 func (s *Service) signup(c *fiber.Ctx) error {
-	if s.o.SSO.NameHeader != "" {
+	if s.o.SSO {
 		return s.fail(c, fiber.StatusForbidden, "accounts are created by signing in through SSO")
 	}
 	if ok, err := s.limit(c, "signup"); !ok {
@@ -62,48 +62,48 @@ func (s *Service) signup(c *fiber.Ctx) error {
 		if invite == "" {
 			invite = c.Get("X-Signup-Invite")
 		}
-		if !constantEqual(invite, s.o.InviteCode) {
-			s.auth.WithLabelValues("signup", "invite_rejected").Inc()
-			s.refused(c, events.AuditEvent{Kind: events.AuditInviteRejected})
+		if !auth.SecretEqual(invite, s.o.InviteCode) {
+			s.o.Auth.Counter().WithLabelValues("signup", "invite_rejected").Inc()
+			s.o.Auth.Refused(c, events.AuditEvent{Kind: events.AuditInviteRejected})
 			return s.fail(c, fiber.StatusForbidden, "a valid invite code is required to sign up")
 		}
 	}
 	user := f["user"]
-	if err := ValidateUser(user); err != nil {
+	if err := auth.ValidateUser(user); err != nil {
 		return s.fail(c, fiber.StatusBadRequest, err.Error())
 	}
 	if _, ok := s.o.Users.Get(user); ok {
-		s.auth.WithLabelValues("signup", "conflict").Inc()
+		s.o.Auth.Counter().WithLabelValues("signup", "conflict").Inc()
 		return s.fail(c, fiber.StatusConflict, "that user name is taken; sign in with your token instead")
 	}
 
 	start := time.Now()
-	token := NewToken(user)
-	req := newRequestID()
-	res, err := s.command(c.Context(), events.NewClaim(user, req, HashHex(token)))
+	token := auth.NewToken(user)
+	req := auth.NewRequestID()
+	res, err := s.command(c.Context(), events.NewClaim(user, req, auth.HashHex(token)))
 	switch {
-	case errors.Is(err, errTimeout) && wantsJSON(c):
+	case errors.Is(err, auth.ErrTimeout) && wantsJSON(c):
 		// The claim may still succeed: hand out the token now, as it will
 		// never be shown again.
-		s.auth.WithLabelValues("signup", "accepted").Inc()
+		s.o.Auth.Counter().WithLabelValues("signup", "accepted").Inc()
 		return c.Status(fiber.StatusAccepted).JSON(fiber.Map{"user": user, "token": token, "url": "/u/" + user + "/", "state": "Claiming"})
 	case err != nil:
-		s.auth.WithLabelValues("signup", "unavailable").Inc()
+		s.o.Auth.Counter().WithLabelValues("signup", "unavailable").Inc()
 		return s.fail(c, fiber.StatusServiceUnavailable, err.Error())
 	case res.Outcome == kv.OutcomeConflict:
-		s.auth.WithLabelValues("signup", "conflict").Inc()
+		s.o.Auth.Counter().WithLabelValues("signup", "conflict").Inc()
 		return s.fail(c, fiber.StatusConflict, "that user name is taken; sign in with your token instead")
 	case res.Outcome != kv.OutcomeCreated:
-		s.auth.WithLabelValues("signup", "failed").Inc()
+		s.o.Auth.Counter().WithLabelValues("signup", "failed").Inc()
 		return s.fail(c, fiber.StatusServiceUnavailable, "your sandbox could not be created: "+res.Error)
 	}
-	sid, err := s.o.Store.Create(c.Context(), user, "signup")
+	sid, err := s.o.Auth.Store().Create(c.Context(), user, "signup")
 	if err != nil {
-		return s.fail(c, fiber.StatusServiceUnavailable, errUnavailable.Error())
+		return s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
 	}
 	s.setCookie(c, sid)
 	s.audit(events.AuditEvent{Kind: events.AuditSignup, User: user, RequestID: req, Outcome: kv.OutcomeCreated})
-	s.auth.WithLabelValues("signup", "created").Inc()
+	s.o.Auth.Counter().WithLabelValues("signup", "created").Inc()
 
 	if !wantsJSON(c) {
 		return c.Redirect("/u/"+user+"/", fiber.StatusSeeOther)
@@ -140,26 +140,24 @@ func (s *Service) login(c *fiber.Ctx) error {
 		}
 		token = f["token"]
 	}
-	u, ok := s.checkToken(token)
+	u, ok := s.o.Auth.CheckToken(token)
 	if !ok {
-		s.auth.WithLabelValues("login", "rejected").Inc()
-		s.refused(c, events.AuditEvent{Kind: events.AuditLogin, Outcome: "rejected"})
+		s.o.Auth.Counter().WithLabelValues("login", "rejected").Inc()
+		s.o.Auth.Refused(c, events.AuditEvent{Kind: events.AuditLogin, Outcome: "rejected"})
 		return s.fail(c, fiber.StatusUnauthorized, "that token is not valid")
 	}
 	user := u.Name
-	sid, err := s.o.Store.Create(c.Context(), user, "login")
+	sid, err := s.o.Auth.Store().Create(c.Context(), user, "login")
 	if err != nil {
-		return s.fail(c, fiber.StatusServiceUnavailable, errUnavailable.Error())
+		return s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
 	}
 	// Signing in again replaces the browser's session: the old id, which
 	// the new cookie overwrites, must not stay usable elsewhere.
-	if old := c.Request().Header.Cookie(s.cookie); validSID(old) {
-		if sess, ok := s.o.Store.Lookup(old); ok {
-			_ = s.o.Store.Revoke(c.Context(), sess.User, sha256.Sum256(old))
-		}
+	if old := c.Request().Header.Cookie(s.cookie); len(old) > 0 {
+		_ = s.o.Auth.Store().RevokeID(c.Context(), old)
 	}
 	s.setCookie(c, sid)
-	s.auth.WithLabelValues("login", "ok").Inc()
+	s.o.Auth.Counter().WithLabelValues("login", "ok").Inc()
 	s.audit(events.AuditEvent{Kind: events.AuditLogin, User: user, Outcome: "ok"})
 	if wantsJSON(c) {
 		return c.JSON(fiber.Map{"user": user, "url": "/u/" + user + "/"})
@@ -178,25 +176,25 @@ func cutBearer(h string) (string, bool) {
 // mutation authenticates a state-changing request; cookie and SSO
 // identities also need a same-origin Origin or Referer (CSRF). ok=false
 // means the refusal has been written (and err is the write's error).
-func (s *Service) mutation(c *fiber.Ctx) (id Identity, ok bool, err error) {
-	id, aerr := s.Authenticate(c)
+func (s *Service) mutation(c *fiber.Ctx) (id auth.Identity, ok bool, err error) {
+	id, aerr := s.identity(c)
 	if aerr != nil {
-		return id, false, s.fail(c, Status(aerr), aerr.Error())
+		return id, false, s.fail(c, auth.Status(aerr), aerr.Error())
 	}
-	if id.Method != MethodBearer && !clientinfo.SameOrigin(c) {
+	if id.Method != auth.MethodBearer && !clientinfo.SameOrigin(c) {
 		return id, false, s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 	}
 	return id, true, nil
 }
 
 func (s *Service) logout(c *fiber.Ctx) error {
-	id, err := s.Authenticate(c)
-	if err == nil && id.Method == MethodCookie {
+	id, err := s.identity(c)
+	if err == nil && id.Method == auth.MethodCookie {
 		if !clientinfo.SameOrigin(c) {
 			return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 		}
-		if err := s.o.Store.Revoke(c.Context(), id.User, id.sum); err != nil {
-			return s.fail(c, fiber.StatusServiceUnavailable, errUnavailable.Error())
+		if err := s.o.Auth.Revoke(c.Context(), id); err != nil {
+			return s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
 		}
 		s.audit(events.AuditEvent{Kind: events.AuditLogout, User: id.User, Outcome: "ok"})
 	}
@@ -248,8 +246,8 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 		return s.fail(c, fiber.StatusServiceUnavailable, "the sandbox could not be recreated: "+res.Error)
 	}
 	s.audit(events.AuditEvent{Kind: events.AuditRecreate, User: id.User, Outcome: "requested", Detail: "by " + id.Method})
-	if id.Method == MethodCookie {
-		if sid, err := s.o.Store.Create(c.Context(), id.User, "recreate"); err == nil {
+	if id.Method == auth.MethodCookie {
+		if sid, err := s.o.Auth.Store().Create(c.Context(), id.User, "recreate"); err == nil {
 			s.setCookie(c, sid)
 		}
 	}
@@ -292,7 +290,7 @@ func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb) (kv
 		ctx := context.Background()
 		v, err := s.o.Actions.Allow(ctx, "account:"+user)
 		if err != nil {
-			return nil, errUnavailable
+			return nil, auth.ErrUnavailable
 		}
 		if !v.Allowed {
 			return outcome{limited: true, retry: v.RetryAfter}, nil
@@ -303,7 +301,7 @@ func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb) (kv
 	o, _ := v.(outcome)
 	switch {
 	case v == nil:
-		return kv.Result{}, false, s.fail(c, fiber.StatusServiceUnavailable, errUnavailable.Error())
+		return kv.Result{}, false, s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
 	case o.limited:
 		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(int(o.retry.Seconds())+1))
 		return kv.Result{}, false, s.fail(c, fiber.StatusTooManyRequests, "too many recreates or deletions of this account; wait and try again")
@@ -324,9 +322,9 @@ func (s *Service) statusOf(user string) statusBody {
 }
 
 func (s *Service) status(c *fiber.Ctx) error {
-	id, err := s.Authenticate(c)
+	id, err := s.identity(c)
 	if err != nil {
-		return s.fail(c, Status(err), err.Error())
+		return s.fail(c, auth.Status(err), err.Error())
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	return c.JSON(s.statusOf(id.User))
@@ -337,9 +335,9 @@ func (s *Service) status(c *fiber.Ctx) error {
 // holds one of the user's in-flight slots, and ends when its credentials
 // are revoked (the browser's EventSource then reconnects and is refused).
 func (s *Service) statusStream(c *fiber.Ctx) error {
-	id, err := s.Authenticate(c)
+	id, err := s.identity(c)
 	if err != nil {
-		return s.fail(c, Status(err), err.Error())
+		return s.fail(c, auth.Status(err), err.Error())
 	}
 	if !s.o.InFlight.Acquire(id.User) {
 		c.Set(fiber.HeaderRetryAfter, "1")
@@ -364,7 +362,7 @@ func (s *Service) statusStream(c *fiber.Ctx) error {
 		quiet := time.Now()
 		// Until the credentials are revoked or the browser leaves (its
 		// slot must not wait for the next write to find out).
-		for s.Valid(id) && !clientinfo.Gone(conn) {
+		for s.o.Auth.Valid(id) && !clientinfo.Gone(conn) {
 			e, _ := s.o.Sandboxes.Get(user)
 			if !sent || e.Revision != last {
 				b, _ := json.Marshal(s.statusOf(user))

@@ -1,4 +1,4 @@
-package session_test
+package auth_test
 
 import (
 	"context"
@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/kv"
-	"github.com/aaas-project/aaas/internal/session"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
 
@@ -24,40 +24,40 @@ func TestValidateUser(t *testing.T) {
 		"dsh-bob", "dsh", "dshbob", "admin", "pool", "bob\n",
 	}
 	for _, n := range good {
-		if err := session.ValidateUser(n); err != nil {
+		if err := auth.ValidateUser(n); err != nil {
 			t.Errorf("%q refused: %v", n, err)
 		}
 	}
 	for _, n := range bad {
-		if session.ValidateUser(n) == nil {
+		if auth.ValidateUser(n) == nil {
 			t.Errorf("%q accepted", n)
 		}
 	}
 }
 
 func TestTokens(t *testing.T) {
-	tok := session.NewToken("bob")
-	if u, ok := session.TokenUser(tok); !ok || u != "bob" {
+	tok := auth.NewToken("bob")
+	if u, ok := auth.TokenUser(tok); !ok || u != "bob" {
 		t.Fatalf("TokenUser(%q) = %q %v", tok, u, ok)
 	}
-	h := session.HashHex(tok)
-	if !session.TokenMatches(tok, h) || session.TokenMatches(session.NewToken("bob"), h) || session.TokenMatches(tok, "") {
+	h := auth.HashHex(tok)
+	if !auth.TokenMatches(tok, h) || auth.TokenMatches(auth.NewToken("bob"), h) || auth.TokenMatches(tok, "") {
 		t.Fatal("token matching is wrong")
 	}
-	sid := session.NewSessionID()
-	if _, ok := session.TokenUser(sid); ok {
+	sid := auth.NewSessionID()
+	if _, ok := auth.TokenUser(sid); ok {
 		t.Fatal("a session id passes as a token")
 	}
 	for _, bad := range []string{"", "bob", "bob.", "Bob." + strings.Repeat("a", 43), "bob.short"} {
-		if _, ok := session.TokenUser(bad); ok {
+		if _, ok := auth.TokenUser(bad); ok {
 			t.Errorf("%q parsed as a token", bad)
 		}
 	}
 }
 
-func setup(t testing.TB) (*session.Store, *session.Limiter) { return setupCap(t, 10_000) }
+func setup(t testing.TB) (*auth.Store, *auth.Limiter) { return setupCap(t, 10_000) }
 
-func setupCap(t testing.TB, maxPerUser int) (*session.Store, *session.Limiter) {
+func setupCap(t testing.TB, maxPerUser int) (*auth.Store, *auth.Limiter) {
 	t.Helper()
 	s := natstest.Start(t)
 	_, js := natstest.Connect(t, s.URL())
@@ -65,11 +65,11 @@ func setupCap(t testing.TB, maxPerUser int) (*session.Store, *session.Limiter) {
 	if err := kv.EnsureBuckets(ctx, js, kv.DefaultBucketsConfig()); err != nil {
 		t.Fatal(err)
 	}
-	store, err := session.NewStore(context.Background(), js, session.StoreOptions{TTL: time.Hour, MaxPerUser: maxPerUser, Log: slog.New(slog.DiscardHandler)})
+	store, err := auth.NewStore(context.Background(), js, auth.StoreOptions{TTL: time.Hour, MaxPerUser: maxPerUser, Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim, err := session.NewLimiter(ctx, js, 3, time.Minute)
+	lim, err := auth.NewLimiter(ctx, js, 3, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestLimiterWindowSlides(t *testing.T) {
 		t.Fatal(err)
 	}
 	const window = 2 * time.Second
-	lim, err := session.NewLimiter(ctx, js, 3, window)
+	lim, err := auth.NewLimiter(ctx, js, 3, window)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,21 +257,21 @@ func TestSSOName(t *testing.T) {
 		{"---", "u-"},
 		{strings.Repeat("long", 20), "longlonglonglonglonglongl-"},
 	} {
-		got := session.SSOName(tt.login)
-		if err := session.ValidateUser(got); err != nil {
+		got := auth.SSOName(tt.login)
+		if err := auth.ValidateUser(got); err != nil {
 			t.Errorf("SSOName(%q) = %q, not an account name: %v", tt.login, got, err)
 		}
 		if got != tt.want && !(strings.HasSuffix(tt.want, "-") && strings.HasPrefix(got, tt.want) && len(got) == len(tt.want)+6) {
 			t.Errorf("SSOName(%q) = %q, want %q", tt.login, got, tt.want)
 		}
-		if again := session.SSOName(tt.login); again != got {
+		if again := auth.SSOName(tt.login); again != got {
 			t.Errorf("SSOName(%q) is not deterministic: %q then %q", tt.login, got, again)
 		}
 	}
-	if session.SSOName("alice.smith") == session.SSOName("alice_smith") {
+	if auth.SSOName("alice.smith") == auth.SSOName("alice_smith") {
 		t.Error("two logins that differ in a dropped character share an account name")
 	}
-	if session.SSOName("AliceSmith") != session.SSOName("alicesmith") {
+	if auth.SSOName("AliceSmith") != auth.SSOName("alicesmith") {
 		t.Error("logins that differ only in case got different accounts")
 	}
 }

@@ -1,9 +1,4 @@
-// Package session authenticates browser users and API clients at the edge:
-// opaque session cookies backed by the shared sessions bucket, bearer
-// tokens checked against the account's token hash, account names, the
-// shared auth rate limit, same-origin checks, and the account endpoints
-// (landing page, signup, login, logout, delete, recreate).
-package session
+package auth
 
 import (
 	"crypto/rand"
@@ -55,6 +50,9 @@ func HashHex(s string) string {
 // token ("<user>.<secret>") so a token alone identifies its account; the
 // secret is 256 random bits.
 func NewToken(user string) string { return user + "." + random32() }
+
+// NewRequestID names one request for its command's answer.
+func NewRequestID() string { return random32()[:22] }
 
 // TokenUser returns the account a token claims to belong to.
 func TokenUser(token string) (string, bool) {

@@ -1,4 +1,4 @@
-package session
+package auth
 
 import (
 	"context"
@@ -170,6 +170,15 @@ func (s *Store) LookupSum(sum [32]byte) (kv.Session, bool) {
 // Revoke ends one session, named by its id's SHA-256.
 func (s *Store) Revoke(ctx context.Context, user string, sum [32]byte) error {
 	return s.bucket.Purge(ctx, kv.SessionKey(user, hex.EncodeToString(sum[:])))
+}
+
+// RevokeID ends the session of a session id, if it is one.
+func (s *Store) RevokeID(ctx context.Context, sid []byte) error {
+	sess, ok := s.Lookup(sid)
+	if !ok {
+		return nil
+	}
+	return s.Revoke(ctx, sess.User, sha256.Sum256(sid))
 }
 
 // RevokeAll ends every session of user.

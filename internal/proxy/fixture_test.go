@@ -116,7 +116,7 @@ func newFixture(t testing.TB, upstream http.Handler, mutate func(*Options)) *fix
 	f.putBox(kv.Sandbox{User: fixtureUser, Phase: kv.PhaseReady, PodUID: fixturePod, Address: f.upstream.Listener.Addr().String()})
 
 	o := Options{
-		Auth: bearerOnly{},
+		Auth:      bearerOnly{},
 		ValidUser: func(u string) bool { return u != "" && !strings.ContainsAny(u, "./") },
 		Sandboxes: boxes, Handshakes: handshakes, Publisher: events.NewPublisher(js, "edge-test", log),
 		Sealer: f.sealer, Edge: "edge-test", Slots: NewSlots(64),

@@ -43,13 +43,13 @@ type ValidUser func(string) bool
 
 // Options wires a Proxy.
 type Options struct {
-	Auth         Authenticator
-	ValidUser    ValidUser
-	Sandboxes    *kv.Cache[kv.Sandbox]
-	Handshakes   *kv.Cache[kv.Handshake]
-	Publisher    *events.Publisher
-	Sealer       *handshake.Sealer
-	Edge         string
+	Auth       Authenticator
+	ValidUser  ValidUser
+	Sandboxes  *kv.Cache[kv.Sandbox]
+	Handshakes *kv.Cache[kv.Handshake]
+	Publisher  *events.Publisher
+	Sealer     *handshake.Sealer
+	Edge       string
 
 	// Slots is the per-user in-flight cap, shared with the status streams.
 	Slots            *Slots
