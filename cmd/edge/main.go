@@ -13,7 +13,6 @@ import (
 
 	"github.com/aaas-project/aaas/internal/accounts"
 	"github.com/aaas-project/aaas/internal/auth"
-	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
@@ -77,7 +76,7 @@ func run(p *process.Process, cfg config.Edge) error {
 		return err
 	}
 
-	clients, err := clientinfo.New(clientinfo.Options{
+	clients, err := httpguard.NewPolicy(httpguard.Options{
 		TrustedProxies: cfg.TrustedProxies, PublicHosts: cfg.PublicHosts, Unchecked: []string{"/healthz", "/readyz"},
 	})
 	if err != nil {

@@ -13,8 +13,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/aaas-project/aaas/internal/auth"
-	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/web"
 )
@@ -50,7 +50,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	if ok, err := s.limit(c, "signup"); !ok {
 		return err
 	}
-	if clientinfo.ForeignOrigin(c) {
+	if httpguard.ForeignOrigin(c) {
 		return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 	}
 	f, status, msg := s.form(c, "user", "invite")
@@ -127,7 +127,7 @@ func (s *Service) login(c *fiber.Ctx) error {
 	if ok, err := s.limit(c, "login"); !ok {
 		return err
 	}
-	if clientinfo.ForeignOrigin(c) {
+	if httpguard.ForeignOrigin(c) {
 		return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 	}
 	var token string
@@ -181,7 +181,7 @@ func (s *Service) mutation(c *fiber.Ctx) (id auth.Identity, ok bool, err error) 
 	if aerr != nil {
 		return id, false, s.fail(c, auth.Status(aerr), aerr.Error())
 	}
-	if id.Method != auth.MethodBearer && !clientinfo.SameOrigin(c) {
+	if id.Method != auth.MethodBearer && !httpguard.SameOrigin(c) {
 		return id, false, s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 	}
 	return id, true, nil
@@ -190,7 +190,7 @@ func (s *Service) mutation(c *fiber.Ctx) (id auth.Identity, ok bool, err error) 
 func (s *Service) logout(c *fiber.Ctx) error {
 	id, err := s.identity(c)
 	if err == nil && id.Method == auth.MethodCookie {
-		if !clientinfo.SameOrigin(c) {
+		if !httpguard.SameOrigin(c) {
 			return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 		}
 		if err := s.o.Auth.Revoke(c.Context(), id); err != nil {
@@ -362,7 +362,7 @@ func (s *Service) statusStream(c *fiber.Ctx) error {
 		quiet := time.Now()
 		// Until the credentials are revoked or the browser leaves (its
 		// slot must not wait for the next write to find out).
-		for s.o.Auth.Valid(id) && !clientinfo.Gone(conn) {
+		for s.o.Auth.Valid(id) && !httpguard.Gone(conn) {
 			e, _ := s.o.Sandboxes.Get(user)
 			if !sent || e.Revision != last {
 				b, _ := json.Marshal(s.statusOf(user))

@@ -23,8 +23,8 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/aaas-project/aaas/internal/auth"
-	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/web"
 )
@@ -204,7 +204,7 @@ func statusTitle(code int) string {
 // limit applies the shared auth rate limit; false means a response was
 // written.
 func (s *Service) limit(c *fiber.Ctx, endpoint string) (bool, error) {
-	v, err := s.o.Auth.Limiter().Allow(c.Context(), clientinfo.Key(c))
+	v, err := s.o.Auth.Limiter().Allow(c.Context(), httpguard.Key(c))
 	if err != nil {
 		s.o.Auth.Counter().WithLabelValues(endpoint, "unavailable").Inc()
 		return false, s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())

@@ -18,8 +18,8 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/kv"
 )
 
@@ -294,12 +294,12 @@ func (a *Authenticator) ssoAllowed(login, groups string) bool {
 }
 
 // ClientTag names the client in audit events without its address.
-func ClientTag(c *fiber.Ctx) string { return HashHex(clientinfo.Key(c))[:16] }
+func ClientTag(c *fiber.Ctx) string { return HashHex(httpguard.Key(c))[:16] }
 
 // Refused audits a refused request, at most once per client per window:
 // a flood of refusals must not become a flood of audit events.
 func (a *Authenticator) Refused(c *fiber.Ctx, e events.AuditEvent) {
-	first, err := a.o.Limiter.Refused(c.Context(), clientinfo.Key(c))
+	first, err := a.o.Limiter.Refused(c.Context(), httpguard.Key(c))
 	if err != nil || !first {
 		return
 	}

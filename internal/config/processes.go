@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/handshake"
+	"github.com/aaas-project/aaas/internal/httpguard"
 )
 
 // Edge is the configuration of cmd/edge.
@@ -134,7 +134,7 @@ func LoadEdge(e *Env) (Edge, error) {
 	}
 	c.PublicHosts = publicHosts(e)
 	for _, s := range e.List("TRUSTED_PROXIES", nil) {
-		p, err := clientinfo.ParseTrustedProxy(s)
+		p, err := httpguard.ParseTrustedProxy(s)
 		if err != nil {
 			e.Fail("TRUSTED_PROXIES", "%v", err)
 			continue
@@ -155,7 +155,7 @@ func publicHosts(e *Env) []string {
 			out = append(out, h)
 			continue
 		}
-		c, err := clientinfo.ParsePublicHost(h)
+		c, err := httpguard.ParsePublicHost(h)
 		if err != nil {
 			e.Fail("PUBLIC_HOSTS", "%v", err)
 			continue

@@ -4,6 +4,14 @@
 // smuggling behind a pooling proxy), no handler panic ends the process,
 // TRACE and CONNECT are refused, and the edge's own pages carry the
 // headers that keep them from being sniffed, framed or leaking referrers.
+//
+// It also says who is on the other end of a request, by the rules of the
+// deployment's trust boundary: which peers are our own proxies
+// (TRUSTED_PROXIES, whose X-Forwarded-For and X-Forwarded-Proto are
+// believed) and which host names browsers use to reach us (PUBLIC_HOSTS;
+// any other Host is refused with 421). The Policy middleware resolves this
+// once per request; IP, Key, Scheme, Host and the origin checks read the
+// result.
 package httpguard
 
 import (

@@ -9,7 +9,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/aaas-project/aaas/internal/clientinfo"
+	"github.com/aaas-project/aaas/internal/httpguard"
 )
 
 var errBodyTooLarge = errors.New("request body exceeds MAX_BODY_MB")
@@ -42,7 +42,7 @@ type bodyReader struct {
 
 // requestBody is the request's body, or nil when it has none.
 func (p *Proxy) requestBody(c *fiber.Ctx) *bodyReader {
-	if !clientinfo.HasBody(c) {
+	if !httpguard.HasBody(c) {
 		return nil
 	}
 	return &bodyReader{r: c.Context().RequestBodyStream(), conn: c.Context().Conn(), read: p.o.ReadTimeout, max: p.o.MaxBody,

@@ -19,7 +19,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aaas-project/aaas/internal/auth"
-	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/embednats"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
@@ -131,7 +130,7 @@ func newFixture(t testing.TB, upstream http.Handler, mutate func(*Options)) *fix
 	f.proxy = New(o)
 	go f.proxy.Run(ctx)
 
-	clients, err := clientinfo.New(clientinfo.Options{PublicHosts: []string{"*"}})
+	clients, err := httpguard.NewPolicy(httpguard.Options{PublicHosts: []string{"*"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/httpguard"
 )
 
@@ -119,7 +118,7 @@ func (p *Proxy) outgoing(r *request, cookie string, body *bodyReader) *outgoing 
 		b = append(b, "\r\n"...)
 	})
 	b = appendHeader(b, "Cookie", cookie)
-	b = appendHeader(b, "X-Forwarded-For", clientinfo.IP(r.c))
+	b = appendHeader(b, "X-Forwarded-For", httpguard.IP(r.c))
 	b = appendHeader(b, "X-Forwarded-Proto", r.scheme)
 	b = appendHeader(b, "X-Forwarded-Host", r.host)
 	b = appendHeader(b, "X-Forwarded-Prefix", "/u/"+r.user)

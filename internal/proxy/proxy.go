@@ -22,9 +22,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aaas-project/aaas/internal/auth"
-	"github.com/aaas-project/aaas/internal/clientinfo"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
+	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/web"
 )
@@ -192,8 +192,8 @@ func (p *Proxy) serve(c *fiber.Ctx) error {
 	// SSO proxy's header) must not let another site drive the agent: a
 	// state-changing request, or any WebSocket that names an origin, needs
 	// our own origin. Bearer tokens are sent on purpose and need none.
-	case id.Ambient() && ws && c.Get(fiber.HeaderOrigin) != "" && !clientinfo.SameOrigin(c),
-		id.Ambient() && !ws && !safeMethod(c.Method()) && !clientinfo.SameOrigin(c):
+	case id.Ambient() && ws && c.Get(fiber.HeaderOrigin) != "" && !httpguard.SameOrigin(c),
+		id.Ambient() && !ws && !safeMethod(c.Method()) && !httpguard.SameOrigin(c):
 		return p.refuse(c, rid, ws, errCrossSite)
 	}
 	if !p.o.Slots.Acquire(user) {

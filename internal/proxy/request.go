@@ -9,7 +9,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/aaas-project/aaas/internal/auth"
-	"github.com/aaas-project/aaas/internal/clientinfo"
+	"github.com/aaas-project/aaas/internal/httpguard"
 )
 
 // request is one proxied request or WebSocket: what the route said, who
@@ -29,7 +29,7 @@ type request struct {
 	// rest is the path after /u/<user>, as it arrived.
 	rest string
 	id   auth.Identity
-	// host and scheme are the browser's, as clientinfo resolved them.
+	// host and scheme are the browser's, as httpguard resolved them.
 	host, scheme string
 	start        time.Time
 }
@@ -79,7 +79,7 @@ func (d *departures) run(ctx context.Context) {
 		}
 		d.mu.Unlock()
 		for i, r := range check {
-			if clientinfo.Gone(conns[i]) {
+			if httpguard.Gone(conns[i]) {
 				r.cancel()
 			}
 		}
@@ -93,7 +93,7 @@ func (d *departures) run(ctx context.Context) {
 // noticed by the failing write.
 func (p *Proxy) begin(c *fiber.Ctx, rid, user, rest string, id auth.Identity) *request {
 	ctx, cancel := context.WithCancel(context.Background())
-	info := clientinfo.Get(c)
+	info := httpguard.Get(c)
 	r := &request{c: c, ctx: ctx, cancel: cancel, rid: rid, method: c.Method(), user: user, rest: rest, id: id,
 		host: info.Host, scheme: info.Scheme, start: time.Now()}
 	p.departures.add(r, c.Context().Conn())

@@ -1,4 +1,4 @@
-package clientinfo
+package httpguard
 
 import (
 	"net/netip"
@@ -15,7 +15,7 @@ func mustPolicy(t *testing.T, trusted []string, hosts ...string) *Policy {
 		}
 		prefixes = append(prefixes, p)
 	}
-	p, err := New(Options{TrustedProxies: prefixes, PublicHosts: hosts})
+	p, err := NewPolicy(Options{TrustedProxies: prefixes, PublicHosts: hosts})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestConfigEntries(t *testing.T) {
 	if p, err := ParseTrustedProxy("10.1.2.3/8"); err != nil || p.String() != "10.0.0.0/8" {
 		t.Errorf("10.1.2.3/8 → %v %v", p, err)
 	}
-	if _, err := New(Options{}); err == nil {
+	if _, err := NewPolicy(Options{}); err == nil {
 		t.Error("a policy without public hosts was accepted")
 	}
 }
@@ -120,7 +120,7 @@ func TestConfigEntries(t *testing.T) {
 // BenchmarkResolve is the per-request cost of the trust boundary: a
 // trusted peer, two forwarding entries, a public host.
 func BenchmarkResolve(b *testing.B) {
-	p, _ := New(Options{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, PublicHosts: []string{"gw.example.com"}})
+	p, _ := NewPolicy(Options{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, PublicHosts: []string{"gw.example.com"}})
 	peer := netip.MustParseAddr("10.1.1.1")
 	xff, xfp := []string{"198.51.100.7, 10.2.2.2"}, []string{"https"}
 	b.ReportAllocs()

@@ -1,10 +1,7 @@
-// Package clientinfo says who is on the other end of an edge request, by
-// the rules of the deployment's trust boundary: which peers are our own
-// proxies (TRUSTED_PROXIES, whose X-Forwarded-For and X-Forwarded-Proto are
-// believed) and which host names browsers use to reach us (PUBLIC_HOSTS;
-// any other Host is refused with 421). The Policy middleware resolves this
-// once per request; the functions read the result.
-package clientinfo
+// Who is on the other end of a request, by the rules of the deployment's
+// trust boundary.
+
+package httpguard
 
 import (
 	"errors"
@@ -53,7 +50,7 @@ type Policy struct {
 }
 
 // New validates o and returns its Policy.
-func New(o Options) (*Policy, error) {
+func NewPolicy(o Options) (*Policy, error) {
 	p := &Policy{trusted: o.TrustedProxies, hosts: map[string]bool{}, unchecked: map[string]bool{}}
 	for _, h := range o.PublicHosts {
 		if h == "*" {
@@ -98,7 +95,7 @@ func ParseTrustedProxy(s string) (netip.Prefix, error) {
 	return netip.PrefixFrom(a, a.BitLen()), nil
 }
 
-const localsKey = "aaas.clientinfo"
+const localsKey = "aaas.client"
 
 // Middleware resolves every request's Info and refuses a Host that is not
 // one of the public hosts with 421 Misdirected Request: the handshake with

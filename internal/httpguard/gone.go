@@ -1,4 +1,4 @@
-package clientinfo
+package httpguard
 
 import (
 	"errors"
