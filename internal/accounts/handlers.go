@@ -80,7 +80,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	start := time.Now()
 	token := auth.NewToken(user)
 	req := auth.NewRequestID()
-	res, err := s.command(c.Context(), events.NewClaim(user, req, auth.HashHex(token)))
+	res, err := s.command(context.Background(), events.NewClaim(user, req, auth.HashHex(token)))
 	switch {
 	case errors.Is(err, auth.ErrTimeout) && wantsJSON(c):
 		// The claim may still succeed: hand out the token now, as it will
@@ -97,7 +97,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 		s.o.Auth.Counter().WithLabelValues("signup", "failed").Inc()
 		return s.fail(c, fiber.StatusServiceUnavailable, "your sandbox could not be created: "+res.Error)
 	}
-	sid, err := s.o.Auth.Store().Create(c.Context(), user, "signup")
+	sid, err := s.o.Auth.Store().Create(context.Background(), user, "signup")
 	if err != nil {
 		return s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
 	}
@@ -108,7 +108,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	if !wantsJSON(c) {
 		return c.Redirect("/u/"+user+"/", fiber.StatusSeeOther)
 	}
-	wctx, cancel := context.WithTimeout(c.Context(), s.o.WakeTimeout-time.Since(start))
+	wctx, cancel := context.WithTimeout(context.Background(), s.o.WakeTimeout-time.Since(start))
 	defer cancel()
 	e, _, _ := s.o.Sandboxes.Wait(wctx, user, func(e kv.Entry[kv.Sandbox], ok bool) bool {
 		return ok && (e.Value.Phase == kv.PhaseReady || e.Value.Phase == kv.PhaseFailed)
@@ -147,14 +147,14 @@ func (s *Service) login(c *fiber.Ctx) error {
 		return s.fail(c, fiber.StatusUnauthorized, "that token is not valid")
 	}
 	user := u.Name
-	sid, err := s.o.Auth.Store().Create(c.Context(), user, "login")
+	sid, err := s.o.Auth.Store().Create(context.Background(), user, "login")
 	if err != nil {
 		return s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
 	}
 	// Signing in again replaces the browser's session: the old id, which
 	// the new cookie overwrites, must not stay usable elsewhere.
 	if old := c.Request().Header.Cookie(s.cookie); len(old) > 0 {
-		_ = s.o.Auth.Store().RevokeID(c.Context(), old)
+		_ = s.o.Auth.Store().RevokeID(context.Background(), old)
 	}
 	s.setCookie(c, sid)
 	s.o.Auth.Counter().WithLabelValues("login", "ok").Inc()
@@ -193,7 +193,7 @@ func (s *Service) logout(c *fiber.Ctx) error {
 		if !httpguard.SameOrigin(c) {
 			return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 		}
-		if err := s.o.Auth.Revoke(c.Context(), id); err != nil {
+		if err := s.o.Auth.Revoke(context.Background(), id); err != nil {
 			return s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
 		}
 		s.audit(events.AuditEvent{Kind: events.AuditLogout, User: id.User, Outcome: "ok"})
@@ -247,7 +247,7 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 	}
 	s.audit(events.AuditEvent{Kind: events.AuditRecreate, User: id.User, Outcome: "requested", Detail: "by " + id.Method})
 	if id.Method == auth.MethodCookie {
-		if sid, err := s.o.Auth.Store().Create(c.Context(), id.User, "recreate"); err == nil {
+		if sid, err := s.o.Auth.Store().Create(context.Background(), id.User, "recreate"); err == nil {
 			s.setCookie(c, sid)
 		}
 	}

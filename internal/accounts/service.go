@@ -86,6 +86,11 @@ func (s *Service) Ready() bool {
 	return s.o.Auth.Synced() && s.o.Sandboxes.IsSynced() && s.o.Requests.IsSynced()
 }
 
+// The handlers' calls out (NATS, waits) take context.Background() bounded
+// by their own timeouts, never fasthttp's RequestCtx: that one is not
+// cancelled per request, and context.AfterFunc goroutines reading its Done
+// race with the server's shutdown.
+
 // identity authenticates c for an account endpoint. An SSO user admitted
 // without an account yet gets one here: provisioning is this explicit
 // step of the account endpoints (the landing page, status), never a side
@@ -132,7 +137,7 @@ func (s *Service) Register(app *fiber.App) {
 // the stream keeps once; lifecycle answers a repeat with the same binding
 // as created, and a name already bound to another identity as a conflict.
 func (s *Service) provision(c *fiber.Ctx, missing *auth.NoAccount) error {
-	ctx, user, bound := c.Context(), missing.Name, missing.Bound
+	ctx, user, bound := context.Background(), missing.Name, missing.Bound
 	req := fmt.Sprintf("sso-%s-%s-%d", user, bound[:12], time.Now().Unix()/60)
 	res, err := s.command(ctx, events.NewClaim(user, req, bound))
 	switch {
@@ -204,7 +209,7 @@ func statusTitle(code int) string {
 // limit applies the shared auth rate limit; false means a response was
 // written.
 func (s *Service) limit(c *fiber.Ctx, endpoint string) (bool, error) {
-	v, err := s.o.Auth.Limiter().Allow(c.Context(), httpguard.Key(c))
+	v, err := s.o.Auth.Limiter().Allow(context.Background(), httpguard.Key(c))
 	if err != nil {
 		s.o.Auth.Counter().WithLabelValues(endpoint, "unavailable").Inc()
 		return false, s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())

@@ -299,7 +299,7 @@ func ClientTag(c *fiber.Ctx) string { return HashHex(httpguard.Key(c))[:16] }
 // Refused audits a refused request, at most once per client per window:
 // a flood of refusals must not become a flood of audit events.
 func (a *Authenticator) Refused(c *fiber.Ctx, e events.AuditEvent) {
-	first, err := a.o.Limiter.Refused(c.Context(), httpguard.Key(c))
+	first, err := a.o.Limiter.Refused(context.Background(), httpguard.Key(c))
 	if err != nil || !first {
 		return
 	}
