@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -38,6 +39,11 @@ type bodyReader struct {
 	eof      bool
 	tooLarge bool
 	failure  error
+	// What the handler may read while the upstream client's writer is
+	// still reading the body (DSH answered early): bytes read so far, and
+	// whether the body ended in error.
+	seen   atomic.Int64
+	failed atomic.Bool
 }
 
 // requestBody is the request's body, or nil when it has none.
@@ -64,8 +70,10 @@ func (b *bodyReader) Read(buf []byte) (int, error) {
 	_ = b.conn.SetReadDeadline(time.Now().Add(b.read))
 	n, err := b.r.Read(buf)
 	b.n += int64(n)
+	b.seen.Store(b.n)
 	if b.n > b.max {
 		b.tooLarge = true
+		b.failed.Store(true)
 		return n, errBodyTooLarge
 	}
 	switch {
@@ -73,6 +81,7 @@ func (b *bodyReader) Read(buf []byte) (int, error) {
 		b.eof = true
 	case err != nil:
 		b.failure = err
+		b.failed.Store(true)
 	case b.complete():
 		err = io.EOF
 	}
@@ -116,7 +125,24 @@ func (b *bodyReader) detach() {
 	b.eof = n == 0 && errors.Is(err, io.EOF)
 }
 
-func (b *bodyReader) untouched() bool { return b.n == 0 && b.failure == nil }
+// untouched: nothing of the body has been read, and no read failed (a
+// refused request can be retried).
+func (b *bodyReader) untouched() bool { return b.seen.Load() == 0 && !b.failed.Load() }
+
+// outcome is why the body ended early, for the handler: errBodyTooLarge,
+// errClientGone (the browser failed mid-body), or nil. Only the reader
+// writes what it reads, under mu.
+func (b *bodyReader) outcome() error {
+	if !b.failed.Load() {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.tooLarge {
+		return errBodyTooLarge
+	}
+	return errClientGone
+}
 
 // responseBody streams DSH's answer to the browser: it counts the bytes
 // sent and runs done exactly once, when the body is finished or abandoned

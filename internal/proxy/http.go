@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -79,10 +80,14 @@ func (p *Proxy) forward(r *request) (status int, owned bool, err error) {
 		}
 		a, err = p.send(r, up, body)
 	}
+	var cause error
+	if err != nil && body != nil {
+		cause = body.outcome()
+	}
 	switch {
-	case err != nil && body != nil && body.tooLarge:
+	case errors.Is(cause, errBodyTooLarge):
 		return 0, false, tooLarge(p.o.MaxBody)
-	case err != nil && body != nil && body.failure != nil:
+	case cause != nil:
 		return 0, false, errClientGone
 	case err != nil:
 		if r.ctx.Err() == nil {
@@ -94,7 +99,7 @@ func (p *Proxy) forward(r *request) (status int, owned bool, err error) {
 		return 0, false, errRefusedTwice
 	}
 	if body != nil {
-		p.m.bytesUp.Add(float64(body.n))
+		p.m.bytesUp.Add(float64(body.seen.Load()))
 	}
 	return p.respond(r, up, a)
 }

@@ -296,3 +296,22 @@ func TestEventStream(t *testing.T) {
 		t.Fatalf("%d upstream connections", n)
 	}
 }
+
+func TestCloseCodes(t *testing.T) {
+	for _, tt := range []struct {
+		err  *proxyError
+		want int
+	}{
+		{authFailed(errUnauthorized), closeUnauthorized},
+		{errNotYours, closeUnauthorized},
+		{errCrossSite, closeForbidden},
+		{authFailed(&statusError{http.StatusForbidden, "not allowed"}), closeForbidden},
+		{errBusy, 1011},
+		{errDraining, 1011},
+		{asProxyError(io.ErrUnexpectedEOF), 1011},
+	} {
+		if got := closeCode(tt.err); got != tt.want {
+			t.Errorf("%q: close %d, want %d", tt.err.Detail, got, tt.want)
+		}
+	}
+}

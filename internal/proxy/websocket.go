@@ -32,8 +32,12 @@ const wsBufferSize = 4 << 10
 var wsWriteBuffers = &sync.Pool{}
 
 // closeCode is the close code a browser gets for a refusal: 4401 asks the
-// page to sign in again, 4403 says it may not, 1011 covers the rest.
+// page to sign in again (also when it is signed in as another user), 4403
+// says it may not, 1011 covers the rest.
 func closeCode(pe *proxyError) int {
+	if pe == errNotYours { // signed in as someone else: sign in again
+		return closeUnauthorized
+	}
 	switch pe.Status {
 	case fiber.StatusUnauthorized:
 		return closeUnauthorized
