@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fasthttp/websocket"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -313,5 +315,54 @@ func TestCloseCodes(t *testing.T) {
 		if got := closeCode(tt.err); got != tt.want {
 			t.Errorf("%q: close %d, want %d", tt.err.Detail, got, tt.want)
 		}
+	}
+}
+
+// A WebSocket through the proxy: messages both ways, DSH's close code
+// passed to the browser, the cookie refreshed when DSH refuses the
+// upgrade.
+func TestWebSocketBridge(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		up := websocket.Upgrader{}
+		c, err := up.Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		for {
+			typ, msg, err := c.ReadMessage()
+			if err != nil {
+				return
+			}
+			if string(msg) == "bye" {
+				_ = c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(4000, "as asked"))
+				return
+			}
+			_ = c.WriteMessage(typ, msg)
+		}
+	}), nil)
+	handshakes := f.lifecycle(t)
+	f.rotate("dsh-auth=fresh")
+	ws, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(f.url, "http")+"/u/bob/ws", http.Header{"Authorization": {fixtureToken}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	for _, m := range []string{"one", strings.Repeat("x", 100<<10)} {
+		if err := ws.WriteMessage(websocket.TextMessage, []byte(m)); err != nil {
+			t.Fatal(err)
+		}
+		if _, got, err := ws.ReadMessage(); err != nil || string(got) != m {
+			t.Fatalf("echo of %d bytes: %d bytes, %v", len(m), len(got), err)
+		}
+	}
+	_ = ws.WriteMessage(websocket.TextMessage, []byte("bye"))
+	_, _, err = ws.ReadMessage()
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != 4000 || ce.Text != "as asked" {
+		t.Fatalf("close: %v", err)
+	}
+	if handshakes.Load() != 1 {
+		t.Fatalf("%d handshakes, want 1 (the refused upgrade's refresh)", handshakes.Load())
 	}
 }

@@ -157,23 +157,26 @@ func (p *Proxy) bridge(id auth.Identity, down, up *websocket.Conn) {
 	forwardControl(down, up)
 	forwardControl(up, down)
 
-	errs := make(chan error, 2)
-	go func() { errs <- p.pump(user, p.m.bytesUp, up, down, closeFor) }()
+	// Browser to DSH in a goroutine, DSH to browser in this one: two
+	// goroutines per socket, not three (an idle socket is mostly stacks).
+	upDone := make(chan struct{})
 	go func() {
-		errs <- p.pump(user, p.m.bytesDown, down, up, func(err error) []byte {
-			// The sandbox went away because its user was signed out (a
-			// deletion, a recreate): tell the page so, not "lost".
-			if !p.o.Auth.Valid(id) {
-				return websocket.FormatCloseMessage(closeUnauthorized, "signed out")
-			}
-			return closeFor(err)
-		})
+		defer close(upDone)
+		_ = p.pump(user, p.m.bytesUp, up, down, closeFor)
+		// The browser's side ended; closing DSH's ends the other pump.
+		up.Close()
 	}()
-	<-errs
-	// One side ended; the close it caused ends the other pump.
+	_ = p.pump(user, p.m.bytesDown, down, up, func(err error) []byte {
+		// The sandbox went away because its user was signed out (a
+		// deletion, a recreate): tell the page so, not "lost".
+		if !p.o.Auth.Valid(id) {
+			return websocket.FormatCloseMessage(closeUnauthorized, "signed out")
+		}
+		return closeFor(err)
+	})
+	// DSH's side ended; closing the browser's ends the other pump.
 	down.Close()
-	up.Close()
-	<-errs
+	<-upDone
 }
 
 // forwardControl relays pings and pongs read on from to to.
