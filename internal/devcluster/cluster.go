@@ -23,7 +23,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -34,6 +33,9 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/aaas-project/aaas/internal/child"
+	"github.com/aaas-project/aaas/internal/embednats"
 )
 
 // NodeKind selects the node a cluster runs.
@@ -85,7 +87,7 @@ type Cluster struct {
 	ownDir  bool
 	pki     *pki
 	server  string
-	procs   []*proc // in start order
+	procs   []*child.Process // in start order
 	cancel  context.CancelFunc
 	log     *slog.Logger
 	started time.Time
@@ -227,7 +229,7 @@ func (c *Cluster) stop() error {
 		c.cancel()
 	}
 	for i := len(c.procs) - 1; i >= 0; i-- {
-		c.procs[i].stop(10 * time.Second)
+		c.procs[i].Stop(10 * time.Second)
 	}
 	c.procs = nil
 	var err error
@@ -247,8 +249,8 @@ func (c *Cluster) stop() error {
 func (c *Cluster) PIDs() []int {
 	var pids []int
 	for _, p := range c.procs {
-		if !p.exited() {
-			pids = append(pids, p.pid())
+		if !p.Exited() {
+			pids = append(pids, p.PID())
 		}
 	}
 	if c.Node != nil {
@@ -257,11 +259,11 @@ func (c *Cluster) PIDs() []int {
 	return pids
 }
 
-func (c *Cluster) start(name, bin string, args []string, env []string) (*proc, error) {
+func (c *Cluster) start(name, bin string, args []string, env []string) (*child.Process, error) {
 	if env == nil {
 		env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + c.Dir}
 	}
-	p, err := startProc(name, bin, args, env, c.Dir, filepath.Join(c.Dir, "logs", name+".log"))
+	p, err := child.Start(child.Options{Name: name, Path: bin, Args: args, Env: env, Dir: c.Dir, Log: filepath.Join(c.Dir, "logs", name+".log")})
 	if err != nil {
 		return nil, err
 	}
@@ -271,7 +273,7 @@ func (c *Cluster) start(name, bin string, args []string, env []string) (*proc, e
 
 // waitHealthy polls url until it answers 200, the process dies, or the
 // timeout passes; errors include the end of the process log.
-func (c *Cluster) waitHealthy(p *proc, url string, client *http.Client, timeout time.Duration) error {
+func (c *Cluster) waitHealthy(p *child.Process, url string, client *http.Client, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		resp, err := client.Get(url)
@@ -281,31 +283,22 @@ func (c *Cluster) waitHealthy(p *proc, url string, client *http.Client, timeout 
 				return nil
 			}
 		}
-		if p.exited() {
-			return fmt.Errorf("%s exited: %v\n%s", p.name, p.err, p.logTail(20))
+		if p.Exited() {
+			return fmt.Errorf("%s exited: %v\n%s", p.Name(), p.Err(), p.LogTail(20))
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not healthy after %s (%v)\n%s", p.name, timeout, err, p.logTail(20))
+			return fmt.Errorf("%s not healthy after %s (%v)\n%s", p.Name(), timeout, err, p.LogTail(20))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func (c *Cluster) startEtcd(bin string) (string, error) {
-	cport, err := freePort()
+	cport, err := embednats.FreePort()
 	if err != nil {
 		return "", err
 	}
-	pport, err := freePort()
+	pport, err := embednats.FreePort()
 	if err != nil {
 		return "", err
 	}
@@ -332,7 +325,7 @@ func (c *Cluster) startEtcd(bin string) (string, error) {
 const simServiceIP = "10.0.0.1"
 
 func (c *Cluster) startAPIServer(ctx context.Context, bin, etcdURL string) error {
-	port, err := freePort()
+	port, err := embednats.FreePort()
 	if err != nil {
 		return err
 	}
@@ -418,7 +411,7 @@ func writeKubeconfig(path, server string, ca []byte, auth *clientcmdapi.AuthInfo
 }
 
 func (c *Cluster) startControllerManager(bin string) error {
-	port, err := freePort()
+	port, err := embednats.FreePort()
 	if err != nil {
 		return err
 	}
@@ -462,7 +455,7 @@ var insecureClient = &http.Client{Timeout: 2 * time.Second, Transport: &http.Tra
 // startScheduler runs kube-scheduler for the real node (the simulated node
 // binds pods itself).
 func (c *Cluster) startScheduler(bin string) error {
-	port, err := freePort()
+	port, err := embednats.FreePort()
 	if err != nil {
 		return err
 	}
@@ -494,7 +487,7 @@ func (c *Cluster) componentKubeconfig(name string) (string, error) {
 }
 
 func (c *Cluster) startAgentSandbox(bin string) error {
-	probe, err := freePort()
+	probe, err := embednats.FreePort()
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,8 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"github.com/aaas-project/aaas/internal/child"
 )
 
 // serveKubelet starts the part of the kubelet API the API server uses for
@@ -57,7 +59,7 @@ func (n *Node) containerLogs(w http.ResponseWriter, r *http.Request) {
 	offset := int64(len(b))
 	if s := q.Get("tailLines"); s != "" {
 		if n, err := strconv.Atoi(s); err == nil && n >= 0 {
-			b = tail(b, n)
+			b = child.Tail(b, n)
 		}
 	}
 	if s := q.Get("limitBytes"); s != "" {
@@ -75,7 +77,7 @@ func (n *Node) containerLogs(w http.ResponseWriter, r *http.Request) {
 
 // follow streams what the container writes after offset until it exits or
 // the client goes away.
-func follow(w http.ResponseWriter, r *http.Request, path string, offset int64, live *proc) {
+func follow(w http.ResponseWriter, r *http.Request, path string, offset int64, live *child.Process) {
 	f, err := os.Open(path)
 	if err != nil {
 		return
@@ -95,7 +97,7 @@ func follow(w http.ResponseWriter, r *http.Request, path string, offset int64, l
 		if flusher != nil {
 			flusher.Flush()
 		}
-		if live.exited() {
+		if live.Exited() {
 			_, _ = io.Copy(w, rd)
 			return
 		}
@@ -105,24 +107,4 @@ func follow(w http.ResponseWriter, r *http.Request, path string, offset int64, l
 		case <-t.C:
 		}
 	}
-}
-
-// tail returns the last n lines of b.
-func tail(b []byte, n int) []byte {
-	if n == 0 {
-		return nil
-	}
-	end := len(b)
-	if end > 0 && b[end-1] == '\n' {
-		end--
-	}
-	for i := end - 1; i >= 0; i-- {
-		if b[i] == '\n' {
-			n--
-			if n == 0 {
-				return b[i+1:]
-			}
-		}
-	}
-	return b
 }

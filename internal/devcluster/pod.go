@@ -19,6 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/aaas-project/aaas/internal/child"
 )
 
 // podRuntime is one pod on the simulated node.
@@ -48,7 +50,7 @@ type containerRuntime struct {
 	logs string // directory of this container's log files, one per run
 
 	// guarded by podRuntime.mu
-	proc        *proc
+	proc        *child.Process
 	restarts    int
 	ready       bool
 	runningAt   metav1.Time
@@ -275,7 +277,7 @@ func (rt *podRuntime) run(cr *containerRuntime) {
 		rt.mu.Lock()
 		run := cr.restarts
 		rt.mu.Unlock()
-		p, err := startProc(cr.spec.Name, rt.n.opts.dshsim, nil, cr.env, rt.dir, filepath.Join(cr.logs, strconv.Itoa(run)+".log"))
+		p, err := child.Start(child.Options{Name: cr.spec.Name, Path: rt.n.opts.dshsim, Env: cr.env, Dir: rt.dir, Log: filepath.Join(cr.logs, strconv.Itoa(run)+".log")})
 		started := metav1.Now()
 		if err == nil {
 			rt.mu.Lock()
@@ -286,7 +288,7 @@ func (rt *podRuntime) run(cr *containerRuntime) {
 			pctx, stopProbes := context.WithCancel(rt.ctx)
 			go rt.probe(pctx, cr, p)
 			select {
-			case <-p.done:
+			case <-p.Done():
 			case <-rt.ctx.Done():
 			}
 			stopProbes()
@@ -294,7 +296,7 @@ func (rt *podRuntime) run(cr *containerRuntime) {
 				rt.mu.Lock()
 				grace := rt.grace
 				rt.mu.Unlock()
-				p.stop(grace)
+				p.Stop(grace)
 				return
 			}
 		}
@@ -303,14 +305,14 @@ func (rt *podRuntime) run(cr *containerRuntime) {
 		if err != nil {
 			term.Message = err.Error()
 		} else {
-			term.ExitCode = int32(p.exitCode())
+			term.ExitCode = int32(p.ExitCode())
 			term.Reason = "Error"
 			if term.ExitCode == 0 {
 				term.Reason = "Completed"
 			} else if term.ExitCode < 0 {
 				term.ExitCode, term.Reason = 137, "OOMKilled"
 			}
-			term.Message = p.logTail(5)
+			term.Message = p.LogTail(5)
 			term.ContainerID = cr.containerID
 		}
 		final := rt.policy == corev1.RestartPolicyNever || (rt.policy == corev1.RestartPolicyOnFailure && term.ExitCode == 0)
@@ -349,7 +351,7 @@ func (rt *podRuntime) run(cr *containerRuntime) {
 
 // probe runs the readiness and liveness probes of one run of a container.
 // A failed liveness probe kills the process, which run then restarts.
-func (rt *podRuntime) probe(ctx context.Context, cr *containerRuntime, p *proc) {
+func (rt *podRuntime) probe(ctx context.Context, cr *containerRuntime, p *child.Process) {
 	type state struct {
 		spec  *corev1.Probe
 		fails int
@@ -409,7 +411,7 @@ func (rt *podRuntime) probe(ctx context.Context, cr *containerRuntime, p *proc) 
 			if rt.check(ctx, cr, s.spec) {
 				s.fails = 0
 			} else if s.fails++; s.fails >= int(max(s.spec.FailureThreshold, 3)) {
-				_ = p.signal(syscall.SIGKILL)
+				_ = p.Signal(syscall.SIGKILL)
 				return
 			}
 		}
@@ -572,7 +574,7 @@ func (rt *podRuntime) signal(container string, sig syscall.Signal) error {
 	defer rt.mu.Unlock()
 	for _, cr := range rt.containers {
 		if cr.spec.Name == container && cr.proc != nil {
-			return cr.proc.signal(sig)
+			return cr.proc.Signal(sig)
 		}
 	}
 	return fmt.Errorf("container %s of %s is not running", container, rt.key)
@@ -583,15 +585,15 @@ func (rt *podRuntime) pids() []int {
 	defer rt.mu.Unlock()
 	var pids []int
 	for _, cr := range rt.containers {
-		if cr.proc != nil && !cr.proc.exited() {
-			pids = append(pids, cr.proc.pid())
+		if cr.proc != nil && !cr.proc.Exited() {
+			pids = append(pids, cr.proc.PID())
 		}
 	}
 	return pids
 }
 
 // logFile returns the log of the current run, or of the previous one.
-func (rt *podRuntime) logFile(container string, previous bool) (path string, live *proc, err error) {
+func (rt *podRuntime) logFile(container string, previous bool) (path string, live *child.Process, err error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	for _, cr := range rt.containers {

@@ -25,6 +25,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	"github.com/aaas-project/aaas/internal/child"
+	"github.com/aaas-project/aaas/internal/embednats"
 	"github.com/aaas-project/aaas/internal/image"
 )
 
@@ -46,7 +48,7 @@ type RealNode struct {
 	dir      string
 	lock     *os.File
 	hostNet  bool
-	procs    []*proc
+	procs    []*child.Process
 	stopProv context.CancelFunc
 }
 
@@ -182,8 +184,8 @@ func (n *RealNode) start(ctx context.Context, bins binaries, images []string) er
 	return n.waitServiceAccount(ctx)
 }
 
-func (n *RealNode) run(name, bin string, args ...string) (*proc, error) {
-	p, err := startProc(name, bin, args, hostEnv(n.dir), n.dir, filepath.Join(n.dir, "logs", name+".log"))
+func (n *RealNode) run(name, bin string, args ...string) (*child.Process, error) {
+	p, err := child.Start(child.Options{Name: name, Path: bin, Args: args, Env: hostEnv(n.dir), Dir: n.dir, Log: filepath.Join(n.dir, "logs", name+".log")})
 	if err != nil {
 		return nil, err
 	}
@@ -192,20 +194,20 @@ func (n *RealNode) run(name, bin string, args ...string) (*proc, error) {
 }
 
 // waitFor polls check until it succeeds, p exits, or timeout passes.
-func waitFor(ctx context.Context, p *proc, what string, timeout time.Duration, check func() error) error {
+func waitFor(ctx context.Context, p *child.Process, what string, timeout time.Duration, check func() error) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		err := check()
 		if err == nil {
 			return nil
 		}
-		if p != nil && p.exited() {
-			return fmt.Errorf("%s exited: %v\n%s", p.name, p.err, p.logTail(20))
+		if p != nil && p.Exited() {
+			return fmt.Errorf("%s exited: %v\n%s", p.Name(), p.Err(), p.LogTail(20))
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			tail := ""
 			if p != nil {
-				tail = "\n" + p.logTail(20)
+				tail = "\n" + p.LogTail(20)
 			}
 			return fmt.Errorf("%s not ready after %s: %v%s", what, timeout, err, tail)
 		}
@@ -377,11 +379,11 @@ serializeImagePulls: false
 `
 
 func (n *RealNode) startKubelet(bin string) error {
-	port, err := freePort()
+	port, err := embednats.FreePort()
 	if err != nil {
 		return err
 	}
-	health, err := freePort()
+	health, err := embednats.FreePort()
 	if err != nil {
 		return err
 	}
@@ -434,11 +436,11 @@ func (n *RealNode) startKubeProxy(bin string) error {
 	if err != nil {
 		return err
 	}
-	health, err := freePort()
+	health, err := embednats.FreePort()
 	if err != nil {
 		return err
 	}
-	metrics, err := freePort()
+	metrics, err := embednats.FreePort()
 	if err != nil {
 		return err
 	}
@@ -473,7 +475,7 @@ func (n *RealNode) waitReady(ctx context.Context) error {
 }
 
 func (n *RealNode) startKubeRouter(bin string) error {
-	health, err := freePort()
+	health, err := embednats.FreePort()
 	if err != nil {
 		return err
 	}
@@ -509,11 +511,11 @@ const corefile = `.:53 {
 // startCoreDNS runs CoreDNS as a host process and points the kube-dns
 // Service at it through a selector-less EndpointSlice.
 func (n *RealNode) startCoreDNS(ctx context.Context, bin string) error {
-	health, err := freePort()
+	health, err := embednats.FreePort()
 	if err != nil {
 		return err
 	}
-	ready, err := freePort()
+	ready, err := embednats.FreePort()
 	if err != nil {
 		return err
 	}
@@ -578,8 +580,8 @@ func (n *RealNode) waitServiceAccount(ctx context.Context) error {
 // node.
 func (n *RealNode) stopPods(log *slog.Logger) {
 	for _, p := range n.procs {
-		if p.name == "kubelet" {
-			p.stop(10 * time.Second)
+		if p.Name() == "kubelet" {
+			p.Stop(10 * time.Second)
 		}
 	}
 	if _, err := os.Stat(n.ContainerdSocket); err != nil {
@@ -617,7 +619,7 @@ func (n *RealNode) stopNode() {
 	}
 	n.stopPods(n.c.log)
 	for i := len(n.procs) - 1; i >= 0; i-- {
-		n.procs[i].stop(10 * time.Second)
+		n.procs[i].Stop(10 * time.Second)
 	}
 	n.procs = nil
 }

@@ -25,6 +25,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/aaas-project/aaas/internal/child"
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/devcluster"
 	"github.com/aaas-project/aaas/internal/embednats"
@@ -145,8 +146,8 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	if err := setup.wait(ctx, time.Minute); err != nil {
-		return err
+	if err := setup.Wait(ctx, time.Minute); err != nil {
+		return fmt.Errorf("%w; see %s", err, setup.LogPath())
 	}
 	fmt.Fprintf(o.Out, "NATS       %s (streams %s, %s, %s)\n", ns.URL(), events.StreamCommands, events.StreamActivity, events.StreamAudit)
 
@@ -176,7 +177,7 @@ func Run(ctx context.Context, o Options) error {
 	defer func() {
 		// Edges first (they drain), then the workers.
 		for i := len(children) - 1; i >= 0; i-- {
-			children[i].stop(30 * time.Second)
+			children[i].Stop(30 * time.Second)
 		}
 	}()
 	if err != nil {
@@ -188,8 +189,8 @@ func Run(ctx context.Context, o Options) error {
 	fmt.Fprintf(o.Out, "logs       %s\n", filepath.Join(o.StateDir, "logs"))
 	info := Info{NATSURL: ns.URL(), NATSAdmin: ids.SeedFile(natsauth.Admin), Kubeconfig: cluster.Kubeconfig, Invite: env["SIGNUP_INVITE_CODE"], Metrics: map[string]string{}, PIDs: map[string]int{}}
 	for _, c := range children {
-		info.Metrics[c.name] = c.metrics
-		info.PIDs[c.name] = c.cmd.Process.Pid
+		info.Metrics[c.Name()] = c.metrics
+		info.PIDs[c.Name()] = c.PID()
 	}
 	o.ready(info, start)
 	select {
@@ -249,7 +250,7 @@ func processEnv(settings map[string]string, natsURL string, ids *natsauth.Identi
 	return env
 }
 
-func startProcesses(o Options, logDir, natsURL string, ids *natsauth.Identities, kubeconfig string, settings map[string]string) ([]*child, error) {
+func startProcesses(o Options, logDir, natsURL string, ids *natsauth.Identities, kubeconfig string, settings map[string]string) ([]*aaasProc, error) {
 	metrics := o.MetricsPort
 	with := func(role natsauth.Role, extra map[string]string) map[string]string {
 		port := metrics
@@ -274,17 +275,27 @@ func startProcesses(o Options, logDir, natsURL string, ids *natsauth.Identities,
 			env  map[string]string
 		}{fmt.Sprintf("edge-%c", 'a'+i), with(natsauth.Edge, edgeEnv(settings, i, port))})
 	}
-	var children []*child
+	var children []*aaasProc
 	for _, s := range specs {
 		bin := filepath.Join(o.BinDir, strings.SplitN(s.name, "-", 2)[0])
-		c, err := startChild(s.name, bin, logDir, s.env)
+		p, err := startChild(s.name, bin, logDir, s.env)
 		if err != nil {
 			return children, err
 		}
-		c.metrics = s.env["METRICS_ADDR"]
-		children = append(children, c)
+		children = append(children, &aaasProc{Process: p, metrics: s.env["METRICS_ADDR"]})
 	}
 	return children, nil
+}
+
+// aaasProc is one long-running aaas process of the stack.
+type aaasProc struct {
+	*child.Process
+	metrics string // its METRICS_ADDR
+}
+
+// startChild starts an aaas binary with env, logging to logDir/name.log.
+func startChild(name, bin, logDir string, env map[string]string) (*child.Process, error) {
+	return child.Start(child.Options{Name: name, Path: bin, Env: child.Environ(env), Log: filepath.Join(logDir, name+".log")})
 }
 
 // edgeEnv is what devstack decides for edge i: loopback only (a dev stack
@@ -299,7 +310,7 @@ func edgeEnv(settings map[string]string, i, port int) map[string]string {
 }
 
 // waitServing waits until every edge answers /readyz.
-func waitServing(ctx context.Context, ports []int, children []*child) error {
+func waitServing(ctx context.Context, ports []int, children []*aaasProc) error {
 	for _, port := range ports {
 		url := fmt.Sprintf("http://127.0.0.1:%d/readyz", port)
 		for {
@@ -311,8 +322,8 @@ func waitServing(ctx context.Context, ports []int, children []*child) error {
 				}
 			}
 			for _, c := range children {
-				if c.exited() {
-					return fmt.Errorf("%s exited during start; see %s", c.name, c.log)
+				if c.Exited() {
+					return fmt.Errorf("%s exited during start; see %s", c.Name(), c.LogPath())
 				}
 			}
 			select {
@@ -325,10 +336,10 @@ func waitServing(ctx context.Context, ports []int, children []*child) error {
 	return nil
 }
 
-func exitedChild(children []*child) <-chan string {
+func exitedChild(children []*aaasProc) <-chan string {
 	ch := make(chan string, len(children))
 	for _, c := range children {
-		go func() { <-c.done; ch <- c.name }()
+		go func() { <-c.Done(); ch <- c.Name() }()
 	}
 	return ch
 }
