@@ -251,7 +251,7 @@ func (u *upstream) exchange(ctx context.Context, conn *upConn, o *outgoing) (*an
 		}
 		if send {
 			a.sending = make(chan error, 1)
-			go a.send(o.body)
+			go sendBody(conn, o.body, a.sending)
 		}
 	}
 	for !got {
@@ -288,15 +288,16 @@ func (u *upstream) exchange(ctx context.Context, conn *upConn, o *outgoing) (*an
 	return a, nil
 }
 
-// send writes the body while the answer is read, and cuts the exchange
+// sendBody writes the body while the answer is read, and cuts the exchange
 // when the body fails before DSH has answered (DSH would wait for the
-// rest forever).
-func (a *answer) send(body *bodyReader) {
-	err := writeBody(a.conn.bw, body)
+// rest forever). It may outlive the answer (DSH answered early), so it
+// touches only its arguments.
+func sendBody(conn *upConn, body *bodyReader, done chan<- error) {
+	err := writeBody(conn.bw, body)
 	if err != nil {
-		a.conn.abort()
+		conn.abort()
 	}
-	a.sending <- err
+	done <- err
 }
 
 // writeBody copies the body to w, chunked when its length is unknown.
