@@ -89,7 +89,7 @@ func run(p *process.Process, cfg config.Edge) error {
 	}
 	authn := auth.New(auth.Options{
 		Store: store, Limiter: limiter, Users: users, Publisher: pub,
-		CookieName: cfg.CookieName, CookieSecure: cfg.CookieSecure, SSO: sso, Metrics: p.Metrics,
+		CookieName: cfg.CookieName, SSO: sso, Metrics: p.Metrics,
 	})
 	acct := accounts.New(accounts.Options{
 		Auth: authn, Actions: actions, Publisher: pub, Users: users, Sandboxes: boxes, Requests: requests,

@@ -30,11 +30,9 @@ type Options struct {
 	Users   *kv.Cache[kv.User]
 	// Publisher takes the audit events of refusals.
 	Publisher *events.Publisher
-	// CookieName is the session cookie's name ("" picks the default, see
-	// New); CookieSecure marks it Secure.
-	CookieName   string
-	CookieSecure bool
-	SSO          SSO
+	// CookieName is the session cookie's name (COOKIE_NAME).
+	CookieName string
+	SSO        SSO
 	Metrics      prometheus.Registerer
 }
 
@@ -45,18 +43,9 @@ type Authenticator struct {
 	counter *prometheus.CounterVec
 }
 
-// New returns an Authenticator. The cookie is __Host-dsh_gw_session when
-// secure and no name is configured: the prefix pins it to this host and
-// path /.
+// New returns an Authenticator.
 func New(o Options) *Authenticator {
-	name := o.CookieName
-	if name == "" {
-		name = "dsh_gw_session"
-		if o.CookieSecure {
-			name = "__Host-dsh_gw_session"
-		}
-	}
-	a := &Authenticator{o: o, cookie: name, counter: prometheus.NewCounterVec(prometheus.CounterOpts{
+	a := &Authenticator{o: o, cookie: o.CookieName, counter: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "aaas_edge_auth_total", Help: "Authentication and account endpoint outcomes.",
 	}, []string{"endpoint", "outcome"})}
 	o.Metrics.MustRegister(a.counter)

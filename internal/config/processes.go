@@ -18,7 +18,8 @@ type Edge struct {
 	// CookieSecure is COOKIE_SECURE: the session cookie is Secure and,
 	// without COOKIE_NAME, named __Host-dsh_gw_session.
 	CookieSecure bool
-	// CookieName is COOKIE_NAME.
+	// CookieName is COOKIE_NAME; by default __Host-dsh_gw_session when
+	// secure, dsh_gw_session otherwise.
 	CookieName string
 	// AuthRateLimit is AUTH_RATE_LIMIT, attempts per client per
 	// AUTH_RATE_WINDOW (Buckets.RateWindow), shared by all edges. The
@@ -120,7 +121,13 @@ func LoadEdge(e *Env) (Edge, error) {
 	if allowInsecure := e.Bool("ALLOW_INSECURE_COOKIES", false); !c.CookieSecure && !allowInsecure {
 		e.Fail("COOKIE_SECURE", "false sends the session cookie over plain HTTP; set ALLOW_INSECURE_COOKIES=1 as well, for a local plain-HTTP demo only")
 	}
-	if c.CookieName != "" && !cookieNameRE.MatchString(c.CookieName) {
+	switch {
+	case c.CookieName == "" && c.CookieSecure:
+		// The __Host- prefix pins the cookie to this host and path /.
+		c.CookieName = "__Host-dsh_gw_session"
+	case c.CookieName == "":
+		c.CookieName = "dsh_gw_session"
+	case !cookieNameRE.MatchString(c.CookieName):
 		e.Fail("COOKIE_NAME", "%q is not a valid cookie name", c.CookieName)
 	}
 	c.AuthProxyGroupsHeader = e.String("AUTH_PROXY_GROUPS_HEADER", "X-Forwarded-Groups")
