@@ -21,6 +21,7 @@ import (
 	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/process"
 	"github.com/aaas-project/aaas/internal/proxy"
+	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/web"
 )
 
@@ -59,19 +60,19 @@ func run(p *process.Process, cfg config.Edge) error {
 	if err != nil {
 		return err
 	}
-	users, err := cache(ctx, p, kv.BucketUsers, kv.OnChange(func(string, kv.Entry[kv.User], bool) { changed() }))
+	users, err := cache(ctx, p, state.BucketUsers, kv.OnChange(func(string, kv.Entry[state.User], bool) { changed() }))
 	if err != nil {
 		return err
 	}
-	boxes, err := cache[kv.Sandbox](ctx, p, kv.BucketSandboxes)
+	boxes, err := cache[state.Sandbox](ctx, p, state.BucketSandboxes)
 	if err != nil {
 		return err
 	}
-	handshakes, err := cache[kv.Handshake](ctx, p, kv.BucketHandshakes)
+	handshakes, err := cache[state.Handshake](ctx, p, state.BucketHandshakes)
 	if err != nil {
 		return err
 	}
-	requests, err := cache[kv.Result](ctx, p, kv.BucketRequests)
+	requests, err := cache[state.Result](ctx, p, state.BucketRequests)
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/process"
 	"github.com/aaas-project/aaas/internal/sandbox"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 func main() {
@@ -52,7 +53,7 @@ func run(p *process.Process, cfg config.Lifecycle) error {
 	if err := cluster.Start(p.Ctx); err != nil {
 		return err
 	}
-	locks, err := kv.Open[kv.Holder](p.Ctx, p.JS, kv.BucketLocks)
+	locks, err := kv.Open[kv.Holder](p.Ctx, p.JS, state.BucketLocks)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/process"
+	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/sweeper"
 )
 
@@ -28,7 +29,7 @@ func run(p *process.Process, cfg config.Sweeper) error {
 		return err
 	}
 	p.SetReady(s.Ready)
-	locks, err := kv.Open[kv.Holder](p.Ctx, p.JS, kv.BucketLocks)
+	locks, err := kv.Open[kv.Holder](p.Ctx, p.JS, state.BucketLocks)
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/web"
 )
 
@@ -32,10 +33,10 @@ func (s *Service) landing(c *fiber.Ctx) error {
 }
 
 // state is the user's sandbox record, or Claiming before the first one.
-func (s *Service) state(user string) kv.Sandbox {
+func (s *Service) state(user string) state.Sandbox {
 	e, ok := s.o.Sandboxes.Get(user)
 	if !ok {
-		return kv.Sandbox{User: user, Phase: kv.PhaseClaiming}
+		return state.Sandbox{User: user, Phase: state.PhaseClaiming}
 	}
 	return e.Value
 }
@@ -90,10 +91,10 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	case err != nil:
 		s.o.Auth.Counter().WithLabelValues("signup", "unavailable").Inc()
 		return s.fail(c, fiber.StatusServiceUnavailable, err.Error())
-	case res.Outcome == kv.OutcomeConflict:
+	case res.Outcome == state.OutcomeConflict:
 		s.o.Auth.Counter().WithLabelValues("signup", "conflict").Inc()
 		return s.fail(c, fiber.StatusConflict, "that user name is taken; sign in with your token instead")
-	case res.Outcome != kv.OutcomeCreated:
+	case res.Outcome != state.OutcomeCreated:
 		s.o.Auth.Counter().WithLabelValues("signup", "failed").Inc()
 		return s.fail(c, fiber.StatusServiceUnavailable, "your sandbox could not be created: "+res.Error)
 	}
@@ -102,7 +103,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 		return s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
 	}
 	s.setCookie(c, sid)
-	s.audit(events.AuditEvent{Kind: events.AuditSignup, User: user, RequestID: req, Outcome: kv.OutcomeCreated})
+	s.audit(events.AuditEvent{Kind: events.AuditSignup, User: user, RequestID: req, Outcome: state.OutcomeCreated})
 	s.o.Auth.Counter().WithLabelValues("signup", "created").Inc()
 
 	if !wantsJSON(c) {
@@ -110,15 +111,15 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	}
 	wctx, cancel := context.WithTimeout(context.Background(), s.o.WakeTimeout-time.Since(start))
 	defer cancel()
-	e, _, _ := s.o.Sandboxes.Wait(wctx, user, func(e kv.Entry[kv.Sandbox], ok bool) bool {
-		return ok && (e.Value.Phase == kv.PhaseReady || e.Value.Phase == kv.PhaseFailed)
+	e, _, _ := s.o.Sandboxes.Wait(wctx, user, func(e kv.Entry[state.Sandbox], ok bool) bool {
+		return ok && (e.Value.Phase == state.PhaseReady || e.Value.Phase == state.PhaseFailed)
 	})
 	code, phase := fiber.StatusAccepted, string(e.Value.Phase)
-	if e.Value.Phase == kv.PhaseReady {
+	if e.Value.Phase == state.PhaseReady {
 		code = fiber.StatusCreated
 	}
 	if phase == "" {
-		phase = string(kv.PhaseClaiming)
+		phase = string(state.PhaseClaiming)
 	}
 	return c.Status(code).JSON(fiber.Map{"user": user, "token": token, "url": "/u/" + user + "/", "state": phase})
 }
@@ -220,7 +221,7 @@ func (s *Service) deleteAccount(c *fiber.Ctx) error {
 	if err != nil {
 		return s.fail(c, fiber.StatusServiceUnavailable, err.Error())
 	}
-	if res.Outcome != kv.OutcomeDeleted {
+	if res.Outcome != state.OutcomeDeleted {
 		return s.fail(c, fiber.StatusServiceUnavailable, "the account could not be deleted: "+res.Error)
 	}
 	s.clearCookie(c)
@@ -242,7 +243,7 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 	if err != nil {
 		return s.fail(c, fiber.StatusServiceUnavailable, err.Error())
 	}
-	if res.Outcome != kv.OutcomeRecreated {
+	if res.Outcome != state.OutcomeRecreated {
 		return s.fail(c, fiber.StatusServiceUnavailable, "the sandbox could not be recreated: "+res.Error)
 	}
 	s.audit(events.AuditEvent{Kind: events.AuditRecreate, User: id.User, Outcome: "requested", Detail: "by " + id.Method})
@@ -266,14 +267,14 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 // per user (RECREATE_RATE_LIMIT in AUTH_RATE_WINDOW): each costs a pod and
 // a volume. ok=false means a refusal has been written; otherwise err is
 // the command's failure, if any.
-func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb) (kv.Result, bool, error) {
+func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb) (state.Result, bool, error) {
 	acct, found := s.o.Users.Get(user)
 	if !found {
-		return kv.Result{}, false, s.fail(c, fiber.StatusNotFound, "no such account")
+		return state.Result{}, false, s.fail(c, fiber.StatusNotFound, "no such account")
 	}
 	if !acct.Value.RecreatingSince.IsZero() {
 		c.Set(fiber.HeaderRetryAfter, "10")
-		return kv.Result{}, false, s.fail(c, fiber.StatusTooManyRequests, "your sandbox is being recreated; try again when it is ready")
+		return state.Result{}, false, s.fail(c, fiber.StatusTooManyRequests, "your sandbox is being recreated; try again when it is ready")
 	}
 	requestID := fmt.Sprintf("%s-%s-%d", verb, user, acct.Revision)
 	cmd := events.NewRecreate(user, requestID)
@@ -281,7 +282,7 @@ func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb) (kv
 		cmd = events.NewDelete(user, requestID)
 	}
 	type outcome struct {
-		res     kv.Result
+		res     state.Result
 		limited bool
 		retry   time.Duration
 	}
@@ -301,10 +302,10 @@ func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb) (kv
 	o, _ := v.(outcome)
 	switch {
 	case v == nil:
-		return kv.Result{}, false, s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
+		return state.Result{}, false, s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
 	case o.limited:
 		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(int(o.retry.Seconds())+1))
-		return kv.Result{}, false, s.fail(c, fiber.StatusTooManyRequests, "too many recreates or deletions of this account; wait and try again")
+		return state.Result{}, false, s.fail(c, fiber.StatusTooManyRequests, "too many recreates or deletions of this account; wait and try again")
 	}
 	return o.res, true, err
 }
@@ -372,7 +373,7 @@ func (s *Service) statusStream(c *fiber.Ctx) error {
 				last, sent, quiet = e.Revision, true, time.Now()
 			}
 			wctx, cancel := context.WithTimeout(context.Background(), s.o.Revalidate)
-			_, _, _ = s.o.Sandboxes.Wait(wctx, user, func(e kv.Entry[kv.Sandbox], _ bool) bool { return e.Revision != last })
+			_, _, _ = s.o.Sandboxes.Wait(wctx, user, func(e kv.Entry[state.Sandbox], _ bool) bool { return e.Revision != last })
 			cancel()
 			if time.Since(quiet) >= keepAlive {
 				// Quiet for a while: a comment keeps proxies from closing the

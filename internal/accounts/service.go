@@ -26,6 +26,7 @@ import (
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/web"
 )
 
@@ -40,9 +41,9 @@ type Options struct {
 	// log as the auth rate limit, keyed by account).
 	Actions   *auth.Limiter
 	Publisher *events.Publisher
-	Users     *kv.Cache[kv.User]
-	Sandboxes *kv.Cache[kv.Sandbox]
-	Requests  *kv.Cache[kv.Result]
+	Users     *kv.Cache[state.User]
+	Sandboxes *kv.Cache[state.Sandbox]
+	Requests  *kv.Cache[state.Result]
 	// InFlight is the per-user cap the proxy's requests count against;
 	// status streams count too.
 	InFlight Slots
@@ -143,30 +144,30 @@ func (s *Service) provision(c *fiber.Ctx, missing *auth.NoAccount) error {
 	switch {
 	case err != nil:
 		return err
-	case res.Outcome == kv.OutcomeConflict:
+	case res.Outcome == state.OutcomeConflict:
 		return auth.ErrBoundElsewhere
-	case res.Outcome != kv.OutcomeCreated:
+	case res.Outcome != state.OutcomeCreated:
 		return auth.NewError(fiber.StatusServiceUnavailable, "your account could not be created: "+res.Error)
 	}
 	s.audit(events.AuditEvent{Kind: events.AuditSignup, User: user, RequestID: req, Outcome: "sso"})
 	wctx, cancel := context.WithTimeout(ctx, s.o.WakeTimeout)
 	defer cancel()
-	if _, _, err := s.o.Users.Wait(wctx, user, func(_ kv.Entry[kv.User], ok bool) bool { return ok }); err != nil {
+	if _, _, err := s.o.Users.Wait(wctx, user, func(_ kv.Entry[state.User], ok bool) bool { return ok }); err != nil {
 		return auth.ErrTimeout
 	}
 	return nil
 }
 
 // command publishes c and waits for its answer.
-func (s *Service) command(ctx context.Context, c events.Command) (kv.Result, error) {
+func (s *Service) command(ctx context.Context, c events.Command) (state.Result, error) {
 	if _, err := s.o.Publisher.Command(ctx, c); err != nil {
-		return kv.Result{}, auth.ErrUnavailable
+		return state.Result{}, auth.ErrUnavailable
 	}
 	wctx, cancel := context.WithTimeout(ctx, s.o.WakeTimeout)
 	defer cancel()
-	e, _, err := s.o.Requests.Wait(wctx, c.RequestID, func(_ kv.Entry[kv.Result], ok bool) bool { return ok })
+	e, _, err := s.o.Requests.Wait(wctx, c.RequestID, func(_ kv.Entry[state.Result], ok bool) bool { return ok })
 	if err != nil {
-		return kv.Result{}, auth.ErrTimeout
+		return state.Result{}, auth.ErrTimeout
 	}
 	return e.Value, nil
 }

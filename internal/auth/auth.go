@@ -21,19 +21,20 @@ import (
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // Options wires an Authenticator.
 type Options struct {
 	Store   *Store
 	Limiter *Limiter
-	Users   *kv.Cache[kv.User]
+	Users   *kv.Cache[state.User]
 	// Publisher takes the audit events of refusals.
 	Publisher *events.Publisher
 	// CookieName is the session cookie's name (COOKIE_NAME).
 	CookieName string
 	SSO        SSO
-	Metrics      prometheus.Registerer
+	Metrics    prometheus.Registerer
 }
 
 // Authenticator resolves requests' identities.
@@ -218,14 +219,14 @@ func (a *Authenticator) Valid(id Identity) bool {
 }
 
 // CheckToken returns the account a bearer token belongs to.
-func (a *Authenticator) CheckToken(token string) (kv.User, bool) {
+func (a *Authenticator) CheckToken(token string) (state.User, bool) {
 	user, ok := TokenUser(token)
 	if !ok {
-		return kv.User{}, false
+		return state.User{}, false
 	}
 	u, ok := a.o.Users.Get(user)
 	if !ok || !u.Value.DeletingSince.IsZero() {
-		return kv.User{}, false
+		return state.User{}, false
 	}
 	return u.Value, TokenMatches(token, u.Value.TokenHash)
 }

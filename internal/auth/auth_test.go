@@ -11,7 +11,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
-	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
 
@@ -62,7 +62,7 @@ func setupCap(t testing.TB, maxPerUser int) (*auth.Store, *auth.Limiter) {
 	s := natstest.Start(t)
 	_, js := natstest.Connect(t, s.URL())
 	ctx := natstest.Context(t, time.Minute)
-	if err := kv.EnsureBuckets(ctx, js, kv.DefaultBucketsConfig()); err != nil {
+	if err := state.EnsureBuckets(ctx, js, state.DefaultBucketsConfig()); err != nil {
 		t.Fatal(err)
 	}
 	store, err := auth.NewStore(context.Background(), js, auth.StoreOptions{TTL: time.Hour, MaxPerUser: maxPerUser, Log: slog.New(slog.DiscardHandler)})
@@ -188,7 +188,7 @@ func TestLimiter(t *testing.T) {
 func TestLimiterWindowSlides(t *testing.T) {
 	_, js := natstest.Connect(t, natstest.Start(t).URL())
 	ctx := natstest.Context(t, time.Minute)
-	if err := kv.EnsureBuckets(ctx, js, kv.DefaultBucketsConfig()); err != nil {
+	if err := state.EnsureBuckets(ctx, js, state.DefaultBucketsConfig()); err != nil {
 		t.Fatal(err)
 	}
 	const window = 2 * time.Second

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // Store keeps sessions in the shared bucket under <user>.<sha256(sid)>;
@@ -22,8 +23,8 @@ import (
 // hash and a map read, and a revocation anywhere reaches every edge. A
 // second index by user bounds how many sessions one user can hold.
 type Store struct {
-	bucket   *kv.Bucket[kv.Session]
-	cache    *kv.Cache[kv.Session]
+	bucket   *kv.Bucket[state.Session]
+	cache    *kv.Cache[state.Session]
 	ttl      time.Duration
 	max      int
 	log      *slog.Logger
@@ -47,12 +48,12 @@ type StoreOptions struct {
 
 // NewStore opens the sessions bucket and starts its cache.
 func NewStore(ctx context.Context, js jetstream.JetStream, o StoreOptions) (*Store, error) {
-	b, err := kv.Open[kv.Session](ctx, js, kv.BucketSessions)
+	b, err := kv.Open[state.Session](ctx, js, state.BucketSessions)
 	if err != nil {
 		return nil, err
 	}
 	s := &Store{bucket: b, ttl: o.TTL, max: o.MaxPerUser, log: o.Log, onRevoke: o.OnRevoke, byUser: map[string]map[string]time.Time{}}
-	c, err := kv.NewCache(ctx, b, ">", o.Log, kv.IndexBy[kv.Session](rawHash), kv.OnChange(s.index))
+	c, err := kv.NewCache(ctx, b, ">", o.Log, kv.IndexBy[state.Session](rawHash), kv.OnChange(s.index))
 	if err != nil {
 		return nil, err
 	}
@@ -61,7 +62,7 @@ func NewStore(ctx context.Context, js jetstream.JetStream, o StoreOptions) (*Sto
 }
 
 // index keeps byUser in step with the cache.
-func (s *Store) index(key string, e kv.Entry[kv.Session], deleted bool) {
+func (s *Store) index(key string, e kv.Entry[state.Session], deleted bool) {
 	user, _, _ := strings.Cut(key, ".")
 	if deleted && s.onRevoke != nil {
 		defer s.onRevoke()
@@ -101,14 +102,14 @@ func (s *Store) Synced() bool { return s.cache.IsSynced() }
 func (s *Store) Create(ctx context.Context, user, via string) (string, error) {
 	sid := NewSessionID()
 	now := time.Now().UTC()
-	key := kv.SessionKey(user, HashHex(sid))
-	rev, err := s.bucket.Create(ctx, key, kv.Session{User: user, Created: now, Expires: now.Add(s.ttl), Via: via}, kv.WithTTL(s.ttl))
+	key := state.SessionKey(user, HashHex(sid))
+	rev, err := s.bucket.Create(ctx, key, state.Session{User: user, Created: now, Expires: now.Add(s.ttl), Via: via}, kv.WithTTL(s.ttl))
 	if err != nil {
 		return "", fmt.Errorf("create session: %w", err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, _, err := s.cache.Wait(wctx, rawHash(key), func(e kv.Entry[kv.Session], ok bool) bool { return ok && e.Revision >= rev }); err != nil {
+	if _, _, err := s.cache.Wait(wctx, rawHash(key), func(e kv.Entry[state.Session], ok bool) bool { return ok && e.Revision >= rev }); err != nil {
 		return "", fmt.Errorf("create session: not visible in the cache: %w", err)
 	}
 	s.trim(ctx, user, key)
@@ -150,26 +151,26 @@ func (s *Store) Count(user string) int {
 // Lookup resolves a session id from the local cache. It allocates nothing
 // for ids of the right shape and refuses expired sessions even before
 // their key expires on the server.
-func (s *Store) Lookup(sid []byte) (kv.Session, bool) {
+func (s *Store) Lookup(sid []byte) (state.Session, bool) {
 	if !validSID(sid) {
-		return kv.Session{}, false
+		return state.Session{}, false
 	}
 	return s.LookupSum(sha256.Sum256(sid))
 }
 
 // LookupSum is Lookup by the id's SHA-256: what a long-lived connection
 // keeps to re-check its session without holding the id.
-func (s *Store) LookupSum(sum [32]byte) (kv.Session, bool) {
+func (s *Store) LookupSum(sum [32]byte) (state.Session, bool) {
 	e, ok := s.cache.GetBytes(sum[:])
 	if !ok || !time.Now().Before(e.Value.Expires) {
-		return kv.Session{}, false
+		return state.Session{}, false
 	}
 	return e.Value, true
 }
 
 // Revoke ends one session, named by its id's SHA-256.
 func (s *Store) Revoke(ctx context.Context, user string, sum [32]byte) error {
-	return s.bucket.Purge(ctx, kv.SessionKey(user, hex.EncodeToString(sum[:])))
+	return s.bucket.Purge(ctx, state.SessionKey(user, hex.EncodeToString(sum[:])))
 }
 
 // RevokeID ends the session of a session id, if it is one.
@@ -196,14 +197,14 @@ func (s *Store) Len() int { return s.cache.Len() }
 // spreads them over and wherever the window starts. (Fixed windows would let
 // a client spend two budgets back to back across a boundary.)
 type Limiter struct {
-	bucket *kv.Bucket[kv.Attempts]
+	bucket *kv.Bucket[state.Attempts]
 	limit  int
 	window time.Duration
 }
 
 // NewLimiter opens the ratelimit bucket.
 func NewLimiter(ctx context.Context, js jetstream.JetStream, limit int, window time.Duration) (*Limiter, error) {
-	b, err := kv.Open[kv.Attempts](ctx, js, kv.BucketRateLimit)
+	b, err := kv.Open[state.Attempts](ctx, js, state.BucketRateLimit)
 	if err != nil {
 		return nil, err
 	}
@@ -228,18 +229,18 @@ func (l *Limiter) Allow(ctx context.Context, client string) (Verdict, error) {
 	now := time.Now()
 	since := now.Add(-l.window).UnixMilli()
 	var v Verdict
-	_, err := l.bucket.Mutate(ctx, HashHex(client)[:32], func(a kv.Attempts, _ bool) (kv.Attempts, bool, error) {
+	_, err := l.bucket.Mutate(ctx, HashHex(client)[:32], func(a state.Attempts, _ bool) (state.Attempts, bool, error) {
 		recent := slices.DeleteFunc(a.At, func(at int64) bool { return at <= since })
 		// Edges' clocks differ a little, so the log is not assumed sorted.
 		slices.Sort(recent)
 		if v.Allowed = len(recent) < l.limit; !v.Allowed {
 			v.RetryAfter = time.UnixMilli(recent[len(recent)-l.limit]).Add(l.window).Sub(now)
 			if v.Audit = a.Refused <= since; !v.Audit {
-				return kv.Attempts{}, false, nil
+				return state.Attempts{}, false, nil
 			}
-			return kv.Attempts{At: recent, Refused: now.UnixMilli()}, true, nil
+			return state.Attempts{At: recent, Refused: now.UnixMilli()}, true, nil
 		}
-		return kv.Attempts{At: append(recent, now.UnixMilli()), Refused: a.Refused}, true, nil
+		return state.Attempts{At: append(recent, now.UnixMilli()), Refused: a.Refused}, true, nil
 	}, kv.WithTTL(l.window))
 	if err != nil {
 		return Verdict{}, fmt.Errorf("rate limit: %w", err)
@@ -254,9 +255,9 @@ func (l *Limiter) Refused(ctx context.Context, client string) (bool, error) {
 	now := time.Now()
 	since := now.Add(-l.window).UnixMilli()
 	first := false
-	_, err := l.bucket.Mutate(ctx, HashHex(client)[:32], func(a kv.Attempts, _ bool) (kv.Attempts, bool, error) {
+	_, err := l.bucket.Mutate(ctx, HashHex(client)[:32], func(a state.Attempts, _ bool) (state.Attempts, bool, error) {
 		if first = a.Refused <= since; !first {
-			return kv.Attempts{}, false, nil
+			return state.Attempts{}, false, nil
 		}
 		a.Refused = now.UnixMilli()
 		return a, true, nil

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/aaas-project/aaas/internal/events"
-	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // Common holds the settings every process shares.
@@ -33,7 +33,7 @@ type Common struct {
 	// Streams and Buckets size NATS state; STREAM_REPLICAS sets both
 	// replica counts, AUDIT_MAX_AGE and AUDIT_MAX_MB the audit retention.
 	Streams events.StreamsConfig
-	Buckets kv.BucketsConfig
+	Buckets state.BucketsConfig
 }
 
 var instanceRE = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
@@ -47,7 +47,7 @@ func LoadCommon(e *Env, defaultMetrics string) Common {
 		MetricsAddr: e.String("METRICS_ADDR", defaultMetrics),
 		Pprof:       e.Bool("PPROF", false),
 		Streams:     events.DefaultStreamsConfig(),
-		Buckets:     kv.DefaultBucketsConfig(),
+		Buckets:     state.DefaultBucketsConfig(),
 	}
 	c.NATS = loadNATSAuth(e)
 	if !instanceRE.MatchString(c.InstanceID) {

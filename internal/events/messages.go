@@ -1,14 +1,14 @@
 package events
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // SchemaVersion is the version of every message this build writes. Readers
@@ -180,7 +180,7 @@ func NewSuspend(user string, activitySeq, stateRev uint64, idleSince time.Time) 
 
 // NewHandshake asks for a DSH auth cookie for (user, pod, host).
 func NewHandshake(user string, a HandshakeArgs) Command {
-	c := newCommand(VerbHandshake, user, a.PodUID+"."+HostKey(a.Host)+"."+strconv.FormatUint(a.StaleRevision, 10))
+	c := newCommand(VerbHandshake, user, a.PodUID+"."+state.HostKey(a.Host)+"."+strconv.FormatUint(a.StaleRevision, 10))
 	c.Handshake = &a
 	return c
 }
@@ -197,12 +197,6 @@ func NewRecreate(user, requestID string) Command {
 	c := newCommand(VerbRecreate, user, requestID)
 	c.RequestID = requestID
 	return c
-}
-
-// HostKey is the short, subject-safe form of a Host header used in keys.
-func HostKey(host string) string {
-	sum := sha256.Sum256([]byte(strings.ToLower(host)))
-	return hex.EncodeToString(sum[:8])
 }
 
 // Beacon is an edge's report of one user's activity. The newest beacon per

@@ -1,9 +1,8 @@
-// Package kv holds the shared state of the gateway in NATS JetStream
-// key-value buckets: sessions, users, sandboxes, handshakes, request results,
-// rate-limit counters and leases. It offers typed accessors with
-// compare-and-set, per-key TTLs, watch-backed local caches that answer
-// lookups without a network round trip, and leases for one-active-replica
-// roles.
+// Package kv is generic typed storage on NATS JetStream key-value
+// buckets: typed accessors with compare-and-set and per-key TTLs,
+// watch-backed local caches that answer lookups without a network round
+// trip (and let callers wait for a change), and leases for
+// one-active-replica roles. What the buckets hold is defined in state.
 package kv
 
 import (

@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
-	"github.com/aaas-project/aaas/internal/jsconfig"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
 
@@ -26,7 +26,7 @@ func setup(t testing.TB) (string, jetstream.JetStream) {
 	t.Helper()
 	s := natstest.Start(t)
 	_, js := natstest.Connect(t, s.URL())
-	if err := kv.EnsureBuckets(natstest.Context(t, 10*time.Second), js, kv.DefaultBucketsConfig()); err != nil {
+	if err := state.EnsureBuckets(natstest.Context(t, 10*time.Second), js, state.DefaultBucketsConfig()); err != nil {
 		t.Fatal(err)
 	}
 	return s.URL(), js
@@ -44,21 +44,21 @@ func open[T any](t testing.TB, js jetstream.JetStream, name string) *kv.Bucket[T
 func TestCreateUpdateDelete(t *testing.T) {
 	_, js := setup(t)
 	ctx := natstest.Context(t, 10*time.Second)
-	users := open[kv.User](t, js, kv.BucketUsers)
+	users := open[state.User](t, js, state.BucketUsers)
 
-	rev, err := users.Create(ctx, "bob", kv.User{Name: "bob", Managed: true})
+	rev, err := users.Create(ctx, "bob", state.User{Name: "bob", Managed: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := users.Create(ctx, "bob", kv.User{Name: "bob"}); !errors.Is(err, kv.ErrExists) {
+	if _, err := users.Create(ctx, "bob", state.User{Name: "bob"}); !errors.Is(err, kv.ErrExists) {
 		t.Fatalf("second create: %v, want ErrExists", err)
 	}
-	rev2, err := users.Update(ctx, "bob", kv.User{Name: "bob", Claim: "dsh-bob"}, rev)
+	rev2, err := users.Update(ctx, "bob", state.User{Name: "bob", Claim: "dsh-bob"}, rev)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A writer that read the old revision loses.
-	if _, err := users.Update(ctx, "bob", kv.User{Name: "bob", Claim: "stale"}, rev); !errors.Is(err, kv.ErrConflict) {
+	if _, err := users.Update(ctx, "bob", state.User{Name: "bob", Claim: "stale"}, rev); !errors.Is(err, kv.ErrConflict) {
 		t.Fatalf("stale update: %v, want ErrConflict", err)
 	}
 	e, err := users.Get(ctx, "bob")
@@ -75,58 +75,21 @@ func TestCreateUpdateDelete(t *testing.T) {
 		t.Fatalf("get after delete: %v", err)
 	}
 	// A deleted key can be created again.
-	if _, err := users.Create(ctx, "bob", kv.User{Name: "bob"}); err != nil {
+	if _, err := users.Create(ctx, "bob", state.User{Name: "bob"}); err != nil {
 		t.Fatalf("create after delete: %v", err)
-	}
-}
-
-func TestEnsureBucketsUpdatesOnlyWhatChanged(t *testing.T) {
-	_, js := setup(t)
-	ctx := natstest.Context(t, 20*time.Second)
-	holds := func(c kv.BucketsConfig) map[string]bool {
-		t.Helper()
-		out := map[string]bool{}
-		for _, bc := range kv.BucketConfigs(c) {
-			b, err := js.KeyValue(ctx, bc.Bucket)
-			if err != nil {
-				t.Fatal(err)
-			}
-			st, err := b.Status(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out[bc.Bucket] = jsconfig.Holds(st.Config(), bc)
-		}
-		return out
-	}
-	for name, ok := range holds(kv.DefaultBucketsConfig()) {
-		if !ok {
-			t.Errorf("bucket %s would be updated on every start", name)
-		}
-	}
-	cfg := kv.DefaultBucketsConfig()
-	cfg.SessionTTL = 2 * time.Hour
-	if holds(cfg)[kv.BucketSessions] {
-		t.Fatal("a changed session TTL is not seen as a change")
-	}
-	if err := kv.EnsureBuckets(ctx, js, cfg); err != nil {
-		t.Fatal(err)
-	}
-	if !holds(cfg)[kv.BucketSessions] {
-		t.Fatal("the changed session TTL was not applied")
 	}
 }
 
 func TestMutateRetriesConflicts(t *testing.T) {
 	_, js := setup(t)
 	ctx := natstest.Context(t, 20*time.Second)
-	logs := open[kv.Attempts](t, js, kv.BucketRateLimit)
+	logs := open[state.Attempts](t, js, state.BucketRateLimit)
 	const writers, each = 4, 10
 	errs := make(chan error, writers)
 	for w := 0; w < writers; w++ {
 		go func() {
 			for i := 0; i < each; i++ {
-				_, err := logs.Mutate(ctx, "client", func(a kv.Attempts, _ bool) (kv.Attempts, bool, error) {
+				_, err := logs.Mutate(ctx, "client", func(a state.Attempts, _ bool) (state.Attempts, bool, error) {
 					a.At = append(a.At, int64(w*each+i))
 					return a, true, nil
 				})
@@ -152,14 +115,14 @@ func TestMutateRetriesConflicts(t *testing.T) {
 func TestKeyTTLExpiresAndCachesSeeIt(t *testing.T) {
 	_, js := setup(t)
 	ctx := natstest.Context(t, 20*time.Second)
-	sessions := open[kv.Session](t, js, kv.BucketSessions)
+	sessions := open[state.Session](t, js, state.BucketSessions)
 	cache, err := kv.NewCache(ctx, sessions, ">", quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
 	<-cache.Synced()
-	key := kv.SessionKey("bob", "abc")
-	if _, err := sessions.Create(ctx, key, kv.Session{User: "bob"}, kv.WithTTL(time.Second)); err != nil {
+	key := state.SessionKey("bob", "abc")
+	if _, err := sessions.Create(ctx, key, state.Session{User: "bob"}, kv.WithTTL(time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 5*time.Second, func() error {
@@ -182,7 +145,7 @@ func TestKeyTTLExpiresAndCachesSeeIt(t *testing.T) {
 func TestUpdateWithTTLExtendsTheKey(t *testing.T) {
 	_, js := setup(t)
 	ctx := natstest.Context(t, 20*time.Second)
-	locks := open[kv.Holder](t, js, kv.BucketLocks)
+	locks := open[kv.Holder](t, js, state.BucketLocks)
 	rev, err := locks.Create(ctx, "k", kv.Holder{ID: "a"}, kv.WithTTL(time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -205,13 +168,13 @@ func TestUpdateWithTTLExtendsTheKey(t *testing.T) {
 func TestCacheSeesDeleteFromAnotherConnection(t *testing.T) {
 	url, js := setup(t)
 	ctx := natstest.Context(t, 20*time.Second)
-	sessions := open[kv.Session](t, js, kv.BucketSessions)
+	sessions := open[state.Session](t, js, state.BucketSessions)
 	for i := 0; i < 3; i++ {
-		if _, err := sessions.Put(ctx, kv.SessionKey("alice", strconv.Itoa(i)), kv.Session{User: "alice"}); err != nil {
+		if _, err := sessions.Put(ctx, state.SessionKey("alice", strconv.Itoa(i)), state.Session{User: "alice"}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cache, err := kv.NewCache(ctx, sessions, ">", quiet, kv.IndexBy[kv.Session](func(k string) string { return k[len("alice."):] }))
+	cache, err := kv.NewCache(ctx, sessions, ">", quiet, kv.IndexBy[state.Session](func(k string) string { return k[len("alice."):] }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +191,7 @@ func TestCacheSeesDeleteFromAnotherConnection(t *testing.T) {
 	}
 
 	_, other := natstest.Connect(t, url)
-	otherSessions := open[kv.Session](t, other, kv.BucketSessions)
+	otherSessions := open[state.Session](t, other, state.BucketSessions)
 	n, err := otherSessions.PurgePrefix(ctx, "alice")
 	if err != nil || n != 3 {
 		t.Fatalf("purge prefix: %d %v", n, err)
@@ -244,24 +207,24 @@ func TestCacheSeesDeleteFromAnotherConnection(t *testing.T) {
 func TestCacheWait(t *testing.T) {
 	_, js := setup(t)
 	ctx := natstest.Context(t, 10*time.Second)
-	boxes := open[kv.Sandbox](t, js, kv.BucketSandboxes)
+	boxes := open[state.Sandbox](t, js, state.BucketSandboxes)
 	cache, err := kv.NewCache(ctx, boxes, ">", quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
 	<-cache.Synced()
 	go func() {
-		for _, p := range []kv.Phase{kv.PhaseSuspended, kv.PhaseWaking, kv.PhaseReady} {
-			_, _ = boxes.Put(ctx, "bob", kv.Sandbox{User: "bob", Phase: p})
+		for _, p := range []state.Phase{state.PhaseSuspended, state.PhaseWaking, state.PhaseReady} {
+			_, _ = boxes.Put(ctx, "bob", state.Sandbox{User: "bob", Phase: p})
 		}
 	}()
-	e, ok, err := cache.Wait(ctx, "bob", func(e kv.Entry[kv.Sandbox], ok bool) bool { return ok && e.Value.Phase == kv.PhaseReady })
-	if err != nil || !ok || e.Value.Phase != kv.PhaseReady {
+	e, ok, err := cache.Wait(ctx, "bob", func(e kv.Entry[state.Sandbox], ok bool) bool { return ok && e.Value.Phase == state.PhaseReady })
+	if err != nil || !ok || e.Value.Phase != state.PhaseReady {
 		t.Fatalf("wait = %+v %v %v", e, ok, err)
 	}
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	if _, _, err := cache.Wait(short, "nobody", func(_ kv.Entry[kv.Sandbox], ok bool) bool { return ok }); !errors.Is(err, context.DeadlineExceeded) {
+	if _, _, err := cache.Wait(short, "nobody", func(_ kv.Entry[state.Sandbox], ok bool) bool { return ok }); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("wait for a key that never comes: %v", err)
 	}
 }
@@ -269,7 +232,7 @@ func TestCacheWait(t *testing.T) {
 func TestLease(t *testing.T) {
 	_, js := setup(t)
 	ctx := natstest.Context(t, 30*time.Second)
-	locks := open[kv.Holder](t, js, kv.BucketLocks)
+	locks := open[kv.Holder](t, js, state.BucketLocks)
 	const ttl = time.Second
 	a := kv.NewLease(locks, "sweeper", "a", ttl, quiet)
 	b := kv.NewLease(locks, "sweeper", "b", ttl, quiet)
@@ -325,7 +288,7 @@ func TestLease(t *testing.T) {
 func TestLeaseRunFailsOver(t *testing.T) {
 	_, js := setup(t)
 	ctx := natstest.Context(t, 30*time.Second)
-	locks := open[kv.Holder](t, js, kv.BucketLocks)
+	locks := open[kv.Holder](t, js, state.BucketLocks)
 	leading := make(chan string, 4)
 	run := func(ctx context.Context, id string) {
 		kv.NewLease(locks, "role", id, time.Second, quiet).Run(ctx, func(ctx context.Context) {
@@ -359,18 +322,18 @@ func TestClusterKeepsAcknowledgedWritesThroughANodeOutage(t *testing.T) {
 	c := natstest.StartCluster(t, 3)
 	_, js := natstest.Connect(t, c.URLs())
 	ctx := natstest.Context(t, 90*time.Second)
-	cfg := kv.DefaultBucketsConfig()
+	cfg := state.DefaultBucketsConfig()
 	cfg.Replicas = 3
-	if err := kv.EnsureBuckets(ctx, js, cfg); err != nil {
+	if err := state.EnsureBuckets(ctx, js, cfg); err != nil {
 		t.Fatal(err)
 	}
-	users := open[kv.User](t, js, kv.BucketUsers)
+	users := open[state.User](t, js, state.BucketUsers)
 	acked := map[string]bool{}
 	write := func(n int) {
 		for i := 0; i < n; i++ {
 			k := fmt.Sprintf("u%d", len(acked))
 			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			_, err := users.Put(wctx, k, kv.User{Name: k})
+			_, err := users.Put(wctx, k, state.User{Name: k})
 			cancel()
 			if err == nil {
 				acked[k] = true
@@ -406,9 +369,9 @@ func TestClusterKeepsAcknowledgedWritesThroughANodeOutage(t *testing.T) {
 func BenchmarkCachedSessionLookup(b *testing.B) {
 	_, js := setup(b)
 	ctx := context.Background()
-	sessions := open[kv.Session](b, js, kv.BucketSessions)
+	sessions := open[state.Session](b, js, state.BucketSessions)
 	// Index by the raw hash so a lookup needs no hex encoding.
-	cache, err := kv.NewCache(ctx, sessions, ">", quiet, kv.IndexBy[kv.Session](func(k string) string {
+	cache, err := kv.NewCache(ctx, sessions, ">", quiet, kv.IndexBy[state.Session](func(k string) string {
 		raw, _ := hex.DecodeString(k[strings.IndexByte(k, '.')+1:])
 		return string(raw)
 	}))
@@ -419,7 +382,7 @@ func BenchmarkCachedSessionLookup(b *testing.B) {
 	for i := range sids {
 		sids[i] = fmt.Sprintf("session-id-%032d", i)
 		sum := sha256.Sum256([]byte(sids[i]))
-		if _, err := sessions.Put(ctx, kv.SessionKey(fmt.Sprintf("user%d", i), hex.EncodeToString(sum[:])), kv.Session{User: "u"}); err != nil {
+		if _, err := sessions.Put(ctx, state.SessionKey(fmt.Sprintf("user%d", i), hex.EncodeToString(sum[:])), state.Session{User: "u"}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -434,20 +397,5 @@ func BenchmarkCachedSessionLookup(b *testing.B) {
 		if _, ok := cache.GetBytes(sum[:]); !ok {
 			b.Fatal("miss")
 		}
-	}
-}
-
-// Every bucket has a byte cap, and all of them together leave room in the
-// 4 GiB store of the embedded server for the streams.
-func TestEveryBucketIsBounded(t *testing.T) {
-	var sum int64
-	for _, bc := range kv.BucketConfigs(kv.DefaultBucketsConfig()) {
-		if bc.MaxBytes <= 0 {
-			t.Errorf("bucket %s has no byte cap", bc.Bucket)
-		}
-		sum += bc.MaxBytes
-	}
-	if sum > 2<<30+64<<20 {
-		t.Errorf("buckets reserve %d MiB", sum>>20)
 	}
 }

@@ -183,3 +183,9 @@ func (l *Lease) lead(ctx context.Context, lead func(ctx context.Context)) {
 		}
 	}
 }
+
+// Holder is the value of a lease key.
+type Holder struct {
+	ID    string    `json:"id"`
+	Since time.Time `json:"since"`
+}

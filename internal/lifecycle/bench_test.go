@@ -13,7 +13,7 @@ import (
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/aaas-project/aaas/internal/events"
-	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
 
@@ -55,11 +55,11 @@ func BenchmarkWakeOverhead(b *testing.B) {
 		b.StopTimer()
 		box, _ := f.boxes.Get("wb")
 		f.command(events.NewSuspend("wb", f.lastActivitySeq("wb"), box.Revision, time.Now()))
-		f.waitPhase("wb", kv.PhaseSuspended)
+		f.waitPhase("wb", state.PhaseSuspended)
 		e, _ := f.boxes.Get("wb")
 		b.StartTimer()
 		f.command(events.NewWake("wb", e.Revision))
-		ready := f.waitPhase("wb", kv.PhaseReady)
+		ready := f.waitPhase("wb", state.PhaseReady)
 		kvAt := time.Now()
 		b.StopTimer()
 		// The benchmark's pod watch and lifecycle's informer are separate
@@ -126,7 +126,7 @@ func BenchmarkClaimsFromWarmPool(b *testing.B) {
 		}
 		wg.Wait()
 		for j := 0; j < batch; j++ {
-			f.waitPhase(fmt.Sprintf("c%d-%d", i, j), kv.PhaseReady)
+			f.waitPhase(fmt.Sprintf("c%d-%d", i, j), state.PhaseReady)
 		}
 		total += time.Since(start)
 	}

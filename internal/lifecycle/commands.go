@@ -18,6 +18,7 @@ import (
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/sandbox"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // permanentKube marks Kubernetes errors that retrying cannot fix.
@@ -54,34 +55,34 @@ func (w *Worker) claim(ctx context.Context, c events.Command) (string, error) {
 	if err := w.recordClaim(ctx, c.User, hash, claim); err != nil {
 		return "", err
 	}
-	if err := w.answer(ctx, c, kv.OutcomeCreated, ""); err != nil {
+	if err := w.answer(ctx, c, state.OutcomeCreated, ""); err != nil {
 		return "", err
 	}
-	w.pub.Audit(events.AuditEvent{Kind: events.AuditClaim, User: c.User, RequestID: c.RequestID, Outcome: kv.OutcomeCreated, Detail: "SandboxClaim " + claim.Name})
-	return kv.OutcomeCreated, nil
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditClaim, User: c.User, RequestID: c.RequestID, Outcome: state.OutcomeCreated, Detail: "SandboxClaim " + claim.Name})
+	return state.OutcomeCreated, nil
 }
 
 // recordClaim writes the account and a first sandbox record for a claim
 // this gateway owns; the mirror refines the sandbox record from watches.
 func (w *Worker) recordClaim(ctx context.Context, user, hash string, claim *extv1beta1.SandboxClaim) error {
-	if _, err := w.users.Put(ctx, user, kv.User{
+	if _, err := w.users.Put(ctx, user, state.User{
 		Name: user, TokenHash: hash, Claim: claim.Name, ClaimUID: string(claim.UID), Managed: true, Created: claim.CreationTimestamp.UTC(),
 	}); err != nil {
 		return err
 	}
-	_, err := w.sandboxes.Mutate(ctx, user, func(cur kv.Sandbox, ok bool) (kv.Sandbox, bool, error) {
-		fresh := kv.Sandbox{User: user, Phase: kv.PhaseClaiming, Managed: true, Claim: claim.Name, Updated: time.Now().UTC()}
-		return fresh, !ok || cur.Phase == kv.PhaseDeleting, nil
+	_, err := w.sandboxes.Mutate(ctx, user, func(cur state.Sandbox, ok bool) (state.Sandbox, bool, error) {
+		fresh := state.Sandbox{User: user, Phase: state.PhaseClaiming, Managed: true, Claim: claim.Name, Updated: time.Now().UTC()}
+		return fresh, !ok || cur.Phase == state.PhaseDeleting, nil
 	})
 	return err
 }
 
 func (w *Worker) conflict(ctx context.Context, c events.Command, why string) (string, error) {
-	if err := w.answer(ctx, c, kv.OutcomeConflict, why); err != nil {
+	if err := w.answer(ctx, c, state.OutcomeConflict, why); err != nil {
 		return "", err
 	}
-	w.pub.Audit(events.AuditEvent{Kind: events.AuditClaim, User: c.User, RequestID: c.RequestID, Outcome: kv.OutcomeConflict, Detail: why})
-	return kv.OutcomeConflict, nil
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditClaim, User: c.User, RequestID: c.RequestID, Outcome: state.OutcomeConflict, Detail: why})
+	return state.OutcomeConflict, nil
 }
 
 // wake sets the sandbox Running. The patch is idempotent, so it is sent
@@ -152,7 +153,7 @@ func (w *Worker) delete(ctx context.Context, c events.Command) (string, error) {
 	case err != nil:
 		return "", permanentKube(w.kubeErr("get claim", err))
 	case !w.k8s.Managed(claim):
-		_ = w.answer(ctx, c, kv.OutcomeFailed, "claim is not managed by this gateway")
+		_ = w.answer(ctx, c, state.OutcomeFailed, "claim is not managed by this gateway")
 		return "", events.Permanent(fmt.Errorf("claim %s is not managed by this gateway", claim.Name))
 	default:
 		// Signed out first: the user's open streams end as "signed out",
@@ -168,17 +169,17 @@ func (w *Worker) delete(ctx context.Context, c events.Command) (string, error) {
 	if err := w.forget(ctx, c.User); err != nil {
 		return "", err
 	}
-	if err := w.answer(ctx, c, kv.OutcomeDeleted, ""); err != nil {
+	if err := w.answer(ctx, c, state.OutcomeDeleted, ""); err != nil {
 		return "", err
 	}
-	w.pub.Audit(events.AuditEvent{Kind: events.AuditDelete, User: c.User, RequestID: c.RequestID, Outcome: kv.OutcomeDeleted})
-	return kv.OutcomeDeleted, nil
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditDelete, User: c.User, RequestID: c.RequestID, Outcome: state.OutcomeDeleted})
+	return state.OutcomeDeleted, nil
 }
 
 // signOut marks the account as being deleted (its token and SSO binding
 // stop working) and ends its sessions.
 func (w *Worker) signOut(ctx context.Context, user string) error {
-	_, err := w.users.Mutate(ctx, user, func(cur kv.User, ok bool) (kv.User, bool, error) {
+	_, err := w.users.Mutate(ctx, user, func(cur state.User, ok bool) (state.User, bool, error) {
 		if !ok || !cur.DeletingSince.IsZero() {
 			return cur, false, nil
 		}
@@ -211,7 +212,7 @@ func (w *Worker) forget(ctx context.Context, user string) error {
 // is marked first, so that the moment without a claim is not mistaken for
 // a deletion and nobody else can sign up under the name.
 func (w *Worker) recreate(ctx context.Context, c events.Command) (string, error) {
-	u, err := w.users.Mutate(ctx, c.User, func(cur kv.User, ok bool) (kv.User, bool, error) {
+	u, err := w.users.Mutate(ctx, c.User, func(cur state.User, ok bool) (state.User, bool, error) {
 		if !ok {
 			return cur, false, events.Permanent(fmt.Errorf("no account %q", c.User))
 		}
@@ -223,7 +224,7 @@ func (w *Worker) recreate(ctx context.Context, c events.Command) (string, error)
 	})
 	if err != nil {
 		if events.IsPermanent(err) {
-			_ = w.answer(ctx, c, kv.OutcomeFailed, err.Error())
+			_ = w.answer(ctx, c, state.OutcomeFailed, err.Error())
 		}
 		return "", err
 	}
@@ -259,11 +260,11 @@ func (w *Worker) recreate(ctx context.Context, c events.Command) (string, error)
 	if err := w.recordClaim(ctx, c.User, u.Value.TokenHash, claim); err != nil {
 		return "", err
 	}
-	if err := w.answer(ctx, c, kv.OutcomeRecreated, ""); err != nil {
+	if err := w.answer(ctx, c, state.OutcomeRecreated, ""); err != nil {
 		return "", err
 	}
-	w.pub.Audit(events.AuditEvent{Kind: events.AuditRecreate, User: c.User, RequestID: c.RequestID, Outcome: kv.OutcomeRecreated, Detail: "SandboxClaim " + claim.Name})
-	return kv.OutcomeRecreated, nil
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditRecreate, User: c.User, RequestID: c.RequestID, Outcome: state.OutcomeRecreated, Detail: "SandboxClaim " + claim.Name})
+	return state.OutcomeRecreated, nil
 }
 
 // replace deletes the old claim and waits, on the informer caches, until
@@ -273,7 +274,7 @@ func (w *Worker) replace(ctx context.Context, user string, uid types.UID) error 
 	if err := w.k8s.DeleteClaim(ctx, user, uid, true); err != nil {
 		return permanentKube(w.kubeErr("delete claim", err))
 	}
-	if _, err := w.sandboxes.Put(ctx, user, kv.Sandbox{User: user, Phase: kv.PhaseDeleting, Managed: true, Updated: time.Now().UTC()}); err != nil {
+	if _, err := w.sandboxes.Put(ctx, user, state.Sandbox{User: user, Phase: state.PhaseDeleting, Managed: true, Updated: time.Now().UTC()}); err != nil {
 		return err
 	}
 	wctx, cancel := context.WithTimeout(ctx, w.o.RecreateTimeout)
@@ -295,7 +296,7 @@ func (w *Worker) replace(ctx context.Context, user string, uid types.UID) error 
 // failure is stored too, with its reason, so the waiting edge can say why.
 func (w *Worker) handshake(ctx context.Context, c events.Command) (string, error) {
 	a := c.Handshake
-	key := kv.HandshakeKey(c.User, a.PodUID, events.HostKey(a.Host))
+	key := state.HandshakeKey(c.User, a.PodUID, a.Host)
 	st, ok := w.podFor(ctx, c.User, a.PodUID)
 	if !ok {
 		return w.handshakeFailed(ctx, c, key, errPodChanged)
@@ -333,7 +334,7 @@ func (w *Worker) handshake(ctx context.Context, c events.Command) (string, error
 		break
 	}
 	sealed := w.o.Sealer.Seal([]byte(cookie), []byte(key))
-	if _, err := w.handshakes.Put(ctx, key, kv.Handshake{User: c.User, PodUID: a.PodUID, Host: a.Host, Sealed: sealed, At: time.Now().UTC()}, kv.WithTTL(w.o.HandshakeTTL)); err != nil {
+	if _, err := w.handshakes.Put(ctx, key, state.Handshake{User: c.User, PodUID: a.PodUID, Host: a.Host, Sealed: sealed, At: time.Now().UTC()}, kv.WithTTL(w.o.HandshakeTTL)); err != nil {
 		return "", err
 	}
 	w.pub.Audit(events.AuditEvent{Kind: events.AuditHandshake, User: c.User, Outcome: "ok", Detail: "pod " + a.PodUID + " host " + a.Host})
@@ -365,7 +366,7 @@ var errPodChanged = errors.New("the sandbox's pod changed or stopped before the 
 
 func (w *Worker) handshakeFailed(ctx context.Context, c events.Command, key string, cause error) (string, error) {
 	w.m.handshakeFailures.WithLabelValues(failureLabel(cause)).Inc()
-	if _, err := w.handshakes.Put(ctx, key, kv.Handshake{User: c.User, PodUID: c.Handshake.PodUID, Host: c.Handshake.Host, Error: cause.Error(), At: time.Now().UTC()}, kv.WithTTL(failedHandshakeTTL)); err != nil {
+	if _, err := w.handshakes.Put(ctx, key, state.Handshake{User: c.User, PodUID: c.Handshake.PodUID, Host: c.Handshake.Host, Error: cause.Error(), At: time.Now().UTC()}, kv.WithTTL(failedHandshakeTTL)); err != nil {
 		return "", err
 	}
 	w.pub.Audit(events.AuditEvent{Kind: events.AuditHandshakeFailed, User: c.User, Outcome: "failed", Detail: cause.Error()})

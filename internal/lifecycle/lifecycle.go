@@ -22,6 +22,7 @@ import (
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/sandbox"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // Options wires a Worker.
@@ -47,13 +48,13 @@ type Worker struct {
 	activity jetstream.Stream
 	http     *http.Client
 
-	users      *kv.Bucket[kv.User]
-	sandboxes  *kv.Bucket[kv.Sandbox]
-	sessions   *kv.Bucket[kv.Session]
-	handshakes *kv.Bucket[kv.Handshake]
-	requests   *kv.Bucket[kv.Result]
-	userCache  *kv.Cache[kv.User]
-	boxCache   *kv.Cache[kv.Sandbox]
+	users      *kv.Bucket[state.User]
+	sandboxes  *kv.Bucket[state.Sandbox]
+	sessions   *kv.Bucket[state.Session]
+	handshakes *kv.Bucket[state.Handshake]
+	requests   *kv.Bucket[state.Result]
+	userCache  *kv.Cache[state.User]
+	boxCache   *kv.Cache[state.Sandbox]
 
 	locks  keyedMutex
 	mirror *mirror
@@ -63,19 +64,19 @@ type Worker struct {
 func New(ctx context.Context, o Options) (*Worker, error) {
 	w := &Worker{o: o, log: o.Log, m: newMetrics(o.Metrics), pub: o.Publisher, k8s: o.Cluster, http: handshake.Client()}
 	var err error
-	if w.users, err = kv.Open[kv.User](ctx, o.JS, kv.BucketUsers); err != nil {
+	if w.users, err = kv.Open[state.User](ctx, o.JS, state.BucketUsers); err != nil {
 		return nil, err
 	}
-	if w.sandboxes, err = kv.Open[kv.Sandbox](ctx, o.JS, kv.BucketSandboxes); err != nil {
+	if w.sandboxes, err = kv.Open[state.Sandbox](ctx, o.JS, state.BucketSandboxes); err != nil {
 		return nil, err
 	}
-	if w.sessions, err = kv.Open[kv.Session](ctx, o.JS, kv.BucketSessions); err != nil {
+	if w.sessions, err = kv.Open[state.Session](ctx, o.JS, state.BucketSessions); err != nil {
 		return nil, err
 	}
-	if w.handshakes, err = kv.Open[kv.Handshake](ctx, o.JS, kv.BucketHandshakes); err != nil {
+	if w.handshakes, err = kv.Open[state.Handshake](ctx, o.JS, state.BucketHandshakes); err != nil {
 		return nil, err
 	}
-	if w.requests, err = kv.Open[kv.Result](ctx, o.JS, kv.BucketRequests); err != nil {
+	if w.requests, err = kv.Open[state.Result](ctx, o.JS, state.BucketRequests); err != nil {
 		return nil, err
 	}
 	if w.activity, err = o.JS.Stream(ctx, events.StreamActivity); err != nil {
@@ -129,7 +130,7 @@ func (w *Worker) Handle(ctx context.Context, d events.Delivery) error {
 	// earlier delivery; doing it again could undo what followed it (a
 	// second recreate would wipe the fresh sandbox).
 	if c.RequestID != "" {
-		if prev, err := w.requests.Get(ctx, c.RequestID); err == nil && prev.Value.Outcome != kv.OutcomeFailed {
+		if prev, err := w.requests.Get(ctx, c.RequestID); err == nil && prev.Value.Outcome != state.OutcomeFailed {
 			w.m.commands.WithLabelValues(string(c.Verb), "duplicate").Observe(time.Since(start).Seconds())
 			return nil
 		}
@@ -182,7 +183,7 @@ func (w *Worker) Exhausted(d events.Delivery, err error) {
 	if req != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = w.answer(ctx, c, kv.OutcomeFailed, err.Error())
+		_ = w.answer(ctx, c, state.OutcomeFailed, err.Error())
 	}
 }
 
@@ -191,7 +192,7 @@ func (w *Worker) answer(ctx context.Context, c events.Command, outcome, msg stri
 	if c.RequestID == "" {
 		return nil
 	}
-	_, err := w.requests.Put(ctx, c.RequestID, kv.Result{RequestID: c.RequestID, Verb: string(c.Verb), User: c.User, Outcome: outcome, Error: msg, At: time.Now().UTC()})
+	_, err := w.requests.Put(ctx, c.RequestID, state.Result{RequestID: c.RequestID, Verb: string(c.Verb), User: c.User, Outcome: outcome, Error: msg, At: time.Now().UTC()})
 	return err
 }
 

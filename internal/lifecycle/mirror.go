@@ -9,8 +9,8 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/aaas-project/aaas/internal/events"
-	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/sandbox"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // recreateGrace is how long an account marked as being recreated keeps its
@@ -105,7 +105,7 @@ func (m *mirror) reconcile(ctx context.Context, user string) error {
 	if _, err := w.sandboxes.Put(ctx, user, next); err != nil {
 		return err
 	}
-	w.m.mirrorWrites.WithLabelValues(kv.BucketSandboxes).Inc()
+	w.m.mirrorWrites.WithLabelValues(state.BucketSandboxes).Inc()
 	if prev.Value.PodUID != "" && prev.Value.PodUID != next.PodUID {
 		// The cookie of a pod that is gone can never work again.
 		if _, err := w.handshakes.PurgePrefix(ctx, user+"."+prev.Value.PodUID); err != nil {
@@ -139,9 +139,9 @@ func (m *mirror) syncUser(ctx context.Context, user string, st sandbox.State) er
 	if ok && !cur.Value.RecreatingSince.IsZero() {
 		return nil // the recreate command owns the record until it is done
 	}
-	_, err := w.users.Put(ctx, user, kv.User{Name: user, TokenHash: hash, Claim: st.Claim.Name, ClaimUID: string(st.Claim.UID), Managed: true, Created: st.Claim.CreationTimestamp.UTC()})
+	_, err := w.users.Put(ctx, user, state.User{Name: user, TokenHash: hash, Claim: st.Claim.Name, ClaimUID: string(st.Claim.UID), Managed: true, Created: st.Claim.CreationTimestamp.UTC()})
 	if err == nil {
-		w.m.mirrorWrites.WithLabelValues(kv.BucketUsers).Inc()
+		w.m.mirrorWrites.WithLabelValues(state.BucketUsers).Inc()
 	}
 	return err
 }
@@ -169,12 +169,12 @@ func (m *mirror) claimGone(ctx context.Context, user string) error {
 	if err := w.forget(ctx, user); err != nil {
 		return err
 	}
-	w.pub.Audit(events.AuditEvent{Kind: events.AuditDelete, User: user, Outcome: kv.OutcomeDeleted, Detail: "claim removed outside the gateway"})
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditDelete, User: user, Outcome: state.OutcomeDeleted, Detail: "claim removed outside the gateway"})
 	return nil
 }
 
 // sameRecord compares records without their timestamps.
-func sameRecord(a, b kv.Sandbox) bool {
+func sameRecord(a, b state.Sandbox) bool {
 	if !a.ReadySince.Equal(b.ReadySince) {
 		return false
 	}

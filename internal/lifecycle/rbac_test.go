@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/aaas-project/aaas/internal/events"
-	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
 
@@ -34,17 +34,17 @@ func TestLifecycleRoleIsMinimal(t *testing.T) {
 		"pods/list": f.notReady, "pods/watch": f.notReady,
 		"sandboxclaims/create": func(t *testing.T, _ string) {
 			n++
-			if res := f.command(events.NewClaim(fmt.Sprintf("new%d", n), fmt.Sprintf("req-new-%d", n), tokenHash())); res.Outcome != kv.OutcomeFailed {
+			if res := f.command(events.NewClaim(fmt.Sprintf("new%d", n), fmt.Sprintf("req-new-%d", n), tokenHash())); res.Outcome != state.OutcomeFailed {
 				t.Fatalf("signup without create: %+v", res)
 			}
 		},
 		"sandboxclaims/get": func(t *testing.T, _ string) {
-			if res := f.command(events.NewDelete("mo", "req-del-get")); res.Outcome != kv.OutcomeFailed {
+			if res := f.command(events.NewDelete("mo", "req-del-get")); res.Outcome != state.OutcomeFailed {
 				t.Fatalf("delete without get: %+v", res)
 			}
 		},
 		"sandboxclaims/delete": func(t *testing.T, _ string) {
-			if res := f.command(events.NewDelete("mo", "req-del-delete")); res.Outcome != kv.OutcomeFailed {
+			if res := f.command(events.NewDelete("mo", "req-del-delete")); res.Outcome != state.OutcomeFailed {
 				t.Fatalf("delete without delete: %+v", res)
 			}
 		},
@@ -57,7 +57,7 @@ func TestLifecycleRoleIsMinimal(t *testing.T) {
 				}
 				return nil
 			})
-			if b, _ := f.boxes.Get("mo"); b.Value.Phase != kv.PhaseReady {
+			if b, _ := f.boxes.Get("mo"); b.Value.Phase != state.PhaseReady {
 				t.Fatalf("phase %s after a refused suspend", b.Value.Phase)
 			}
 		},
@@ -148,7 +148,7 @@ func (f *fixture) notReady(t *testing.T, verb string) {
 
 func (f *fixture) handshakeRev(user string) uint64 {
 	box, _ := f.boxes.Get(user)
-	e, err := f.handshakes.Get(ctx(f.t), kv.HandshakeKey(user, box.Value.PodUID, events.HostKey("localhost")))
+	e, err := f.handshakes.Get(ctx(f.t), state.HandshakeKey(user, box.Value.PodUID, "localhost"))
 	if err != nil {
 		return 0
 	}

@@ -22,7 +22,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/aaas-project/aaas/internal/events"
-	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // Role is a process kind, and its NATS identity.
@@ -75,15 +75,15 @@ var grants = map[Role]grant{
 	// alone writes them. Commands for everything but suspend, beacons and
 	// audit events.
 	Edge: {
-		writes: []string{kv.BucketSessions, kv.BucketRateLimit},
-		reads:  []string{kv.BucketUsers, kv.BucketSandboxes, kv.BucketHandshakes, kv.BucketRequests},
+		writes: []string{state.BucketSessions, state.BucketRateLimit},
+		reads:  []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests},
 		publishes: append(commandSubjects(events.VerbClaim, events.VerbWake, events.VerbHandshake, events.VerbDelete, events.VerbRecreate),
 			events.ActivitySubject("*", "*"), events.AuditSubjectsAll),
 	},
 	// The commands' durable consumer (pull and acknowledge only), every
 	// record, and the newest beacon of a user for compare-and-suspend.
 	Lifecycle: {
-		writes:    []string{kv.BucketUsers, kv.BucketSandboxes, kv.BucketHandshakes, kv.BucketRequests, kv.BucketSessions, kv.BucketLocks},
+		writes:    []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketSessions, state.BucketLocks},
 		publishes: []string{events.AuditSubjectsAll},
 		gets:      []string{events.StreamActivity},
 		durable:   &durable{events.StreamCommands, events.CommandConsumer},
@@ -91,8 +91,8 @@ var grants = map[Role]grant{
 	// Idle clocks from the activity stream, suspend commands only, the
 	// lease, and pruning the sessions of deleted accounts.
 	Sweeper: {
-		writes:    []string{kv.BucketSessions, kv.BucketLocks},
-		reads:     []string{kv.BucketSandboxes, kv.BucketUsers},
+		writes:    []string{state.BucketSessions, state.BucketLocks},
+		reads:     []string{state.BucketSandboxes, state.BucketUsers},
 		publishes: append(commandSubjects(events.VerbSuspend), events.AuditSubjectsAll),
 		consumes:  []string{events.StreamActivity},
 	},

@@ -20,6 +20,7 @@ import (
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/natsconn"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // bus is a real NATS server with the production identities, provisioned
@@ -38,7 +39,7 @@ func newBus(t *testing.T) *bus {
 	b := &bus{t: t, s: natstest.StartWith(t, embednats.Options{Users: ids.Users()}), ids: ids}
 	setup := b.as(natsauth.Setup)
 	ctx := natstest.Context(t, time.Minute)
-	if err := natsconn.Provision(ctx, setup.js, events.DefaultStreamsConfig(), kv.DefaultBucketsConfig(),
+	if err := natsconn.Provision(ctx, setup.js, events.DefaultStreamsConfig(), state.DefaultBucketsConfig(),
 		events.CommandConsumerConfig(1, 5, 30*time.Second), slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
@@ -151,10 +152,10 @@ func TestEachIdentityIsRefusedWhatIsNotItsJob(t *testing.T) {
 	b := newBus(t)
 	edge := b.as(natsauth.Edge)
 	// Its own work is allowed, so the refusals below are not a dead line.
-	edge.allowed(t, "edge writes a session", put(edge.js, kv.BucketSessions, "ann.x"))
+	edge.allowed(t, "edge writes a session", put(edge.js, state.BucketSessions, "ann.x"))
 	edge.allowed(t, "edge publishes a wake", publish(edge.js, events.CommandSubject(events.VerbWake, "ann"), events.Command{V: 1, ID: "w1", Verb: events.VerbWake, User: "ann"}))
 
-	for _, bucket := range []string{kv.BucketSandboxes, kv.BucketUsers, kv.BucketHandshakes, kv.BucketLocks, kv.BucketRequests} {
+	for _, bucket := range []string{state.BucketSandboxes, state.BucketUsers, state.BucketHandshakes, state.BucketLocks, state.BucketRequests} {
 		// Refused at writing the key, or already at opening the bucket.
 		edge.refused(t, "edge writes "+bucket, `\$KV\.`+bucket+`\.ann|KV_`+bucket+`"`, put(edge.js, bucket, "ann"))
 	}
@@ -194,10 +195,10 @@ func TestEachIdentityIsRefusedWhatIsNotItsJob(t *testing.T) {
 	for _, v := range []events.Verb{events.VerbDelete, events.VerbRecreate, events.VerbClaim, events.VerbWake, events.VerbHandshake} {
 		sweeper.refused(t, "sweeper publishes "+string(v), regexp.QuoteMeta(events.CommandSubject(v, "ann")), publish(sweeper.js, events.CommandSubject(v, "ann"), map[string]string{}))
 	}
-	sweeper.refused(t, "sweeper writes sandboxes", regexp.QuoteMeta("$KV.sandboxes.ann"), put(sweeper.js, kv.BucketSandboxes, "ann"))
+	sweeper.refused(t, "sweeper writes sandboxes", regexp.QuoteMeta("$KV.sandboxes.ann"), put(sweeper.js, state.BucketSandboxes, "ann"))
 
 	lc := b.as(natsauth.Lifecycle)
-	lc.allowed(t, "lifecycle writes sandboxes", put(lc.js, kv.BucketSandboxes, "ann"))
+	lc.allowed(t, "lifecycle writes sandboxes", put(lc.js, state.BucketSandboxes, "ann"))
 	lc.refused(t, "lifecycle publishes a command", regexp.QuoteMeta(events.CommandSubject(events.VerbDelete, "ann")), publish(lc.js, events.CommandSubject(events.VerbDelete, "ann"), map[string]string{}))
 	lc.refused(t, "lifecycle changes a stream", regexp.QuoteMeta("$JS.API.STREAM.UPDATE."+events.StreamCommands), func(ctx context.Context) error {
 		_, err := lc.js.UpdateStream(ctx, jetstream.StreamConfig{Name: events.StreamCommands, Subjects: []string{"aaas.cmd.>"}, Retention: jetstream.WorkQueuePolicy})

@@ -14,7 +14,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
-	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // Options for Connect.
@@ -124,12 +124,12 @@ func authOptions(o Options) ([]nats.Option, error) {
 // bucket and the commands' consumer, with the setup identity (the only one
 // allowed to). A JetStream cluster that is still electing its leaders
 // refuses for a while; Provision retries until it succeeds or ctx ends.
-func Provision(ctx context.Context, js jetstream.JetStream, s events.StreamsConfig, b kv.BucketsConfig, commands events.ConsumerConfig, log *slog.Logger) error {
+func Provision(ctx context.Context, js jetstream.JetStream, s events.StreamsConfig, b state.BucketsConfig, commands events.ConsumerConfig, log *slog.Logger) error {
 	return retry(ctx, log, "nats not ready for provisioning", func(ctx context.Context) error {
 		if err := events.EnsureStreams(ctx, js, s); err != nil {
 			return err
 		}
-		if err := kv.EnsureBuckets(ctx, js, b); err != nil {
+		if err := state.EnsureBuckets(ctx, js, b); err != nil {
 			return err
 		}
 		_, err := events.EnsureConsumer(ctx, js, commands)

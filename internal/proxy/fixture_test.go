@@ -24,6 +24,7 @@ import (
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // fixture is the proxy on a real NATS server (a fresh one per test, as
@@ -36,10 +37,10 @@ type fixture struct {
 	url      string // the edge, http://127.0.0.1:port
 	natsURL  string
 	js       jetstream.JetStream
-	boxes    *kv.Bucket[kv.Sandbox]
-	hs       *kv.Bucket[kv.Handshake]
-	boxCache *kv.Cache[kv.Sandbox]
-	hsCache  *kv.Cache[kv.Handshake]
+	boxes    *kv.Bucket[state.Sandbox]
+	hs       *kv.Bucket[state.Handshake]
+	boxCache *kv.Cache[state.Sandbox]
+	hsCache  *kv.Cache[state.Handshake]
 	sealer   *handshake.Sealer
 	upstream *httptest.Server
 	proxy    *Proxy
@@ -77,7 +78,7 @@ func newFixture(t testing.TB, upstream http.Handler, mutate func(*Options)) *fix
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := kv.EnsureBuckets(ctx, js, kv.DefaultBucketsConfig()); err != nil {
+	if err := state.EnsureBuckets(ctx, js, state.DefaultBucketsConfig()); err != nil {
 		t.Fatal(err)
 	}
 	if err := events.EnsureStreams(ctx, js, events.DefaultStreamsConfig()); err != nil {
@@ -85,8 +86,8 @@ func newFixture(t testing.TB, upstream http.Handler, mutate func(*Options)) *fix
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	f := &fixture{t: t, js: js, natsURL: ns.URL()}
-	f.boxes = open[kv.Sandbox](t, js, kv.BucketSandboxes)
-	f.hs = open[kv.Handshake](t, js, kv.BucketHandshakes)
+	f.boxes = open[state.Sandbox](t, js, state.BucketSandboxes)
+	f.hs = open[state.Handshake](t, js, state.BucketHandshakes)
 	boxes, err := kv.NewCache(ctx, f.boxes, ">", log)
 	if err != nil {
 		t.Fatal(err)
@@ -112,7 +113,7 @@ func newFixture(t testing.TB, upstream http.Handler, mutate func(*Options)) *fix
 	f.upstream.Start()
 	t.Cleanup(f.upstream.Close)
 	f.rotate("dsh-auth=first")
-	f.putBox(kv.Sandbox{User: fixtureUser, Phase: kv.PhaseReady, PodUID: fixturePod, Address: f.upstream.Listener.Addr().String()})
+	f.putBox(state.Sandbox{User: fixtureUser, Phase: state.PhaseReady, PodUID: fixturePod, Address: f.upstream.Listener.Addr().String()})
 
 	o := Options{
 		Auth:      bearerOnly{},
@@ -197,7 +198,7 @@ func (f *fixture) dsh(next http.Handler) http.Handler {
 func (f *fixture) rotate(cookie string) { f.cookie.Store(&cookie) }
 
 // putBox writes a sandbox record and waits until the proxy's cache has it.
-func (f *fixture) putBox(b kv.Sandbox) {
+func (f *fixture) putBox(b state.Sandbox) {
 	rev, err := f.boxes.Put(context.Background(), b.User, b)
 	if err != nil {
 		f.t.Fatal(err)
@@ -217,8 +218,8 @@ func cached[T any](t testing.TB, c *kv.Cache[T], key string, rev uint64) {
 // seal stores the current cookie as the handshake for host, as lifecycle
 // does after a handshake, and returns its revision.
 func (f *fixture) seal(host string) uint64 {
-	key := kv.HandshakeKey(fixtureUser, fixturePod, events.HostKey(host))
-	rev, err := f.hs.Put(context.Background(), key, kv.Handshake{
+	key := state.HandshakeKey(fixtureUser, fixturePod, host)
+	rev, err := f.hs.Put(context.Background(), key, state.Handshake{
 		User: fixtureUser, PodUID: fixturePod, Host: host, Sealed: f.sealer.Seal([]byte(*f.cookie.Load()), []byte(key)), At: time.Now(),
 	})
 	if err != nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/web"
 )
 
@@ -45,8 +46,8 @@ type ValidUser func(string) bool
 type Options struct {
 	Auth       Authenticator
 	ValidUser  ValidUser
-	Sandboxes  *kv.Cache[kv.Sandbox]
-	Handshakes *kv.Cache[kv.Handshake]
+	Sandboxes  *kv.Cache[state.Sandbox]
+	Handshakes *kv.Cache[state.Handshake]
 	Publisher  *events.Publisher
 	Sealer     *handshake.Sealer
 	Edge       string

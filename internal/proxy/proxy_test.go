@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/aaas-project/aaas/internal/events"
-	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 	tu "github.com/aaas-project/aaas/internal/testutil"
 )
 
@@ -222,7 +222,7 @@ func TestEarlyAnswer(t *testing.T) {
 func TestClientGoneCancelsTheWait(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	f := newFixture(t, echoHandler, func(o *Options) { o.Metrics = reg; o.WakeTimeout = time.Minute })
-	f.putBox(kv.Sandbox{User: fixtureUser, Phase: kv.PhaseSuspended, PodUID: fixturePod})
+	f.putBox(state.Sandbox{User: fixtureUser, Phase: state.PhaseSuspended, PodUID: fixturePod})
 	client := &http.Client{Timeout: 400 * time.Millisecond}
 	req, _ := http.NewRequest("GET", f.url+"/u/bob/x", nil)
 	req.Header.Set("Authorization", fixtureToken)

@@ -10,6 +10,7 @@ import (
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // Commander publishes lifecycle commands (events.Publisher).
@@ -37,7 +38,7 @@ type Upstream struct {
 // wait with a blank tab.
 type sandboxStarting struct {
 	User   string
-	Phase  kv.Phase
+	Phase  state.Phase
 	Reason string
 }
 
@@ -49,8 +50,8 @@ func (e *sandboxStarting) Error() string { return "sandbox " + string(e.Phase) }
 // and WebSocket share it. The cached path, a Ready sandbox with a cached
 // handshake, is two cache reads and one decryption.
 type Resolver struct {
-	Sandboxes        *kv.Cache[kv.Sandbox]
-	Handshakes       *kv.Cache[kv.Handshake]
+	Sandboxes        *kv.Cache[state.Sandbox]
+	Handshakes       *kv.Cache[state.Handshake]
 	Commands         Commander
 	Sealer           *handshake.Sealer
 	WakeTimeout      time.Duration
@@ -89,15 +90,15 @@ func (r *Resolver) Resolve(ctx context.Context, t Target, wait bool) (Upstream, 
 
 // Refresh returns up with a fresh cookie, after DSH refused up.Cookie.
 func (r *Resolver) Refresh(ctx context.Context, t Target, up Upstream) (Upstream, error) {
-	return r.cookie(ctx, t, kv.Sandbox{Address: up.Address, PodUID: up.PodUID}, up.rev)
+	return r.cookie(ctx, t, state.Sandbox{Address: up.Address, PodUID: up.PodUID}, up.rev)
 }
 
-func usable(e kv.Entry[kv.Sandbox], ok bool) bool {
-	return ok && e.Value.Phase == kv.PhaseReady && e.Value.Address != ""
+func usable(e kv.Entry[state.Sandbox], ok bool) bool {
+	return ok && e.Value.Phase == state.PhaseReady && e.Value.Address != ""
 }
 
 // ready returns user's sandbox once it is Ready.
-func (r *Resolver) ready(ctx context.Context, user string, wait bool) (kv.Sandbox, error) {
+func (r *Resolver) ready(ctx context.Context, user string, wait bool) (state.Sandbox, error) {
 	e, ok := r.Sandboxes.Get(user)
 	if usable(e, ok) {
 		return e.Value, nil
@@ -108,42 +109,42 @@ func (r *Resolver) ready(ctx context.Context, user string, wait bool) (kv.Sandbo
 	woken := uint64(0)
 	for {
 		switch e.Value.Phase {
-		case kv.PhaseReady:
+		case state.PhaseReady:
 			if e.Value.Address != "" {
 				r.m.wakes.WithLabelValues("ready").Inc()
 				r.m.wakeDuration.Observe(time.Since(start).Seconds())
 				return e.Value, nil
 			}
-		case kv.PhaseFailed:
+		case state.PhaseFailed:
 			r.m.wakes.WithLabelValues("failed").Inc()
-			return kv.Sandbox{}, &proxyError{Status: http.StatusServiceUnavailable, Title: "Sandbox failed", Detail: "Your sandbox failed to start: " + e.Value.Reason}
-		case kv.PhaseDeleting:
-			return kv.Sandbox{}, errDeleting
-		case kv.PhaseSuspended, kv.PhaseSuspending:
+			return state.Sandbox{}, &proxyError{Status: http.StatusServiceUnavailable, Title: "Sandbox failed", Detail: "Your sandbox failed to start: " + e.Value.Reason}
+		case state.PhaseDeleting:
+			return state.Sandbox{}, errDeleting
+		case state.PhaseSuspended, state.PhaseSuspending:
 			// Wake it; the command's ID is derived from this revision, so
 			// every edge asking about the same state publishes one wake.
 			if e.Revision != woken {
 				if _, err := r.Commands.Command(ctx, events.NewWake(user, e.Revision)); err != nil {
 					r.m.wakes.WithLabelValues("unavailable").Inc()
-					return kv.Sandbox{}, errNotRunning
+					return state.Sandbox{}, errNotRunning
 				}
 				woken = e.Revision
 			}
 		}
 		if !wait {
-			return kv.Sandbox{}, &sandboxStarting{User: user, Phase: e.Value.Phase, Reason: e.Value.Reason}
+			return state.Sandbox{}, &sandboxStarting{User: user, Phase: e.Value.Phase, Reason: e.Value.Reason}
 		}
 		rev := e.Revision
 		var err error
-		e, _, err = r.Sandboxes.Wait(ctx, user, func(n kv.Entry[kv.Sandbox], ok bool) bool { return ok && n.Revision != rev })
+		e, _, err = r.Sandboxes.Wait(ctx, user, func(n kv.Entry[state.Sandbox], ok bool) bool { return ok && n.Revision != rev })
 		switch {
 		case errors.Is(err, context.DeadlineExceeded):
 			r.m.wakes.WithLabelValues("timeout").Inc()
-			return kv.Sandbox{}, &proxyError{Status: http.StatusGatewayTimeout, Title: "Sandbox not ready",
+			return state.Sandbox{}, &proxyError{Status: http.StatusGatewayTimeout, Title: "Sandbox not ready",
 				Detail: "Your sandbox did not become ready within " + r.WakeTimeout.String() + " (it is " + string(e.Value.Phase) + "). Try again in a moment."}
 		case err != nil:
 			r.m.wakes.WithLabelValues("abandoned").Inc()
-			return kv.Sandbox{}, err
+			return state.Sandbox{}, err
 		}
 	}
 }
@@ -155,7 +156,7 @@ const freshFailure = 5 * time.Second
 // cookie returns DSH's auth cookie for (user, pod, host), asking lifecycle
 // for one when none is cached or the cached one (revision stale) was
 // refused.
-func (r *Resolver) cookie(ctx context.Context, t Target, box kv.Sandbox, stale uint64) (Upstream, error) {
+func (r *Resolver) cookie(ctx context.Context, t Target, box state.Sandbox, stale uint64) (Upstream, error) {
 	up := Upstream{Address: box.Address, PodUID: box.PodUID}
 	ck := cookieKey{t.User, box.PodUID, t.Host}
 	updates := r.Handshakes.Updates()
@@ -166,7 +167,7 @@ func (r *Resolver) cookie(ctx context.Context, t Target, box kv.Sandbox, stale u
 		up.Cookie, up.rev = o.cookie, o.rev
 		return up, nil
 	}
-	key := kv.HandshakeKey(t.User, box.PodUID, events.HostKey(t.Host))
+	key := state.HandshakeKey(t.User, box.PodUID, t.Host)
 	e, ok := r.Handshakes.Get(key)
 	if ok && e.Revision > stale {
 		if e.Value.Error == "" {
@@ -197,7 +198,7 @@ func (r *Resolver) cookie(ctx context.Context, t Target, box kv.Sandbox, stale u
 	}
 	wctx, cancel := context.WithTimeout(ctx, r.HandshakeTimeout)
 	defer cancel()
-	e, _, err := r.Handshakes.Wait(wctx, key, func(n kv.Entry[kv.Handshake], ok bool) bool { return ok && n.Revision > stale })
+	e, _, err := r.Handshakes.Wait(wctx, key, func(n kv.Entry[state.Handshake], ok bool) bool { return ok && n.Revision > stale })
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return Upstream{}, errHandshakeTimeout

@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 
-	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // stuckReasons are container waiting reasons that will not clear without
@@ -22,10 +22,10 @@ var stuckReasons = map[string]bool{
 // Derive computes a user's sandbox record from the Kubernetes objects.
 // prev is the record as last written (its phase tells a first start from a
 // resume, and its ReadySince survives while the sandbox stays Ready).
-func (c *Cluster) Derive(user string, s State, prev kv.Sandbox) kv.Sandbox {
-	r := kv.Sandbox{User: user, Managed: c.Managed(s.Claim), Updated: time.Now().UTC()}
+func (c *Cluster) Derive(user string, s State, prev state.Sandbox) state.Sandbox {
+	r := state.Sandbox{User: user, Managed: c.Managed(s.Claim), Updated: time.Now().UTC()}
 	if s.Claim == nil {
-		r.Phase = kv.PhaseDeleting
+		r.Phase = state.PhaseDeleting
 		return r
 	}
 	r.Claim = s.Claim.Name
@@ -35,43 +35,43 @@ func (c *Cluster) Derive(user string, s State, prev kv.Sandbox) kv.Sandbox {
 	if s.Pod != nil && s.Pod.DeletionTimestamp == nil {
 		r.PodName, r.PodUID = s.Pod.Name, string(s.Pod.UID)
 	}
-	starting := kv.PhaseClaiming
-	if prev.Phase != "" && prev.Phase != kv.PhaseClaiming {
-		starting = kv.PhaseWaking
+	starting := state.PhaseClaiming
+	if prev.Phase != "" && prev.Phase != state.PhaseClaiming {
+		starting = state.PhaseWaking
 	}
 
 	switch {
 	case s.Claim.DeletionTimestamp != nil:
-		r.Phase = kv.PhaseDeleting
+		r.Phase = state.PhaseDeleting
 	case s.Sandbox == nil:
-		r.Phase = kv.PhaseClaiming
+		r.Phase = state.PhaseClaiming
 		if cond := meta.FindStatusCondition(s.Claim.Status.Conditions, "Ready"); cond != nil && cond.Reason != "" && cond.Status != "True" {
 			r.Reason = cond.Message
 		}
 	case s.Sandbox.Spec.OperatingMode == sandboxv1beta1.SandboxOperatingModeSuspended:
-		r.Phase = kv.PhaseSuspended
+		r.Phase = state.PhaseSuspended
 		if s.Pod != nil {
-			r.Phase = kv.PhaseSuspending
+			r.Phase = state.PhaseSuspending
 		}
 	case s.Pod == nil || s.Pod.DeletionTimestamp != nil:
 		r.Phase = starting
 	default:
 		r.Phase, r.Reason = podPhase(s.Pod, starting)
 	}
-	if r.Phase == kv.PhaseReady {
+	if r.Phase == state.PhaseReady {
 		r.Address = c.Address(s)
 		r.ReadySince = prev.ReadySince
-		if prev.Phase != kv.PhaseReady || prev.PodUID != r.PodUID || r.ReadySince.IsZero() {
+		if prev.Phase != state.PhaseReady || prev.PodUID != r.PodUID || r.ReadySince.IsZero() {
 			r.ReadySince = r.Updated
 		}
 	}
 	return r
 }
 
-func podPhase(pod *corev1.Pod, starting kv.Phase) (kv.Phase, string) {
+func podPhase(pod *corev1.Pod, starting state.Phase) (state.Phase, string) {
 	switch pod.Status.Phase {
 	case corev1.PodFailed, corev1.PodSucceeded:
-		return kv.PhaseFailed, "pod " + string(pod.Status.Phase) + ": " + pod.Status.Message
+		return state.PhaseFailed, "pod " + string(pod.Status.Phase) + ": " + pod.Status.Message
 	}
 	for _, cs := range pod.Status.ContainerStatuses {
 		if w := cs.State.Waiting; w != nil && stuckReasons[w.Reason] {
@@ -79,12 +79,12 @@ func podPhase(pod *corev1.Pod, starting kv.Phase) (kv.Phase, string) {
 			if t := cs.LastTerminationState.Terminated; t != nil && t.Message != "" {
 				msg += ": " + t.Message
 			}
-			return kv.PhaseFailed, msg
+			return state.PhaseFailed, msg
 		}
 	}
 	for _, cond := range pod.Status.Conditions {
 		if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue && pod.Status.PodIP != "" {
-			return kv.PhaseReady, ""
+			return state.PhaseReady, ""
 		}
 	}
 	return starting, ""

@@ -14,6 +14,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // Options wires a Sweeper.
@@ -36,9 +37,9 @@ type Sweeper struct {
 	o        Options
 	m        *metrics
 	clocks   *clocks
-	boxes    *kv.Cache[kv.Sandbox]
-	users    *kv.Cache[kv.User]
-	sessions *kv.Bucket[kv.Session]
+	boxes    *kv.Cache[state.Sandbox]
+	users    *kv.Cache[state.User]
+	sessions *kv.Bucket[state.Session]
 	synced   atomic.Bool
 
 	// Only the leader's loop touches these.
@@ -51,15 +52,15 @@ type issue struct{ rev, seq uint64 }
 // New opens the buckets and caches; Run starts following the stream.
 func New(ctx context.Context, o Options) (*Sweeper, error) {
 	s := &Sweeper{o: o, m: newMetrics(o.Metrics), clocks: newClocks(), issued: map[string]issue{}, orphans: map[string]bool{}}
-	boxes, err := kv.Open[kv.Sandbox](ctx, o.JS, kv.BucketSandboxes)
+	boxes, err := kv.Open[state.Sandbox](ctx, o.JS, state.BucketSandboxes)
 	if err != nil {
 		return nil, err
 	}
-	users, err := kv.Open[kv.User](ctx, o.JS, kv.BucketUsers)
+	users, err := kv.Open[state.User](ctx, o.JS, state.BucketUsers)
 	if err != nil {
 		return nil, err
 	}
-	if s.sessions, err = kv.Open[kv.Session](ctx, o.JS, kv.BucketSessions); err != nil {
+	if s.sessions, err = kv.Open[state.Session](ctx, o.JS, state.BucketSessions); err != nil {
 		return nil, err
 	}
 	if s.boxes, err = kv.NewCache(ctx, boxes, ">", o.Log); err != nil {
@@ -155,10 +156,10 @@ type candidate struct {
 func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 	start := time.Now()
 	var cands []candidate
-	s.boxes.Range(func(e kv.Entry[kv.Sandbox]) bool {
+	s.boxes.Range(func(e kv.Entry[state.Sandbox]) bool {
 		// Only sandboxes this gateway created: a claim applied by hand is
 		// not ours to suspend.
-		if e.Value.Phase == kv.PhaseReady && e.Value.Managed {
+		if e.Value.Phase == state.PhaseReady && e.Value.Managed {
 			cands = append(cands, candidate{user: e.Key, rev: e.Revision, readySince: e.Value.ReadySince})
 		}
 		return true

@@ -17,6 +17,7 @@ import (
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/natsconn"
+	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/sweeper"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
@@ -29,7 +30,7 @@ type world struct {
 	t     testing.TB
 	js    jetstream.JetStream
 	pub   *events.Publisher
-	boxes *kv.Bucket[kv.Sandbox]
+	boxes *kv.Bucket[state.Sandbox]
 	now   time.Time
 }
 
@@ -38,10 +39,10 @@ func setup(t testing.TB) *world {
 	s := natstest.Start(t)
 	_, js := natstest.Connect(t, s.URL())
 	ctx := natstest.Context(t, 10*time.Minute)
-	if err := natsconn.Provision(ctx, js, events.DefaultStreamsConfig(), kv.DefaultBucketsConfig(), events.CommandConsumerConfig(1, 5, 30*time.Second), slog.New(slog.DiscardHandler)); err != nil {
+	if err := natsconn.Provision(ctx, js, events.DefaultStreamsConfig(), state.DefaultBucketsConfig(), events.CommandConsumerConfig(1, 5, 30*time.Second), slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
-	boxes, err := kv.Open[kv.Sandbox](ctx, js, kv.BucketSandboxes)
+	boxes, err := kv.Open[state.Sandbox](ctx, js, state.BucketSandboxes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,9 +67,9 @@ func (w *world) sweeper() *sweeper.Sweeper {
 	return s
 }
 
-func (w *world) sandbox(user string, phase kv.Phase, managed bool, readySince time.Time) {
+func (w *world) sandbox(user string, phase state.Phase, managed bool, readySince time.Time) {
 	w.t.Helper()
-	if _, err := w.boxes.Put(context.Background(), user, kv.Sandbox{User: user, Phase: phase, Managed: managed, ReadySince: readySince}); err != nil {
+	if _, err := w.boxes.Put(context.Background(), user, state.Sandbox{User: user, Phase: phase, Managed: managed, ReadySince: readySince}); err != nil {
 		w.t.Fatal(err)
 	}
 }
@@ -117,21 +118,21 @@ func (w *world) suspends() map[string]events.Command {
 func TestDecisions(t *testing.T) {
 	w := setup(t)
 	long := w.now.Add(-2 * idle)
-	w.sandbox("idle", kv.PhaseReady, true, long)
+	w.sandbox("idle", state.PhaseReady, true, long)
 	seq := w.beacon("idle", "edge-a", 0, 2*idle, time.Second)
-	w.sandbox("busy", kv.PhaseReady, true, long)
+	w.sandbox("busy", state.PhaseReady, true, long)
 	w.beacon("busy", "edge-a", 1, 2*idle, 3*idle) // a WebSocket open, heartbeating
-	w.sandbox("dead-edge", kv.PhaseReady, true, long)
+	w.sandbox("dead-edge", state.PhaseReady, true, long)
 	w.beacon("dead-edge", "edge-b", 1, 2*idle, time.Second) // in flight, but the edge stops reporting
-	w.sandbox("other-edge-busy", kv.PhaseReady, true, long)
+	w.sandbox("other-edge-busy", state.PhaseReady, true, long)
 	w.beacon("other-edge-busy", "edge-a", 0, 2*idle, time.Second)
 	w.beacon("other-edge-busy", "edge-b", 2, 2*idle, 3*idle)
-	w.sandbox("recent", kv.PhaseReady, true, long)
+	w.sandbox("recent", state.PhaseReady, true, long)
 	w.beacon("recent", "edge-a", 0, idle/2, time.Second)
-	w.sandbox("just-woken", kv.PhaseReady, true, w.now.Add(-time.Second)) // no beacons at all
-	w.sandbox("unmanaged", kv.PhaseReady, false, long)
-	w.sandbox("asleep", kv.PhaseSuspended, true, long)
-	w.sandbox("never-used", kv.PhaseReady, true, long)
+	w.sandbox("just-woken", state.PhaseReady, true, w.now.Add(-time.Second)) // no beacons at all
+	w.sandbox("unmanaged", state.PhaseReady, false, long)
+	w.sandbox("asleep", state.PhaseSuspended, true, long)
+	w.sandbox("never-used", state.PhaseReady, true, long)
 
 	s := w.sweeper()
 	sweep := func(at time.Time, want string) map[string]events.Command {
@@ -165,7 +166,7 @@ func TestDecisions(t *testing.T) {
 func TestClocksSurviveARestart(t *testing.T) {
 	w := setup(t)
 	long := w.now.Add(-2 * idle)
-	w.sandbox("a", kv.PhaseReady, true, long)
+	w.sandbox("a", state.PhaseReady, true, long)
 	w.beacon("a", "edge-a", 0, idle/2, time.Second)
 	first := w.sweeper()
 	first.Sweep(context.Background(), w.now)
@@ -198,7 +199,7 @@ func BenchmarkSweep100k(b *testing.B) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			_, _ = w.boxes.Put(ctx, u, kv.Sandbox{User: u, Phase: kv.PhaseReady, Managed: true, ReadySince: long})
+			_, _ = w.boxes.Put(ctx, u, state.Sandbox{User: u, Phase: state.PhaseReady, Managed: true, ReadySince: long})
 		}()
 		for _, e := range []string{"edge-a", "edge-b"} {
 			if _, err := w.pub.Beacon(events.Beacon{User: u, Edge: e, InFlight: i % 2, LastActive: w.now, SentAt: w.now, TTL: time.Hour}); err != nil {

@@ -1,8 +1,16 @@
-package kv
+// Package state is the model of the gateway's shared state: the records
+// the KV buckets hold (sessions, accounts, sandboxes, handshakes, command
+// answers, rate-limit logs), their keys, the sandbox phases, and the
+// bucket definitions the setup step provisions. kv stores them; every
+// process reads and writes them through this one definition.
+package state
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -153,8 +161,17 @@ type Handshake struct {
 	At     time.Time `json:"at"`
 }
 
-// HandshakeKey is <user>.<pod uid>.<host key>.
-func HandshakeKey(user, podUID, hostKey string) string { return user + "." + podUID + "." + hostKey }
+// HandshakeKey is <user>.<pod uid>.<HostKey(host)>: the one way edge and
+// lifecycle name a handshake.
+func HandshakeKey(user, podUID, host string) string { return user + "." + podUID + "." + HostKey(host) }
+
+// HostKey is a browser host as a key token: the first 8 bytes of the
+// SHA-256 of its lower-cased form, in hex (hosts contain dots and colons,
+// which keys and subjects cannot).
+func HostKey(host string) string {
+	sum := sha256.Sum256([]byte(strings.ToLower(host)))
+	return hex.EncodeToString(sum[:8])
+}
 
 // Result is the answer to a command someone waits for.
 type Result struct {
@@ -183,10 +200,4 @@ type Attempts struct {
 	// Refused is when a refusal of this client was last audited (Unix
 	// milliseconds): at most one audit event per client per window.
 	Refused int64 `json:"refused,omitempty"`
-}
-
-// Holder is the value of a lease key.
-type Holder struct {
-	ID    string    `json:"id"`
-	Since time.Time `json:"since"`
 }
