@@ -288,13 +288,14 @@ func (u *upstream) exchange(ctx context.Context, conn *upConn, o *outgoing) (*an
 	return a, nil
 }
 
-// sendBody writes the body while the answer is read, and cuts the exchange
-// when the body fails before DSH has answered (DSH would wait for the
-// rest forever). It may outlive the answer (DSH answered early), so it
-// touches only its arguments.
+// sendBody writes the body while the answer is read. When the browser's
+// side of the body fails (too large, the browser gone), it cuts the
+// exchange, or DSH would wait for the rest forever; when DSH stops taking
+// it (it answered early and closed), the answer is read as usual. It may
+// outlive the answer, so it touches only its arguments.
 func sendBody(conn *upConn, body *bodyReader, done chan<- error) {
 	err := writeBody(conn.bw, body)
-	if err != nil {
+	if err != nil && body.failed.Load() {
 		conn.abort()
 	}
 	done <- err
