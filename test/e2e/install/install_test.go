@@ -644,10 +644,18 @@ func TestReachability(t *testing.T) {
 		}
 		return pods.Items
 	}
-	sandboxes := list("app.kubernetes.io/name=dsh-web")
-	if len(sandboxes) < 2 {
-		t.Fatalf("%d sandboxes, want two to probe between", len(sandboxes))
-	}
+	// Earlier tests take pods from the warm pool, which refills them.
+	var sandboxes []corev1.Pod
+	testutil.Eventually(t, 2*time.Minute, func() error {
+		pods, err := cluster.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=dsh-web", FieldSelector: "status.phase=Running"})
+		if err != nil {
+			return err
+		}
+		if sandboxes = pods.Items; len(sandboxes) < 2 {
+			return fmt.Errorf("%d sandboxes running, want two to probe between", len(sandboxes))
+		}
+		return nil
+	})
 	edges, lifecycles, nats := list("app.kubernetes.io/name=aaas-edge"), list("app.kubernetes.io/name=aaas-lifecycle"), list("app.kubernetes.io/name=nats")
 	svc := func(name string) string {
 		s, err := cluster.Client.CoreV1().Services(namespace).Get(ctx, name, metav1.GetOptions{})
