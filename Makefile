@@ -7,6 +7,9 @@ TOOLS_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/aaas/tools
 STATICCHECK := $(TOOLS_CACHE)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 BIN := bin
 CMDS := edge lifecycle sweeper setup dshsim devstack
+# The race-enabled processes of the integration tests (internal/testenv).
+RACE_BIN := $(BIN)/race
+RACE_CMDS := edge lifecycle sweeper setup
 GOTEST_FLAGS ?=
 export AAAS_TOOLS_CACHE := $(TOOLS_CACHE)
 
@@ -23,9 +26,11 @@ build:
 tools:
 	@hack/tools.sh all
 
-## test: every package, race detector on, integration tests included
+## test: every package, race detector on, integration tests included; the aaas processes the
+## integration tests start are race-enabled too, built once here for every package
 test: tools build lint
-	go test -race -count=1 -timeout 40m $(GOTEST_FLAGS) ./...
+	CGO_ENABLED=1 go build -race -o $(RACE_BIN)/ $(addprefix ./cmd/,$(RACE_CMDS))
+	AAAS_RACE_BIN=$(CURDIR)/$(RACE_BIN) go test -race -count=1 -timeout 40m $(GOTEST_FLAGS) ./...
 
 ## lint: go vet, gofmt, staticcheck
 lint: tools

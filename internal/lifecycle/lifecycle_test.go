@@ -25,6 +25,7 @@ import (
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/sandbox"
+	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
@@ -40,26 +41,26 @@ type fixture struct {
 	t          testing.TB
 	pub        *events.Publisher
 	sealer     *handshake.Sealer
-	sandboxes  *kv.Bucket[kv.Sandbox]
-	users      *kv.Bucket[kv.User]
-	sessions   *kv.Bucket[kv.Session]
-	handshakes *kv.Bucket[kv.Handshake]
-	requests   *kv.Bucket[kv.Result]
-	boxes      *kv.Cache[kv.Sandbox]
+	sandboxes  *kv.Bucket[state.Sandbox]
+	users      *kv.Bucket[state.User]
+	sessions   *kv.Bucket[state.Session]
+	handshakes *kv.Bucket[state.Handshake]
+	requests   *kv.Bucket[state.Result]
+	boxes      *kv.Cache[state.Sandbox]
 }
 
 func setup(t testing.TB, mutate func(*extv1beta1.SandboxTemplate, *extv1beta1.SandboxWarmPool)) *fixture {
 	t.Helper()
-	st := pkg.NewStack(t, mutate)
+	st := pkg.NewStack(t, testenv.StackOptions{Sandbox: mutate})
 	ctx := testenv.Context(t, 5*time.Minute)
 	f := &fixture{Stack: st, t: t, pub: events.NewPublisher(st.JS, "test", testenv.Logger())}
 	k, _ := handshake.ParseKey(st.Key)
 	f.sealer, _ = handshake.NewSealer(k)
-	f.sandboxes = must(kv.Open[kv.Sandbox](ctx, st.JS, kv.BucketSandboxes))
-	f.users = must(kv.Open[kv.User](ctx, st.JS, kv.BucketUsers))
-	f.sessions = must(kv.Open[kv.Session](ctx, st.JS, kv.BucketSessions))
-	f.handshakes = must(kv.Open[kv.Handshake](ctx, st.JS, kv.BucketHandshakes))
-	f.requests = must(kv.Open[kv.Result](ctx, st.JS, kv.BucketRequests))
+	f.sandboxes = must(kv.Open[state.Sandbox](ctx, st.JS, state.BucketSandboxes))
+	f.users = must(kv.Open[state.User](ctx, st.JS, state.BucketUsers))
+	f.sessions = must(kv.Open[state.Session](ctx, st.JS, state.BucketSessions))
+	f.handshakes = must(kv.Open[state.Handshake](ctx, st.JS, state.BucketHandshakes))
+	f.requests = must(kv.Open[state.Result](ctx, st.JS, state.BucketRequests))
 	f.boxes = st.Sandboxes()
 	return f
 }
@@ -86,15 +87,15 @@ func tokenHash() string {
 
 // command publishes c and, when it carries a request id, waits for the
 // answer.
-func (f *fixture) command(c events.Command) kv.Result {
+func (f *fixture) command(c events.Command) state.Result {
 	f.t.Helper()
 	if _, err := f.pub.Command(ctx(f.t), c); err != nil {
 		f.t.Fatal(err)
 	}
 	if c.RequestID == "" {
-		return kv.Result{}
+		return state.Result{}
 	}
-	var res kv.Result
+	var res state.Result
 	testutil.Eventually(f.t, 60*time.Second, func() error {
 		e, err := f.requests.Get(ctx(f.t), c.RequestID)
 		res = e.Value
@@ -106,16 +107,16 @@ func (f *fixture) command(c events.Command) kv.Result {
 func (f *fixture) signup(user string) string {
 	f.t.Helper()
 	hash := tokenHash()
-	if res := f.command(events.NewClaim(user, "req-"+user+"-"+hash[:8], hash)); res.Outcome != kv.OutcomeCreated {
+	if res := f.command(events.NewClaim(user, "req-"+user+"-"+hash[:8], hash)); res.Outcome != state.OutcomeCreated {
 		f.t.Fatalf("claim %s: %+v", user, res)
 	}
-	f.waitPhase(user, kv.PhaseReady)
+	f.waitPhase(user, state.PhaseReady)
 	return hash
 }
 
-func (f *fixture) waitPhase(user string, phase kv.Phase) kv.Sandbox {
+func (f *fixture) waitPhase(user string, phase state.Phase) state.Sandbox {
 	f.t.Helper()
-	e, _, err := f.boxes.Wait(testenv.Context(f.t, 90*time.Second), user, func(e kv.Entry[kv.Sandbox], ok bool) bool {
+	e, _, err := f.boxes.Wait(testenv.Context(f.t, 90*time.Second), user, func(e kv.Entry[state.Sandbox], ok bool) bool {
 		return ok && e.Value.Phase == phase
 	})
 	if err != nil {
@@ -139,8 +140,8 @@ func (f *fixture) handshake(user, host string, stale uint64) (string, string) {
 	f.t.Helper()
 	box, _ := f.boxes.Get(user)
 	f.command(events.NewHandshake(user, events.HandshakeArgs{PodUID: box.Value.PodUID, Host: host, Proto: "http", StaleRevision: stale}))
-	key := kv.HandshakeKey(user, box.Value.PodUID, events.HostKey(host))
-	var hs kv.Entry[kv.Handshake]
+	key := state.HandshakeKey(user, box.Value.PodUID, host)
+	var hs kv.Entry[state.Handshake]
 	testutil.Eventually(f.t, 30*time.Second, func() error {
 		var err error
 		hs, err = f.handshakes.Get(ctx(f.t), key)
@@ -214,11 +215,11 @@ func TestClaimConflictAndRedelivery(t *testing.T) {
 	}
 
 	// Someone else asks for bob.
-	if res := f.command(events.NewClaim("bob", "req-other", tokenHash())); res.Outcome != kv.OutcomeConflict {
+	if res := f.command(events.NewClaim("bob", "req-other", tokenHash())); res.Outcome != state.OutcomeConflict {
 		t.Fatalf("second claim for bob: %+v", res)
 	}
 	// Our own claim again (what a redelivery carries): created, not conflict.
-	if res := f.command(events.NewClaim("bob", "req-again", hash)); res.Outcome != kv.OutcomeCreated {
+	if res := f.command(events.NewClaim("bob", "req-again", hash)); res.Outcome != state.OutcomeCreated {
 		t.Fatalf("redelivered claim: %+v", res)
 	}
 	if n := len(f.claims()); n != 1 {
@@ -244,10 +245,10 @@ func TestRedeliveryAfterTheKubernetesWriteIsCreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.lifecycle("lc-a")
-	if res := f.command(events.NewClaim("cara", "req-cara", hash)); res.Outcome != kv.OutcomeCreated {
+	if res := f.command(events.NewClaim("cara", "req-cara", hash)); res.Outcome != state.OutcomeCreated {
 		t.Fatalf("redelivered claim: %+v", res)
 	}
-	f.waitPhase("cara", kv.PhaseReady)
+	f.waitPhase("cara", state.PhaseReady)
 }
 
 func TestSuspendWakeAndHandshake(t *testing.T) {
@@ -264,7 +265,7 @@ func TestSuspendWakeAndHandshake(t *testing.T) {
 	before, _ := f.boxes.Get("dora")
 
 	f.command(events.NewSuspend("dora", f.lastActivitySeq("dora"), before.Revision, time.Now()))
-	f.waitPhase("dora", kv.PhaseSuspended)
+	f.waitPhase("dora", state.PhaseSuspended)
 	testutil.Eventually(t, 10*time.Second, func() error {
 		keys, err := f.handshakes.Keys(ctx(t), "dora.>")
 		if err != nil || len(keys) != 0 {
@@ -275,7 +276,7 @@ func TestSuspendWakeAndHandshake(t *testing.T) {
 
 	susp, _ := f.boxes.Get("dora")
 	f.command(events.NewWake("dora", susp.Revision))
-	after := f.waitPhase("dora", kv.PhaseReady)
+	after := f.waitPhase("dora", state.PhaseReady)
 	if after.PodUID == before.Value.PodUID || after.PodUID == "" {
 		t.Fatalf("pod UID after wake %q, before %q", after.PodUID, before.Value.PodUID)
 	}
@@ -310,12 +311,12 @@ func TestCompareAndSuspendRefusesWhenActivityIsNewer(t *testing.T) {
 	if err != nil || sb.Spec.OperatingMode != sandboxv1beta1.SandboxOperatingModeRunning {
 		t.Fatalf("sandbox mode after a cancelled suspend: %v %v", sb.Spec.OperatingMode, err)
 	}
-	if b, _ := f.boxes.Get("emil"); b.Value.Phase != kv.PhaseReady {
+	if b, _ := f.boxes.Get("emil"); b.Value.Phase != state.PhaseReady {
 		t.Fatalf("phase = %s", b.Value.Phase)
 	}
 	// With no newer activity the same decision goes through.
 	f.command(events.NewSuspend("emil", f.lastActivitySeq("emil"), box.Revision+1, time.Now()))
-	f.waitPhase("emil", kv.PhaseSuspended)
+	f.waitPhase("emil", state.PhaseSuspended)
 }
 
 func TestUnmanagedClaimIsNeverSuspendedOrTaken(t *testing.T) {
@@ -341,7 +342,7 @@ func TestUnmanagedClaimIsNeverSuspendedOrTaken(t *testing.T) {
 	})
 	f.command(events.NewSuspend("alice", 1<<40, 1, time.Now()))
 	f.command(events.NewSuspend("alice", 1<<40, 2, time.Now()))
-	if res := f.command(events.NewClaim("alice", "req-alice", tokenHash())); res.Outcome != kv.OutcomeConflict {
+	if res := f.command(events.NewClaim("alice", "req-alice", tokenHash())); res.Outcome != state.OutcomeConflict {
 		t.Fatalf("signup as alice: %+v", res)
 	}
 	sb, err := sc.AgentsV1beta1().Sandboxes(f.NS.Name).Get(ctx(t), sbName, metav1.GetOptions{})
@@ -351,7 +352,7 @@ func TestUnmanagedClaimIsNeverSuspendedOrTaken(t *testing.T) {
 	if _, err := f.users.Get(ctx(t), "alice"); !errors.Is(err, kv.ErrNotFound) {
 		t.Fatalf("unmanaged claim became an account: %v", err)
 	}
-	if res := f.command(events.NewDelete("alice", "req-del-alice")); res.Outcome != kv.OutcomeFailed {
+	if res := f.command(events.NewDelete("alice", "req-del-alice")); res.Outcome != state.OutcomeFailed {
 		t.Fatalf("delete of an unmanaged claim: %+v", res)
 	}
 	if _, err := ext.ExtensionsV1beta1().SandboxClaims(f.NS.Name).Get(ctx(t), "dsh-alice", metav1.GetOptions{}); err != nil {
@@ -379,12 +380,12 @@ func TestKilledWorkerMidClaimAndMidWakeIsFinishedByAnother(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if e.Value.Outcome != kv.OutcomeCreated {
+		if e.Value.Outcome != state.OutcomeCreated {
 			return fmt.Errorf("outcome %s", e.Value.Outcome)
 		}
 		return nil
 	})
-	f.waitPhase("finn", kv.PhaseReady)
+	f.waitPhase("finn", state.PhaseReady)
 	if n := len(f.claims()); n != 1 {
 		t.Fatalf("%d claims after the crash, want 1", n)
 	}
@@ -392,7 +393,7 @@ func TestKilledWorkerMidClaimAndMidWakeIsFinishedByAnother(t *testing.T) {
 	// Now a wake, with b killed as it takes it and a third replica left.
 	box, _ := f.boxes.Get("finn")
 	f.command(events.NewSuspend("finn", f.lastActivitySeq("finn"), box.Revision, time.Now()))
-	f.waitPhase("finn", kv.PhaseSuspended)
+	f.waitPhase("finn", state.PhaseSuspended)
 	b := f.Procs[len(f.Procs)-1]
 	susp, _ := f.boxes.Get("finn")
 	if _, err := f.pub.Command(ctx(t), events.NewWake("finn", susp.Revision)); err != nil {
@@ -406,7 +407,7 @@ func TestKilledWorkerMidClaimAndMidWakeIsFinishedByAnother(t *testing.T) {
 	})
 	b.Kill()
 	f.lifecycle("lc-c")
-	ready := f.waitPhase("finn", kv.PhaseReady)
+	ready := f.waitPhase("finn", state.PhaseReady)
 
 	// KV matches the cluster.
 	st := f.claims()
@@ -437,7 +438,7 @@ func TestTokenRotationAndMissingToken(t *testing.T) {
 		}
 		return nil
 	})
-	key := kv.HandshakeKey("gina", box.Value.PodUID, events.HostKey("localhost"))
+	key := state.HandshakeKey("gina", box.Value.PodUID, "localhost")
 	old, _ := f.handshakes.Get(ctx(t), key)
 	fresh, failure := f.handshake("gina", "localhost", old.Revision)
 	if failure != "" || fresh == cookie {
@@ -507,17 +508,17 @@ func TestDeleteRemovesEverything(t *testing.T) {
 	f := setup(t, nil)
 	f.lifecycle("lc-a")
 	f.signup("ivan")
-	if _, err := f.sessions.Put(ctx(t), kv.SessionKey("ivan", "abc"), kv.Session{User: "ivan"}); err != nil {
+	if _, err := f.sessions.Put(ctx(t), state.SessionKey("ivan", "abc"), state.Session{User: "ivan"}); err != nil {
 		t.Fatal(err)
 	}
 	f.handshake("ivan", "localhost", 0)
-	if res := f.command(events.NewDelete("ivan", "req-del")); res.Outcome != kv.OutcomeDeleted {
+	if res := f.command(events.NewDelete("ivan", "req-del")); res.Outcome != state.OutcomeDeleted {
 		t.Fatalf("delete: %+v", res)
 	}
 	for name, err := range map[string]error{
 		"user":    getErr(f.users.Get(ctx(t), "ivan")),
 		"sandbox": getErr(f.sandboxes.Get(ctx(t), "ivan")),
-		"session": getErr(f.sessions.Get(ctx(t), kv.SessionKey("ivan", "abc"))),
+		"session": getErr(f.sessions.Get(ctx(t), state.SessionKey("ivan", "abc"))),
 	} {
 		if !errors.Is(err, kv.ErrNotFound) {
 			t.Errorf("%s record after delete: %v", name, err)
@@ -533,7 +534,7 @@ func TestDeleteRemovesEverything(t *testing.T) {
 		return nil
 	})
 	// Deleting again is fine (a redelivery).
-	if res := f.command(events.NewDelete("ivan", "req-del-2")); res.Outcome != kv.OutcomeDeleted {
+	if res := f.command(events.NewDelete("ivan", "req-del-2")); res.Outcome != state.OutcomeDeleted {
 		t.Fatalf("second delete: %+v", res)
 	}
 }
@@ -548,13 +549,13 @@ func TestRecreateGivesAFreshVolumeUnderTheSameAccount(t *testing.T) {
 	if code, _ := f.dsh("jane", "PUT", "/api/files/old.txt", cookie, strings.NewReader("old")); code != http.StatusCreated {
 		t.Fatalf("upload %d", code)
 	}
-	if _, err := f.sessions.Put(ctx(t), kv.SessionKey("jane", "s1"), kv.Session{User: "jane"}); err != nil {
+	if _, err := f.sessions.Put(ctx(t), state.SessionKey("jane", "s1"), state.Session{User: "jane"}); err != nil {
 		t.Fatal(err)
 	}
 	before, _ := f.boxes.Get("jane")
 	oldClaim := f.claims()[0]
 
-	if res := f.command(events.NewRecreate("jane", "req-re")); res.Outcome != kv.OutcomeRecreated {
+	if res := f.command(events.NewRecreate("jane", "req-re")); res.Outcome != state.OutcomeRecreated {
 		t.Fatalf("recreate: %+v", res)
 	}
 	// The old claim and its sandbox were gone before the new claim came.
@@ -566,11 +567,11 @@ func TestRecreateGivesAFreshVolumeUnderTheSameAccount(t *testing.T) {
 	if _, err := sc.AgentsV1beta1().Sandboxes(f.NS.Name).Get(ctx(t), before.Value.Sandbox, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("old sandbox still there: %v", err)
 	}
-	after := f.waitPhase("jane", kv.PhaseReady)
+	after := f.waitPhase("jane", state.PhaseReady)
 	if after.Sandbox == before.Value.Sandbox {
 		t.Fatal("same sandbox after recreate")
 	}
-	if _, err := f.sessions.Get(ctx(t), kv.SessionKey("jane", "s1")); !errors.Is(err, kv.ErrNotFound) {
+	if _, err := f.sessions.Get(ctx(t), state.SessionKey("jane", "s1")); !errors.Is(err, kv.ErrNotFound) {
 		t.Fatalf("session survived recreate: %v", err)
 	}
 	u, err := f.users.Get(ctx(t), "jane")
@@ -587,7 +588,7 @@ func TestClaimDeletedOutsideTheGatewayRemovesTheUser(t *testing.T) {
 	f := setup(t, nil)
 	f.lifecycle("lc-a")
 	f.signup("kim")
-	if _, err := f.sessions.Put(ctx(t), kv.SessionKey("kim", "s"), kv.Session{User: "kim"}); err != nil {
+	if _, err := f.sessions.Put(ctx(t), state.SessionKey("kim", "s"), state.Session{User: "kim"}); err != nil {
 		t.Fatal(err)
 	}
 	_, ext, _ := pkg.Cluster.SandboxClients()
@@ -598,7 +599,7 @@ func TestClaimDeletedOutsideTheGatewayRemovesTheUser(t *testing.T) {
 		if _, err := f.users.Get(ctx(t), "kim"); !errors.Is(err, kv.ErrNotFound) {
 			return fmt.Errorf("user: %v", err)
 		}
-		if _, err := f.sessions.Get(ctx(t), kv.SessionKey("kim", "s")); !errors.Is(err, kv.ErrNotFound) {
+		if _, err := f.sessions.Get(ctx(t), state.SessionKey("kim", "s")); !errors.Is(err, kv.ErrNotFound) {
 			return fmt.Errorf("session: %v", err)
 		}
 		return nil

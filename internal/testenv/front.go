@@ -1,7 +1,6 @@
 package testenv
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"os"
@@ -9,9 +8,10 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/aaas-project/aaas/internal/child"
 )
 
 // Front is nginx in front of edge replicas, configured as an ingress is:
@@ -20,7 +20,6 @@ import (
 // upgraded. Request smuggling and connection reuse only show up behind it.
 type Front struct {
 	Addr string
-	cmd  *exec.Cmd
 }
 
 const frontConf = `worker_processes 1;
@@ -91,27 +90,16 @@ func NewFrontAt(t testing.TB, addr string, backends ...string) *Front {
 	if err := os.WriteFile(conf, []byte(fmt.Sprintf(frontConf, dir, servers.String(), addr)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	f := &Front{Addr: addr, cmd: exec.Command(bin, "-c", conf, "-p", dir, "-e", filepath.Join(dir, "error.log"))}
-	f.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out := &syncBuffer{}
-	f.cmd.Stdout, f.cmd.Stderr = out, out
-	if err := f.cmd.Start(); err != nil {
+	p, err := child.Start(child.Options{Name: "nginx", Path: bin, Args: []string{"-c", conf, "-p", dir, "-e", filepath.Join(dir, "error.log")}, Output: out})
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = f.cmd.Process.Signal(syscall.SIGQUIT)
-		done := make(chan struct{})
-		go func() { _ = f.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = f.cmd.Process.Kill()
-		}
-	})
+	t.Cleanup(func() { p.Stop(5 * time.Second) })
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		if c, err := net.Dial("tcp", addr); err == nil {
 			c.Close()
-			return f
+			return &Front{Addr: addr}
 		}
 		if time.Now().After(deadline) {
 			b, _ := os.ReadFile(filepath.Join(dir, "error.log"))
@@ -146,38 +134,24 @@ func NodeUpstream(t testing.TB) string {
 	if npmErr != nil {
 		t.Fatal(npmErr)
 	}
-	cmd := exec.Command("node", "server.js")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "PORT=0")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stdout, err := cmd.StdoutPipe()
+	out := &syncBuffer{}
+	p, err := child.Start(child.Options{Name: "node", Path: "node", Args: []string{"server.js"}, Dir: dir, Env: append(os.Environ(), "PORT=0"), Output: out})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v (Debian's nodejs; make tools installs it)", err)
 	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start node (Debian's nodejs; make tools installs it): %v", err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line := make(chan string, 1)
-	go func() {
-		s := bufio.NewScanner(stdout)
-		for s.Scan() {
-			select {
-			case line <- s.Text():
-			default:
+	t.Cleanup(func() {
+		p.Kill()
+		if t.Failed() {
+			t.Logf("--- node upstream output ---\n%s", tailString(out.String(), 40))
+		}
+	})
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !p.Exited(); time.Sleep(20 * time.Millisecond) {
+		for _, l := range strings.SplitAfter(out.String(), "\n") {
+			if port, ok := strings.CutPrefix(l, "listening "); ok && strings.HasSuffix(port, "\n") {
+				return "127.0.0.1:" + strings.TrimSpace(port)
 			}
 		}
-	}()
-	select {
-	case l := <-line:
-		port, ok := strings.CutPrefix(l, "listening ")
-		if !ok {
-			t.Fatalf("node upstream said %q", l)
-		}
-		return "127.0.0.1:" + port
-	case <-time.After(30 * time.Second):
-		t.Fatal("node upstream did not start")
 	}
+	t.Fatalf("node upstream did not start:\n%s", out.String())
 	return ""
 }

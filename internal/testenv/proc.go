@@ -2,29 +2,30 @@ package testenv
 
 import (
 	"bytes"
+	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/aaas-project/aaas/internal/child"
+	"github.com/aaas-project/aaas/internal/embednats"
+	"github.com/aaas-project/aaas/internal/gobuild"
 )
 
-// Proc is an aaas process started from its binary, with its output kept
-// for assertions (for example that no secret was ever logged).
+// Proc is an aaas process started from its (race-enabled) binary, with its
+// output kept for assertions (for example that no secret was ever logged).
 type Proc struct {
 	Name string
 	// MetricsAddr serves /metrics and /readyz.
 	MetricsAddr string
 	Env         map[string]string
-	cmd         *exec.Cmd
-	out         *syncBuffer
-	done        chan struct{}
+	bin         string
+	p           *child.Process
+	out         *syncBuffer // every run's output
 }
 
 type syncBuffer struct {
@@ -47,65 +48,60 @@ func (s *syncBuffer) String() string {
 // FreeAddr returns a free 127.0.0.1:port.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := embednats.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return fmt.Sprintf("127.0.0.1:%d", port)
 }
 
-// Start runs the named binary with env (plus METRICS_ADDR and LOG_LEVEL
-// defaults) and stops it when the test ends.
+// Start runs the named binary with env (plus METRICS_ADDR, LOG_LEVEL and
+// GORACE defaults) and stops it when the test ends. The test fails if the
+// process reported a data race or used a NATS subject it is not granted.
 func (p *Package) Start(t testing.TB, name string, env map[string]string) *Proc {
 	t.Helper()
 	bin, ok := p.Bins[name]
 	if !ok {
 		t.Fatalf("no binary %q", name)
 	}
-	full := map[string]string{"METRICS_ADDR": FreeAddr(t), "LOG_LEVEL": "debug", "PATH": os.Getenv("PATH")}
+	full := map[string]string{"METRICS_ADDR": FreeAddr(t), "LOG_LEVEL": "debug", "PATH": os.Getenv("PATH"), "GORACE": gobuild.RaceEnv}
 	for k, v := range env {
 		full[k] = v
 	}
-	pr := &Proc{Name: name, MetricsAddr: full["METRICS_ADDR"], Env: full, out: &syncBuffer{}, done: make(chan struct{})}
-	pr.start(t, bin)
+	pr := &Proc{Name: name, MetricsAddr: full["METRICS_ADDR"], Env: full, bin: bin, out: &syncBuffer{}}
+	pr.start(t)
 	t.Cleanup(func() {
 		pr.Stop()
+		logs := pr.Logs()
+		if r := races(logs); r != "" {
+			t.Errorf("%s: the race detector found a data race:\n%s", name, r)
+		}
 		// Every flow runs under the production NATS permissions: a subject a
 		// process uses without a grant in internal/natsauth fails the test.
-		if v := violations(pr.Logs()); v != "" {
+		if v := violations(logs); v != "" {
 			t.Errorf("%s used NATS subjects its identity is not granted (internal/natsauth):\n%s", name, v)
 		}
 		if t.Failed() || os.Getenv("TESTENV_LOGS") != "" {
-			t.Logf("--- %s output ---\n%s", name, tailString(pr.Logs(), 60))
+			t.Logf("--- %s output ---\n%s", name, tailString(logs, 60))
 		}
 	})
 	return pr
 }
 
-func (pr *Proc) start(t testing.TB, bin string) {
+func (pr *Proc) start(t testing.TB) {
 	t.Helper()
-	var env []string
-	for k, v := range pr.Env {
-		env = append(env, k+"="+v)
+	p, err := child.Start(child.Options{Name: pr.Name, Path: pr.bin, Env: child.Environ(pr.Env), Output: pr.out})
+	if err != nil {
+		t.Fatal(err)
 	}
-	sort.Strings(env)
-	pr.cmd = exec.Command(bin)
-	pr.cmd.Env = env
-	pr.cmd.Stdout, pr.cmd.Stderr = pr.out, pr.out
-	pr.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := pr.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", pr.Name, err)
-	}
-	pr.done = make(chan struct{})
-	go func() { _ = pr.cmd.Wait(); close(pr.done) }()
+	pr.p = p
 }
 
 // Restart starts the process again with the same environment, after Stop
 // or Kill.
 func (pr *Proc) Restart(t testing.TB) {
 	t.Helper()
-	pr.start(t, pr.cmd.Path)
+	pr.start(t)
 }
 
 // IsReady reports whether /readyz answers 200 right now.
@@ -123,10 +119,8 @@ func (pr *Proc) WaitReady(t testing.TB, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !pr.IsReady() {
-		select {
-		case <-pr.done:
+		if pr.Exited() {
 			t.Fatalf("%s exited before it was ready:\n%s", pr.Name, tailString(pr.Logs(), 40))
-		default:
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s not ready after %s:\n%s", pr.Name, timeout, tailString(pr.Logs(), 40))
@@ -135,45 +129,31 @@ func (pr *Proc) WaitReady(t testing.TB, timeout time.Duration) {
 	}
 }
 
-// Kill ends the process with SIGKILL: no shutdown code runs.
-func (pr *Proc) Kill() {
-	if pr.Exited() {
-		return
+// Wait waits up to timeout for a one-shot process (setup) and fails the
+// test unless it exited with status 0.
+func (pr *Proc) Wait(t testing.TB, timeout time.Duration) {
+	t.Helper()
+	if err := pr.p.Wait(context.Background(), timeout); err != nil {
+		t.Fatalf("%v:\n%s", err, pr.Logs())
 	}
-	_ = pr.cmd.Process.Kill()
-	<-pr.done
 }
+
+// Kill ends the process with SIGKILL: no shutdown code runs.
+func (pr *Proc) Kill() { pr.p.Kill() }
 
 // Stop sends SIGTERM and waits up to 20s before killing.
-func (pr *Proc) Stop() {
-	if pr.Exited() {
-		return
-	}
-	_ = pr.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-pr.done:
-	case <-time.After(20 * time.Second):
-		pr.Kill()
-	}
-}
+func (pr *Proc) Stop() { pr.p.Stop(20 * time.Second) }
 
 // PID is the process id.
-func (pr *Proc) PID() int { return pr.cmd.Process.Pid }
+func (pr *Proc) PID() int { return pr.p.PID() }
 
 // Exited reports whether the process has ended.
-func (pr *Proc) Exited() bool {
-	select {
-	case <-pr.done:
-		return true
-	default:
-		return false
-	}
-}
+func (pr *Proc) Exited() bool { return pr.p.Exited() }
 
 // ExitCode is the exit status once Exited.
-func (pr *Proc) ExitCode() int { return pr.cmd.ProcessState.ExitCode() }
+func (pr *Proc) ExitCode() int { return pr.p.ExitCode() }
 
-// Logs is everything the process wrote so far.
+// Logs is everything the process wrote so far, over all its runs.
 func (pr *Proc) Logs() string { return pr.out.String() }
 
 // Metric returns the text of /metrics lines starting with name.
@@ -198,11 +178,7 @@ func (pr *Proc) Metric(name string) (string, error) {
 }
 
 func tailString(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return string(child.Tail([]byte(s), n))
 }
 
 // violations are the log lines of NATS permission violations.
@@ -210,6 +186,32 @@ func violations(logs string) string {
 	var out []string
 	for _, l := range strings.Split(logs, "\n") {
 		if strings.Contains(strings.ToLower(l), "permissions violation") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// raceWarning starts each report of the race detector, which ends with a
+// line of '='.
+const raceWarning = "WARNING: DATA RACE"
+
+// races are the race detector's reports in logs.
+func races(logs string) string {
+	if !strings.Contains(logs, raceWarning) {
+		return ""
+	}
+	var out []string
+	in := false
+	for _, l := range strings.Split(logs, "\n") {
+		switch {
+		case strings.Contains(l, raceWarning):
+			in = true
+		case in && strings.HasPrefix(l, "=================="):
+			in = false
+			out = append(out, l)
+		}
+		if in {
 			out = append(out, l)
 		}
 	}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/aaas-project/aaas/internal/embednats"
@@ -15,6 +17,7 @@ import (
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/natsauth"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // Stack is one test's system: its own NATS server (with the production
@@ -36,6 +39,19 @@ type Stack struct {
 	// PublicHosts are served by every edge started after they are added,
 	// besides the edge's own address (see FrontAddr).
 	PublicHosts []string
+	boxes       *kv.Cache[state.Sandbox]
+}
+
+// StackOptions shape a new Stack.
+type StackOptions struct {
+	// Sandbox adjusts the sandbox template and warm pool (short auth TTLs,
+	// dshsim switches, pool size).
+	Sandbox func(*extv1beta1.SandboxTemplate, *extv1beta1.SandboxWarmPool)
+	// Env is added to every process's environment, the setup step's too.
+	Env map[string]string
+	// Lifecycle, when set, is the INSTANCE_ID of a lifecycle worker the
+	// stack starts (and waits for) before it returns.
+	Lifecycle string
 }
 
 // FrontAddr reserves the address of a front (NewFrontAt) and makes it a
@@ -47,9 +63,8 @@ func (s *Stack) FrontAddr() string {
 }
 
 // NewStack starts NATS with the production identities, runs the setup
-// step, and makes a namespace (mutate adjusts the sandbox template and
-// pool).
-func (p *Package) NewStack(t testing.TB, mutate func(*extv1beta1.SandboxTemplate, *extv1beta1.SandboxWarmPool)) *Stack {
+// step, makes a namespace, and starts what o asks for.
+func (p *Package) NewStack(t testing.TB, o StackOptions) *Stack {
 	t.Helper()
 	ids, err := natsauth.Generate(t.TempDir())
 	if err != nil {
@@ -61,8 +76,15 @@ func (p *Package) NewStack(t testing.TB, mutate func(*extv1beta1.SandboxTemplate
 		// Short enough for the tests' failovers; setup creates the commands'
 		// consumer with this acknowledgement wait.
 		Env: map[string]string{"COMMAND_ACK_WAIT": "2s", "LEASE_TTL": "2s"}}
+	for k, v := range o.Env {
+		st.Env[k] = v
+	}
 	st.Setup()
-	st.NS = p.NewNamespace(t, mutate)
+	st.watchSandboxes()
+	st.NS = p.NewNamespace(t, o.Sandbox)
+	if o.Lifecycle != "" {
+		st.Lifecycle(o.Lifecycle)
+	}
 	return st
 }
 
@@ -70,15 +92,7 @@ func (p *Package) NewStack(t testing.TB, mutate func(*extv1beta1.SandboxTemplate
 // and fails the test unless it succeeds.
 func (s *Stack) Setup() {
 	s.t.Helper()
-	p := s.pkg.Start(s.t, "setup", s.env("setup", map[string]string{"INSTANCE_ID": "setup"}))
-	select {
-	case <-p.done:
-	case <-time.After(time.Minute):
-		s.t.Fatalf("setup did not finish:\n%s", p.Logs())
-	}
-	if p.ExitCode() != 0 {
-		s.t.Fatalf("setup failed:\n%s", p.Logs())
-	}
+	s.pkg.Start(s.t, "setup", s.env("setup", map[string]string{"INSTANCE_ID": "setup"})).Wait(s.t, time.Minute)
 }
 
 // env is the environment of a process of the stack: where NATS is, the
@@ -161,19 +175,79 @@ func NoRedirects() *http.Client {
 
 // Sandboxes is a watch cache of the sandboxes bucket, alive for the rest of
 // the test: tests wait on its phases the way the edge does.
-func (s *Stack) Sandboxes() *kv.Cache[kv.Sandbox] {
+func (s *Stack) Sandboxes() *kv.Cache[state.Sandbox] { return s.boxes }
+
+// watchSandboxes starts the cache Sandboxes returns.
+func (s *Stack) watchSandboxes() {
 	s.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	s.t.Cleanup(cancel)
-	b, err := kv.Open[kv.Sandbox](ctx, s.JS, kv.BucketSandboxes)
+	b, err := kv.Open[state.Sandbox](ctx, s.JS, state.BucketSandboxes)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	c, err := kv.NewCache(ctx, b, ">", Logger())
+	if s.boxes, err = kv.NewCache(ctx, b, ">", Logger()); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// Box is user's sandbox as the watch cache has it now.
+func (s *Stack) Box(user string) state.Sandbox {
+	e, _ := s.boxes.Get(user)
+	return e.Value
+}
+
+// Suspend asks lifecycle to suspend user's sandbox, as the sweeper does,
+// and waits until it is Suspended.
+func (s *Stack) Suspend(user string) {
+	s.t.Helper()
+	ctx := Context(s.t, time.Minute)
+	pub := events.NewPublisher(s.JS, "test", Logger())
+	// The edge's last beacon for a request that just ended may land after
+	// the activity sequence read here, and lifecycle rightly refuses a
+	// suspend decided on older evidence: then decide again.
+	for range 5 {
+		e, _ := s.boxes.Get(user)
+		var seq uint64
+		if stream, err := s.JS.Stream(ctx, events.StreamActivity); err == nil {
+			if m, err := stream.GetLastMsgForSubject(ctx, events.ActivitySubjectUser(user)); err == nil {
+				seq = m.Sequence
+			}
+		}
+		if _, err := pub.Command(ctx, events.NewSuspend(user, seq, e.Revision, time.Now())); err != nil {
+			s.t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, _, err := s.boxes.Wait(wctx, user, func(e kv.Entry[state.Sandbox], _ bool) bool {
+			return e.Value.Phase == state.PhaseSuspended
+		})
+		cancel()
+		if err == nil {
+			return
+		}
+	}
+	s.t.Fatalf("%s not suspended: %+v", user, s.Box(user))
+}
+
+// PodLog is the log of user's sandbox pod, read through the API server.
+func (s *Stack) PodLog(user string) string {
+	s.t.Helper()
+	b, err := s.pkg.Cluster.Client.CoreV1().Pods(s.NS.Name).GetLogs(s.Box(user).PodName, &corev1.PodLogOptions{}).DoRaw(Context(s.t, time.Minute))
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	return c
+	return string(b)
+}
+
+// Claims counts the SandboxClaims in the stack's namespace.
+func (s *Stack) Claims() int {
+	s.t.Helper()
+	_, ext, _ := s.pkg.Cluster.SandboxClients()
+	l, err := ext.ExtensionsV1beta1().SandboxClaims(s.NS.Name).List(Context(s.t, time.Minute), metav1.ListOptions{})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return len(l.Items)
 }
 
 // AuditLog is the whole audit stream, one JSON event per line, so tests can

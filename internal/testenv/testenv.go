@@ -1,13 +1,15 @@
 // Package testenv runs the real parts of the system for integration tests:
 // one devcluster per test package (from TestMain), and per test a fresh
 // embedded NATS server, a namespace with the production RBAC and sandbox
-// manifests, and aaas processes started from their real binaries.
+// manifests, and aaas processes started from their real binaries, built
+// with the race detector: a data race in one fails the test.
 package testenv
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -32,30 +34,69 @@ import (
 // Package is what TestMain sets up once.
 type Package struct {
 	Cluster *devcluster.Cluster
-	// Bins maps a command name (lifecycle, edge, sweeper) to its freshly
-	// built binary.
+	// Bins maps a command name (lifecycle, edge, sweeper, setup) to its
+	// race-enabled binary.
 	Bins map[string]string
 }
 
-// Main builds the binaries, starts the cluster, runs the tests and cleans
-// up. Use: func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &pkg)) }
+// RaceBinEnv names the directory of race-enabled aaas binaries that
+// `make test` builds once for every test package. Unset, each package
+// builds its own.
+const RaceBinEnv = "AAAS_RACE_BIN"
+
+// commands are the aaas processes the tests start.
+var commands = []string{"lifecycle", "edge", "sweeper", "setup"}
+
+// Main finds or builds the binaries, starts the cluster, runs the tests
+// and cleans up. The tests run race-enabled binaries, so a data race in a
+// process fails the test that started it (Start); benchmarks (-bench) run
+// plain ones, as deployed, for timings that mean something. Use:
+// func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &pkg)) }
 func Main(m *testing.M, pkg *Package) int {
-	dir, err := os.MkdirTemp("", "testenv-bin-")
+	bins, cleanup, err := binaries()
+	defer cleanup()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	pkg.Bins = map[string]string{}
-	for _, cmd := range []string{"lifecycle", "edge", "sweeper", "setup"} {
-		bin, err := gobuild.Binary(dir, "github.com/aaas-project/aaas/cmd/"+cmd)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		pkg.Bins[cmd] = bin
-	}
+	pkg.Bins = bins
 	return devclustertest.Main(m, &pkg.Cluster)
+}
+
+// binaries maps each of commands to its binary: in RaceBinEnv if set,
+// otherwise built into a directory of this package's (race-enabled unless
+// the run benchmarks) that cleanup removes.
+func binaries() (bins map[string]string, cleanup func(), err error) {
+	cleanup = func() {}
+	flag.Parse()
+	bench := flag.Lookup("test.bench").Value.String() != ""
+	dir := os.Getenv(RaceBinEnv)
+	if dir == "" || bench {
+		if dir, err = os.MkdirTemp("", "testenv-bin-"); err != nil {
+			return nil, cleanup, err
+		}
+		cleanup = func() { os.RemoveAll(dir) }
+		var pkgs []string
+		for _, c := range commands {
+			pkgs = append(pkgs, "github.com/aaas-project/aaas/cmd/"+c)
+		}
+		if bench {
+			err = gobuild.Static(dir, pkgs...)
+		} else {
+			err = gobuild.Race(dir, pkgs...)
+		}
+		if err != nil {
+			return nil, cleanup, err
+		}
+	}
+	bins = map[string]string{}
+	for _, c := range commands {
+		bins[c] = filepath.Join(dir, c)
+		if _, err := os.Stat(bins[c]); err != nil {
+			return nil, cleanup, fmt.Errorf("%s=%s: %w (the Makefile's test target builds the race-enabled %s there)", RaceBinEnv, dir, err, strings.Join(commands, ", "))
+		}
+	}
+	return bins, cleanup, nil
 }
 
 // Context is a test-scoped context.

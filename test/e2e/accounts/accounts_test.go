@@ -19,8 +19,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
+	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/kv"
-	"github.com/aaas-project/aaas/internal/session"
+	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
@@ -31,25 +32,10 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &pkg)) }
 
 const invite = "let-me-in"
 
-type world struct {
-	*testenv.Stack
-	t *testing.T
-}
-
-func newWorld(t *testing.T) *world {
-	s := pkg.NewStack(t, nil)
-	s.Env["SIGNUP_INVITE_CODE"] = invite
-	s.Lifecycle("lc-a")
-	return &world{Stack: s, t: t}
-}
-
-func (w *world) claims() int {
-	_, ext, _ := pkg.Cluster.SandboxClients()
-	l, err := ext.ExtensionsV1beta1().SandboxClaims(w.NS.Name).List(testenv.Context(w.t, time.Minute), metav1.ListOptions{})
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return len(l.Items)
+// newStack is a stack whose signups need the invite, with one lifecycle
+// worker.
+func newStack(t *testing.T) *testenv.Stack {
+	return pkg.NewStack(t, testenv.StackOptions{Env: map[string]string{"SIGNUP_INVITE_CODE": invite}, Lifecycle: "lc-a"})
 }
 
 func expect(t *testing.T, r *testenv.Response, status int, what string) {
@@ -60,7 +46,7 @@ func expect(t *testing.T, r *testenv.Response, status int, what string) {
 }
 
 func TestSignupRefusesBadInputAndCreatesNothing(t *testing.T) {
-	w := newWorld(t)
+	w := newStack(t)
 	edge := w.Edge("edge-a", nil)
 	c := testenv.NewClient(t, edge.URL)
 
@@ -82,7 +68,7 @@ func TestSignupRefusesBadInputAndCreatesNothing(t *testing.T) {
 	expect(t, c.Form("/users", "user", "bob"), http.StatusForbidden, "missing invite")
 	expect(t, c.Form("/users", "user", "bob", "invite", "let-me-inn"), http.StatusForbidden, "wrong invite")
 	expect(t, c.Do("POST", "/users", strings.NewReader("user=bob&invite="+invite), "Content-Type", "application/x-www-form-urlencoded", "Origin", "https://evil.example"), http.StatusForbidden, "foreign origin")
-	if n := w.claims(); n != 0 {
+	if n := w.Claims(); n != 0 {
 		t.Fatalf("%d claims after only bad requests", n)
 	}
 	if a := w.AuditLog(); !strings.Contains(a, `"kind":"invite_rejected"`) {
@@ -97,13 +83,13 @@ func TestSignupRefusesBadInputAndCreatesNothing(t *testing.T) {
 		t.Fatalf("signup body %s", r.Body)
 	}
 	expect(t, testenv.NewClient(t, edge.URL).Form("/users", "user", "bob", "invite", invite), http.StatusConflict, "second signup")
-	if n := w.claims(); n != 1 {
+	if n := w.Claims(); n != 1 {
 		t.Fatalf("%d claims, want 1", n)
 	}
 }
 
 func TestFormSignupLoginLogoutDeleteRecreate(t *testing.T) {
-	w := newWorld(t)
+	w := newStack(t)
 	edge := w.Edge("edge-a", nil)
 	browser := testenv.NewClient(t, edge.URL)
 
@@ -178,7 +164,7 @@ func TestFormSignupLoginLogoutDeleteRecreate(t *testing.T) {
 		return nil
 	})
 	testutil.Eventually(t, time.Minute, func() error {
-		if n := w.claims(); n != 1 { // carol's
+		if n := w.Claims(); n != 1 { // carol's
 			return fmt.Errorf("%d claims", n)
 		}
 		return nil
@@ -198,7 +184,7 @@ func TestFormSignupLoginLogoutDeleteRecreate(t *testing.T) {
 }
 
 func TestTwoEdgesShareSessionsAndTheRateLimit(t *testing.T) {
-	w := newWorld(t)
+	w := newStack(t)
 	w.Env["AUTH_RATE_LIMIT"] = "6"
 	a := w.Edge("edge-a", nil)
 	b := w.Edge("edge-b", nil)
@@ -259,7 +245,7 @@ func TestTwoEdgesShareSessionsAndTheRateLimit(t *testing.T) {
 // neither buys a fresh one by sending X-Forwarded-For, through the front
 // or around it.
 func TestClientAddressBehindTheFront(t *testing.T) {
-	w := newWorld(t)
+	w := newStack(t)
 	w.Env["AUTH_RATE_LIMIT"] = "3"
 	frontAddr := w.FrontAddr()
 	edge := w.Edge("edge-a", map[string]string{"TRUSTED_PROXIES": "127.0.0.1"})
@@ -292,7 +278,7 @@ func TestClientAddressBehindTheFront(t *testing.T) {
 // clients add at most one audit event per client per AUTH_RATE_WINDOW
 // (the stream would otherwise grow by one event per request).
 func TestRefusedLoginsAddOneAuditEventPerClient(t *testing.T) {
-	w := newWorld(t)
+	w := newStack(t)
 	edge := w.Edge("edge-a", nil)
 	const perClient = 10_000
 	start := time.Now()
@@ -326,7 +312,7 @@ func TestRefusedLoginsAddOneAuditEventPerClient(t *testing.T) {
 	windows := 1 + int(elapsed/time.Minute)
 	audit := w.AuditLog()
 	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
-		n := strings.Count(audit, `"client":"`+session.HashHex(ip)[:16]+`"`)
+		n := strings.Count(audit, `"client":"`+auth.HashHex(ip)[:16]+`"`)
 		if n < 1 || n > windows {
 			t.Errorf("client %s: %d audit events for %d refusals in %s, want 1..%d", ip, n, perClient, elapsed.Round(time.Millisecond), windows)
 		}
@@ -339,13 +325,13 @@ func TestRefusedLoginsAddOneAuditEventPerClient(t *testing.T) {
 // refusing them, and binds each account to the provider's stable id, so a
 // login renamed and registered again by someone else opens nothing.
 func TestSSOAdmitsOnlyWhomItShould(t *testing.T) {
-	w := newWorld(t)
+	w := newStack(t)
 	sso := w.Edge("edge-sso", map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User", "AUTH_PROXY_ALLOW": "AliceSmith,gus,group:acme:devs"})
 	plain := w.Edge("edge-plain", nil)
 	status := func(headers ...string) *testenv.Response {
 		return testenv.NewClient(t, sso.URL).Do("GET", "/_/status", nil, headers...)
 	}
-	users, _ := kv.Open[kv.User](testenv.Context(t, time.Minute), w.JS, kv.BucketUsers)
+	users, _ := kv.Open[state.User](testenv.Context(t, time.Minute), w.JS, state.BucketUsers)
 	exists := func(name string) bool {
 		_, err := users.Get(testenv.Context(t, time.Minute), name)
 		return err == nil
@@ -353,13 +339,13 @@ func TestSSOAdmitsOnlyWhomItShould(t *testing.T) {
 
 	r := status("X-Forwarded-User", "mallory", "X-Forwarded-Email", "m@evil.example", "X-Forwarded-Groups", "acme,evil:devs")
 	expect(t, r, http.StatusForbidden, "a user AUTH_PROXY_ALLOW does not name")
-	if !strings.Contains(string(r.Body), "AUTH_PROXY_ALLOW") || exists("mallory") || w.claims() != 0 {
-		t.Fatalf("unlisted user: %s; account %v, %d claims", r.Body, exists("mallory"), w.claims())
+	if !strings.Contains(string(r.Body), "AUTH_PROXY_ALLOW") || exists("mallory") || w.Claims() != 0 {
+		t.Fatalf("unlisted user: %s; account %v, %d claims", r.Body, exists("mallory"), w.Claims())
 	}
 
 	r = status("X-Forwarded-User", "Carol.Jones", "X-Forwarded-Email", "carol@acme.example", "X-Forwarded-Groups", "other, acme:devs")
 	expect(t, r, http.StatusOK, "a group member whose login is not an account name")
-	if name := r.JSON()["user"]; name != session.SSOName("Carol.Jones") || !strings.HasPrefix(session.SSOName("Carol.Jones"), "carol-jones-") {
+	if name := r.JSON()["user"]; name != auth.SSOName("Carol.Jones") || !strings.HasPrefix(auth.SSOName("Carol.Jones"), "carol-jones-") {
 		t.Fatalf("Carol.Jones got account %v", name)
 	}
 
@@ -370,7 +356,7 @@ func TestSSOAdmitsOnlyWhomItShould(t *testing.T) {
 			t.Fatalf("%s got account %v", login, r.JSON()["user"])
 		}
 	}
-	if n := w.claims(); n != 2 {
+	if n := w.Claims(); n != 2 {
 		t.Fatalf("%d claims, want 2 (carol's and one for alice in any case)", n)
 	}
 
@@ -383,7 +369,7 @@ func TestSSOAdmitsOnlyWhomItShould(t *testing.T) {
 		t.Fatalf("unclear refusal: %s", r.Body)
 	}
 	expect(t, status("X-Forwarded-User", "gus"), http.StatusForbidden, "the login gus without its stable id")
-	if n := w.claims(); n != 3 {
+	if n := w.Claims(); n != 3 {
 		t.Fatalf("%d claims, want 3", n)
 	}
 
@@ -409,7 +395,7 @@ func TestSSOAdmitsOnlyWhomItShould(t *testing.T) {
 // it ends the oldest; signing in again from a browser ends that browser's
 // previous session.
 func TestSessionsPerUserAreCapped(t *testing.T) {
-	w := newWorld(t)
+	w := newStack(t)
 	edge := w.Edge("edge-a", map[string]string{"MAX_SESSIONS_PER_USER": "2"})
 	first := testenv.NewClient(t, edge.URL)
 	token := first.Signup("sue", invite)
@@ -440,7 +426,7 @@ func TestSessionsPerUserAreCapped(t *testing.T) {
 }
 
 func TestSecureCookieAndInsecureRefusal(t *testing.T) {
-	w := newWorld(t)
+	w := newStack(t)
 	secure := w.Edge("edge-secure", map[string]string{"COOKIE_SECURE": "true", "ALLOW_INSECURE_COOKIES": ""})
 	r := testenv.NewClient(t, secure.URL).Form("/users", "user", "ivy", "invite", invite)
 	expect(t, r, http.StatusCreated, "signup")
@@ -469,11 +455,10 @@ func TestSecureCookieAndInsecureRefusal(t *testing.T) {
 // pool: the claim command, lifecycle's create, adoption of a warm sandbox,
 // the mirror and the session. Run with -benchtime=30x.
 func BenchmarkSignupLatency(b *testing.B) {
-	s := pkg.NewStack(b, func(_ *extv1beta1.SandboxTemplate, pool *extv1beta1.SandboxWarmPool) {
+	s := pkg.NewStack(b, testenv.StackOptions{Sandbox: func(_ *extv1beta1.SandboxTemplate, pool *extv1beta1.SandboxWarmPool) {
 		n := int32(4)
 		pool.Spec.Replicas = &n
-	})
-	s.Lifecycle("lc-a")
+	}, Lifecycle: "lc-a"})
 	edge := s.Edge("edge-a", nil)
 	_, ext, _ := pkg.Cluster.SandboxClients()
 	var lat []time.Duration

@@ -16,7 +16,7 @@ import (
 // the sandbox, see its state, sign out, sign in with the token, delete the
 // account. The browser must never hold any cookie but the gateway's.
 func TestBrowserAccountJourney(t *testing.T) {
-	w := newWorld(t)
+	w := newStack(t)
 	frontAddr := w.FrontAddr()
 	backend := w.Edge("edge-a", map[string]string{"TRUSTED_PROXIES": "127.0.0.1"})
 	front := testenv.NewFrontAt(t, frontAddr, strings.TrimPrefix(backend.URL, "http://"))

@@ -20,11 +20,10 @@ import (
 // and bob's signups meanwhile take no more than twice what they take
 // unloaded (medians of three).
 func TestARecreateBurstIsOneRecreateAndSlowsNobody(t *testing.T) {
-	s := pkg.NewStack(t, func(_ *extv1beta1.SandboxTemplate, pool *extv1beta1.SandboxWarmPool) {
+	s := pkg.NewStack(t, testenv.StackOptions{Sandbox: func(_ *extv1beta1.SandboxTemplate, pool *extv1beta1.SandboxWarmPool) {
 		n := int32(8) // the recreate and every signup adopt a spare
 		pool.Spec.Replicas = &n
-	})
-	s.Env["SIGNUP_INVITE_CODE"] = invite
+	}, Env: map[string]string{"SIGNUP_INVITE_CODE": invite}})
 	lc := s.Lifecycle("lc-a")
 	edge := s.Edge("edge-a", nil)
 	ann := testenv.NewClient(t, edge.URL).WithTimeout(3 * time.Minute)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
@@ -26,47 +27,37 @@ var pkg testenv.Package
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &pkg)) }
 
-type world struct {
-	*testenv.Stack
-	t     *testing.T
-	boxes *kv.Cache[kv.Sandbox]
-	idle  time.Duration
-}
-
-// newWorld runs a stack whose edges beacon every second (trusted for 3s)
+// newStack runs a stack whose edges beacon every second (trusted for 3s)
 // and whose sweepers use idle.
-func newWorld(t *testing.T, idle time.Duration) *world {
-	s := pkg.NewStack(t, nil)
-	s.Env["BEACON_INTERVAL"] = "1s"
-	s.Env["IDLE_TIMEOUT"] = idle.String()
-	s.Env["SWEEP_INTERVAL"] = "200ms"
-	s.Lifecycle("lc-a")
-	return &world{Stack: s, t: t, boxes: s.Sandboxes(), idle: idle}
+func newStack(t *testing.T, idle time.Duration) *testenv.Stack {
+	return pkg.NewStack(t, testenv.StackOptions{Env: map[string]string{
+		"BEACON_INTERVAL": "1s", "IDLE_TIMEOUT": idle.String(), "SWEEP_INTERVAL": "200ms",
+	}, Lifecycle: "lc-a"})
 }
 
 // suspendedAt waits for user's sandbox to be Suspended and returns when
 // the watch saw it start suspending.
-func (w *world) suspendedAt(user string, within time.Duration) time.Time {
-	w.t.Helper()
+func suspendedAt(t *testing.T, s *testenv.Stack, user string, within time.Duration) time.Time {
+	t.Helper()
 	var at time.Time
-	_, _, err := w.boxes.Wait(testenv.Context(w.t, within), user, func(e kv.Entry[kv.Sandbox], _ bool) bool {
-		if at.IsZero() && (e.Value.Phase == kv.PhaseSuspending || e.Value.Phase == kv.PhaseSuspended) {
+	_, _, err := s.Sandboxes().Wait(testenv.Context(t, within), user, func(e kv.Entry[state.Sandbox], _ bool) bool {
+		if at.IsZero() && (e.Value.Phase == state.PhaseSuspending || e.Value.Phase == state.PhaseSuspended) {
 			at = time.Now()
 		}
-		return e.Value.Phase == kv.PhaseSuspended
+		return e.Value.Phase == state.PhaseSuspended
 	})
 	if err != nil {
-		w.t.Fatalf("%s not suspended within %s", user, within)
+		t.Fatalf("%s not suspended within %s", user, within)
 	}
 	return at
 }
 
 // staysReady fails if user's sandbox leaves Ready during d.
-func (w *world) staysReady(user string, d time.Duration) {
-	w.t.Helper()
-	e, _, err := w.boxes.Wait(testenv.Context(w.t, d), user, func(e kv.Entry[kv.Sandbox], _ bool) bool { return e.Value.Phase != kv.PhaseReady })
+func staysReady(t *testing.T, s *testenv.Stack, user string, d time.Duration) {
+	t.Helper()
+	e, _, err := s.Sandboxes().Wait(testenv.Context(t, d), user, func(e kv.Entry[state.Sandbox], _ bool) bool { return e.Value.Phase != state.PhaseReady })
 	if err == nil {
-		w.t.Fatalf("%s became %s", user, e.Value.Phase)
+		t.Fatalf("%s became %s", user, e.Value.Phase)
 	}
 }
 
@@ -79,7 +70,8 @@ func within(t *testing.T, what string, got, lo, hi time.Duration) {
 }
 
 func TestIdleSandboxIsSuspendedAndWakesWithItsState(t *testing.T) {
-	w := newWorld(t, 4*time.Second)
+	idle := 4 * time.Second
+	w := newStack(t, idle)
 	w.Sweeper("sw-a", nil)
 	edge := w.Edge("edge-a", nil)
 	c := testenv.NewClient(t, edge.URL)
@@ -91,7 +83,7 @@ func TestIdleSandboxIsSuspendedAndWakesWithItsState(t *testing.T) {
 		t.Fatalf("chat %d", r.StatusCode)
 	}
 	last := time.Now()
-	within(t, "suspended", w.suspendedAt("ann", time.Minute).Sub(last), w.idle-500*time.Millisecond, w.idle+4*time.Second)
+	within(t, "suspended", suspendedAt(t, w, "ann", time.Minute).Sub(last), idle-500*time.Millisecond, idle+4*time.Second)
 
 	r := c.Do("GET", "/u/ann/api/files/keep.txt", nil)
 	if r.StatusCode != http.StatusOK || string(r.Body) != "kept" {
@@ -103,7 +95,8 @@ func TestIdleSandboxIsSuspendedAndWakesWithItsState(t *testing.T) {
 }
 
 func TestOpenWebSocketPinsTheSandboxUntilItsEdgeDies(t *testing.T) {
-	w := newWorld(t, 3*time.Second)
+	idle := 3 * time.Second
+	w := newStack(t, idle)
 	w.Sweeper("sw-a", nil)
 	a := w.Edge("edge-a", nil)
 	w.Edge("edge-b", nil)
@@ -116,14 +109,15 @@ func TestOpenWebSocketPinsTheSandboxUntilItsEdgeDies(t *testing.T) {
 	}
 	defer ws.Close()
 	// Silent for three idle timeouts; edge B sees nothing from bo at all.
-	w.staysReady("bo", 3*w.idle)
+	staysReady(t, w, "bo", 3*idle)
 	killed := time.Now()
 	a.Kill()
-	within(t, "suspended after the edge died", w.suspendedAt("bo", time.Minute).Sub(killed), 0, w.idle+3*time.Second+3*time.Second)
+	within(t, "suspended after the edge died", suspendedAt(t, w, "bo", time.Minute).Sub(killed), 0, idle+3*time.Second+3*time.Second)
 }
 
 func TestSweeperRestartAndFailover(t *testing.T) {
-	w := newWorld(t, 6*time.Second)
+	idle := 6 * time.Second
+	w := newStack(t, idle)
 	s1 := w.Sweeper("sw-a", nil)
 	edge := w.Edge("edge-a", nil)
 	// Restart at half the idle time: the clock is rebuilt, not restarted
@@ -134,11 +128,11 @@ func TestSweeperRestartAndFailover(t *testing.T) {
 		t.Fatalf("request: %d", r.StatusCode)
 	}
 	last := time.Now()
-	time.Sleep(w.idle / 2)
+	time.Sleep(idle / 2)
 	s1.Stop()
 	s1.Restart(t)
 	s1.WaitReady(t, time.Minute)
-	within(t, "suspended across a sweeper restart", w.suspendedAt("cal", time.Minute).Sub(last), w.idle-500*time.Millisecond, w.idle+2500*time.Millisecond)
+	within(t, "suspended across a sweeper restart", suspendedAt(t, w, "cal", time.Minute).Sub(last), idle-500*time.Millisecond, idle+2500*time.Millisecond)
 
 	// Two sweepers; kill the active one; the standby suspends, once.
 	s2 := w.Sweeper("sw-b", nil)
@@ -148,7 +142,7 @@ func TestSweeperRestartAndFailover(t *testing.T) {
 	}
 	testenv.NewClient(t, edge.URL).Signup("eli", "")
 	active.Kill()
-	w.suspendedAt("eli", time.Minute)
+	suspendedAt(t, w, "eli", time.Minute)
 	if m, err := standby.Metric("aaas_sweeper_leader"); err != nil || !strings.HasSuffix(m, " 1") {
 		t.Fatalf("the standby did not take over: %q %v", m, err)
 	}
@@ -162,7 +156,8 @@ func TestSweeperRestartAndFailover(t *testing.T) {
 }
 
 func TestHandAppliedClaimIsNeverSuspended(t *testing.T) {
-	w := newWorld(t, 2*time.Second)
+	idle := 2 * time.Second
+	w := newStack(t, idle)
 	w.Sweeper("sw-a", nil)
 	_, ext, _ := pkg.Cluster.SandboxClients()
 	sc, _, _ := pkg.Cluster.SandboxClients()
@@ -182,7 +177,7 @@ func TestHandAppliedClaimIsNeverSuspended(t *testing.T) {
 		name = c.Status.SandboxStatus.Name
 		return nil
 	})
-	time.Sleep(4 * w.idle)
+	time.Sleep(4 * idle)
 	sb, err := sc.AgentsV1beta1().Sandboxes(w.NS.Name).Get(ctx, name, metav1.GetOptions{})
 	if err != nil || sb.Spec.OperatingMode == sandboxv1beta1.SandboxOperatingModeSuspended {
 		t.Fatalf("hand-applied sandbox: %v %v", sb.Spec.OperatingMode, err)
@@ -190,7 +185,7 @@ func TestHandAppliedClaimIsNeverSuspended(t *testing.T) {
 }
 
 func TestActivityAfterTheDecisionCancelsTheSuspend(t *testing.T) {
-	w := newWorld(t, 3*time.Second)
+	w := newStack(t, 3*time.Second)
 	w.Sweeper("sw-a", nil)
 	edge := w.Edge("edge-a", nil)
 	c := testenv.NewClient(t, edge.URL)
@@ -227,7 +222,7 @@ func TestActivityAfterTheDecisionCancelsTheSuspend(t *testing.T) {
 		}
 		return nil
 	})
-	if e, _ := w.boxes.Get("fin"); e.Value.Phase != kv.PhaseReady {
+	if e, _ := w.Sandboxes().Get("fin"); e.Value.Phase != state.PhaseReady {
 		t.Fatalf("phase %s after a cancelled suspend", e.Value.Phase)
 	}
 }

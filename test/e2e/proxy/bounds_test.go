@@ -24,7 +24,7 @@ import (
 // names a public host by one canonical form, so its spellings share one
 // handshake.
 func TestHostsOutsidePublicHostsCostNothing(t *testing.T) {
-	w := newWorld(t, func(tmpl *extv1beta1.SandboxTemplate, _ *extv1beta1.SandboxWarmPool) {
+	w := newStack(t, func(tmpl *extv1beta1.SandboxTemplate, _ *extv1beta1.SandboxWarmPool) {
 		c := &tmpl.Spec.PodTemplate.Spec.Containers[0]
 		for i := range c.Env {
 			if c.Env[i].Name == "DSH_TRUSTED_HOSTS" {
@@ -98,7 +98,7 @@ func TestHostsOutsidePublicHostsCostNothing(t *testing.T) {
 // The status stream of the landing page holds one of the user's in-flight
 // slots like any proxied request, so a page cannot open unbounded streams.
 func TestStatusStreamsCountAgainstTheInFlightCap(t *testing.T) {
-	w := newWorld(t, nil)
+	w := newStack(t, nil)
 	edge := w.Edge("edge-a", map[string]string{"MAX_IN_FLIGHT_PER_USER": "2"})
 	c := testenv.NewClient(t, edge.URL)
 	token := c.Signup("ida", "")
@@ -140,7 +140,7 @@ func TestStatusStreamsCountAgainstTheInFlightCap(t *testing.T) {
 // back), but never cuts a stream that keeps flowing or a quiet WebSocket:
 // the deadline is renewed for every chunk and every message.
 func TestWriteTimeoutDropsStalledReadersOnly(t *testing.T) {
-	w := newWorld(t, nil)
+	w := newStack(t, nil)
 	edge := w.Edge("edge-a", map[string]string{"HTTP_WRITE_TIMEOUT": "2s", "MAX_IN_FLIGHT_PER_USER": "1"})
 	c := testenv.NewClient(t, edge.URL).WithTimeout(5 * time.Minute)
 	token := c.Signup("ned", "")

@@ -35,11 +35,11 @@ func signIn(t *testing.T, ctx context.Context, base, user string) {
 // (streamed), the WebSocket, the SSE feed and an upload all work. The
 // browser never sees the launch token or a DSH cookie.
 func TestBrowserWakesASleepingSandbox(t *testing.T) {
-	w := newWorld(t, nil)
+	w := newStack(t, nil)
 	edge := w.Edge("edge-a", nil)
 	ctx := testenv.Browser(t)
 	signIn(t, ctx, edge.URL, "kai")
-	w.suspend("kai")
+	w.Suspend("kai")
 
 	testenv.Do(t, ctx, "starting page",
 		chromedp.Navigate(edge.URL+"/u/kai/"),
@@ -73,7 +73,7 @@ func TestBrowserWakesASleepingSandbox(t *testing.T) {
 		}
 	}
 	html := testenv.Get(t, ctx, "page source", chromedp.Evaluate[string](`document.documentElement.outerHTML`))
-	logTok, err := handshake.TokenFromLog([]byte(w.podLog("kai")))
+	logTok, err := handshake.TokenFromLog([]byte(w.PodLog("kai")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestBrowserWakesASleepingSandbox(t *testing.T) {
 // page's WebSocket; the page reconnects through the other edge behind the
 // balancer without signing in again.
 func TestBrowserSocketMovesToAnotherEdge(t *testing.T) {
-	w := newWorld(t, nil)
+	w := newStack(t, nil)
 	lbAddr := w.FrontAddr()
 	a := w.Edge("edge-a", nil)
 	b := w.Edge("edge-b", nil)

@@ -18,7 +18,7 @@ import (
 // the gateway's own pages: another site (or no stated origin at all) is
 // refused before anything reaches DSH. Bearer tokens need no origin.
 func TestCrossSiteMutationsNeverReachTheSandbox(t *testing.T) {
-	w := newWorld(t, nil)
+	w := newStack(t, nil)
 	// The test client stands in for the ingress too: X-Forwarded-Proto
 	// from it is believed.
 	edge := w.Edge("edge-a", map[string]string{"TRUSTED_PROXIES": "127.0.0.1"})
@@ -52,7 +52,7 @@ func TestCrossSiteMutationsNeverReachTheSandbox(t *testing.T) {
 		}
 	}
 	time.Sleep(200 * time.Millisecond)
-	log := w.podLog("bob")
+	log := w.PodLog("bob")
 	// dshsim logs the method and path of every request it serves.
 	if got := strings.Count(log, "POST /api/echo"); got != countAllowed(cases) {
 		t.Errorf("DSH saw %d POSTs, want only the %d allowed ones", got, countAllowed(cases))
@@ -82,7 +82,7 @@ func countAllowed(cases []struct {
 // request, no preflight) at the user's agent with the user's cookie: the
 // edge refuses it and DSH never sees it.
 func TestBrowserCrossSiteFormIsRefused(t *testing.T) {
-	w := newWorld(t, nil)
+	w := newStack(t, nil)
 	edge := w.Edge("edge-a", nil)
 	ctx := testenv.Browser(t)
 	signIn(t, ctx, edge.URL, "eve")
@@ -112,7 +112,7 @@ func TestBrowserCrossSiteFormIsRefused(t *testing.T) {
 	if !strings.Contains(body, "Cross-site request refused") && !strings.Contains(body, "must come from") {
 		t.Fatalf("the form post was answered with %q", body)
 	}
-	if strings.Contains(w.podLog("eve"), "POST /api/chat") {
+	if strings.Contains(w.PodLog("eve"), "POST /api/chat") {
 		t.Fatal("the cross-site form reached DSH")
 	}
 }

@@ -18,11 +18,12 @@ import (
 
 	"github.com/fasthttp/websocket"
 
-	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
-	"github.com/aaas-project/aaas/internal/session"
+	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testenv"
+	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 // nodeSandbox makes user's sandbox the Node.js upstream at addr, as the
@@ -32,31 +33,31 @@ import (
 func nodeSandbox(t *testing.T, s *testenv.Stack, user, addr string, hosts ...string) string {
 	t.Helper()
 	ctx := testenv.Context(t, time.Minute)
-	token := session.NewToken(user)
-	users, err := kv.Open[kv.User](ctx, s.JS, kv.BucketUsers)
+	token := auth.NewToken(user)
+	users, err := kv.Open[state.User](ctx, s.JS, state.BucketUsers)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := users.Put(ctx, user, kv.User{Name: user, TokenHash: session.HashHex(token), Claim: "dsh-" + user, Managed: true, Created: time.Now()}); err != nil {
+	if _, err := users.Put(ctx, user, state.User{Name: user, TokenHash: auth.HashHex(token), Claim: "dsh-" + user, Managed: true, Created: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	boxes, err := kv.Open[kv.Sandbox](ctx, s.JS, kv.BucketSandboxes)
+	boxes, err := kv.Open[state.Sandbox](ctx, s.JS, state.BucketSandboxes)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pod := "node-" + user
-	if _, err := boxes.Put(ctx, user, kv.Sandbox{User: user, Phase: kv.PhaseReady, Managed: true, Claim: "dsh-" + user, PodName: pod, PodUID: pod, Address: addr, ReadySince: time.Now()}); err != nil {
+	if _, err := boxes.Put(ctx, user, state.Sandbox{User: user, Phase: state.PhaseReady, Managed: true, Claim: "dsh-" + user, PodName: pod, PodUID: pod, Address: addr, ReadySince: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	hs, err := kv.Open[kv.Handshake](ctx, s.JS, kv.BucketHandshakes)
+	hs, err := kv.Open[state.Handshake](ctx, s.JS, state.BucketHandshakes)
 	if err != nil {
 		t.Fatal(err)
 	}
 	k, _ := handshake.ParseKey(s.Key)
 	sealer, _ := handshake.NewSealer(k)
 	for _, host := range hosts {
-		key := kv.HandshakeKey(user, pod, events.HostKey(host))
-		if _, err := hs.Put(ctx, key, kv.Handshake{User: user, PodUID: pod, Host: host, Sealed: sealer.Seal([]byte("dsh-auth-node=1"), []byte(key)), At: time.Now()}); err != nil {
+		key := state.HandshakeKey(user, pod, host)
+		if _, err := hs.Put(ctx, key, state.Handshake{User: user, PodUID: pod, Host: host, Sealed: sealer.Seal([]byte("dsh-auth-node=1"), []byte(key)), At: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -72,13 +73,21 @@ type nodeWorld struct {
 }
 
 func newNodeWorld(t *testing.T) *nodeWorld {
-	s := pkg.NewStack(t, nil)
+	s := pkg.NewStack(t, testenv.StackOptions{})
 	upstream := testenv.NodeUpstream(t)
 	frontAddr := s.FrontAddr()
 	edge := s.Edge("edge-a", nil)
 	front := testenv.NewFrontAt(t, frontAddr, strings.TrimPrefix(edge.URL, "http://"))
 	token := nodeSandbox(t, s, "nod", upstream, strings.TrimPrefix(edge.URL, "http://"), front.Addr)
-	return &nodeWorld{edge: edge, front: front, token: token}
+	w := &nodeWorld{edge: edge, front: front, token: token}
+	// The edge learns the records from its watch caches, a moment later.
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if resp, body := w.do(t, edge.URL, "GET", "/u/nod/hostile", nil, -1); resp == nil || resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("the edge does not serve nod yet: %s", body)
+		}
+		return nil
+	})
+	return w
 }
 
 func (w *nodeWorld) do(t *testing.T, base, method, path string, body io.Reader, size int64) (*http.Response, []byte) {

@@ -23,9 +23,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
-	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
@@ -34,51 +34,9 @@ var pkg testenv.Package
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &pkg)) }
 
-// world is a stack with one lifecycle worker and typed KV access.
-type world struct {
-	*testenv.Stack
-	t     *testing.T
-	boxes *kv.Cache[kv.Sandbox]
-	pub   *events.Publisher
-}
-
-func newWorld(t *testing.T, mutate func(*extv1beta1.SandboxTemplate, *extv1beta1.SandboxWarmPool)) *world {
-	s := pkg.NewStack(t, mutate)
-	s.Lifecycle("lc-a")
-	return &world{Stack: s, t: t, boxes: s.Sandboxes(), pub: events.NewPublisher(s.JS, "test", testenv.Logger())}
-}
-
-func (w *world) box(user string) kv.Sandbox {
-	e, _ := w.boxes.Get(user)
-	return e.Value
-}
-
-// suspend asks lifecycle to suspend user's sandbox and waits for it.
-func (w *world) suspend(user string) {
-	w.t.Helper()
-	e, _ := w.boxes.Get(user)
-	stream, _ := w.JS.Stream(testenv.Context(w.t, time.Minute), events.StreamActivity)
-	var seq uint64
-	if m, err := stream.GetLastMsgForSubject(testenv.Context(w.t, time.Minute), events.ActivitySubjectUser(user)); err == nil {
-		seq = m.Sequence
-	}
-	if _, err := w.pub.Command(testenv.Context(w.t, time.Minute), events.NewSuspend(user, seq, e.Revision, time.Now())); err != nil {
-		w.t.Fatal(err)
-	}
-	if _, _, err := w.boxes.Wait(testenv.Context(w.t, time.Minute), user, func(e kv.Entry[kv.Sandbox], _ bool) bool {
-		return e.Value.Phase == kv.PhaseSuspended
-	}); err != nil {
-		w.t.Fatalf("%s not suspended: %+v", user, w.box(user))
-	}
-}
-
-func (w *world) podLog(user string) string {
-	w.t.Helper()
-	b, err := pkg.Cluster.Client.CoreV1().Pods(w.NS.Name).GetLogs(w.box(user).PodName, &corev1.PodLogOptions{}).DoRaw(testenv.Context(w.t, time.Minute))
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return string(b)
+// newStack is a stack with one lifecycle worker.
+func newStack(t *testing.T, mutate func(*extv1beta1.SandboxTemplate, *extv1beta1.SandboxWarmPool)) *testenv.Stack {
+	return pkg.NewStack(t, testenv.StackOptions{Sandbox: mutate, Lifecycle: "lc-a"})
 }
 
 func expect(t *testing.T, r *testenv.Response, status int, what string) {
@@ -106,7 +64,7 @@ func decodeEcho(t *testing.T, r *testenv.Response) echo {
 }
 
 func TestDSHEndpointsThroughTheProxy(t *testing.T) {
-	w := newWorld(t, nil)
+	w := newStack(t, nil)
 	edge := w.Edge("edge-a", nil)
 	c := testenv.NewClient(t, edge.URL)
 	token := c.Signup("bob", "")
@@ -170,7 +128,7 @@ func TestDSHEndpointsThroughTheProxy(t *testing.T) {
 
 	// Upstream Set-Cookie never reaches the browser, even DSH's own auth
 	// cookie from a handshake a client might attempt through the proxy.
-	tok, err := handshake.TokenFromLog([]byte(w.podLog("bob")))
+	tok, err := handshake.TokenFromLog([]byte(w.PodLog("bob")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +207,7 @@ func vmHWM(t *testing.T, pid int) int64 {
 }
 
 func TestUploadsStreamAndBodyLimits(t *testing.T) {
-	w := newWorld(t, nil)
+	w := newStack(t, nil)
 	edge := w.Edge("edge-a", map[string]string{"MAX_BODY_MB": "1100"})
 	small := w.Edge("edge-small", map[string]string{"MAX_BODY_MB": "1"})
 	c := testenv.NewClient(t, edge.URL)
@@ -314,7 +272,7 @@ func closeCode(err error) int {
 }
 
 func TestWebSocketBridge(t *testing.T) {
-	w := newWorld(t, nil)
+	w := newStack(t, nil)
 	edge := w.Edge("edge-a", map[string]string{"MAX_IN_FLIGHT_PER_USER": "2"})
 	c := testenv.NewClient(t, edge.URL)
 	c.Signup("dee", "")
@@ -418,14 +376,14 @@ func TestWebSocketBridge(t *testing.T) {
 }
 
 func TestOneUsersCookieNeverReachesAnotherUsersPod(t *testing.T) {
-	w := newWorld(t, nil)
+	w := newStack(t, nil)
 	edge := w.Edge("edge-a", nil)
 	alice := testenv.NewClient(t, edge.URL)
 	alice.Signup("alice", "")
 	expect(t, alice.Do("GET", "/u/alice/api/files", nil), http.StatusOK, "alice on her own sandbox")
 	bob := testenv.NewClient(t, edge.URL)
 	bob.Signup("bob", "")
-	before := strings.Count(w.podLog("alice"), "/api/echo")
+	before := strings.Count(w.PodLog("alice"), "/api/echo")
 
 	paths := []string{
 		"/u/alice/api/echo", "/u/alice/", "/u/%61lice/api/echo", "/u/alice%2fapi/echo", "/U/alice/api/echo",
@@ -455,38 +413,38 @@ func TestOneUsersCookieNeverReachesAnotherUsersPod(t *testing.T) {
 			t.Fatalf("bob's socket to alice: %v", err)
 		}
 	}
-	if after := strings.Count(w.podLog("alice"), "/api/echo"); after != before {
+	if after := strings.Count(w.PodLog("alice"), "/api/echo"); after != before {
 		t.Fatalf("alice's pod logged %d echo requests from bob", after-before)
 	}
 }
 
 func TestWakeOnConnectAndTokenRotation(t *testing.T) {
-	w := newWorld(t, nil)
+	w := newStack(t, nil)
 	lc := w.Procs[0]
 	edge := w.Edge("edge-a", nil)
 	c := testenv.NewClient(t, edge.URL)
 	token := c.Signup("eve", "")
 	expect(t, c.Do("PUT", "/u/eve/api/files/keep.txt", strings.NewReader("kept")), http.StatusCreated, "upload")
-	oldPod := w.box("eve").PodUID
+	oldPod := w.Box("eve").PodUID
 
 	// An API call to a suspended sandbox is held and then served.
-	w.suspend("eve")
+	w.Suspend("eve")
 	start := time.Now()
 	r := c.Do("GET", "/u/eve/api/files/keep.txt", nil, "Authorization", "Bearer "+token)
 	expect(t, r, http.StatusOK, "held request")
-	if string(r.Body) != "kept" || w.box("eve").PodUID == oldPod {
-		t.Fatalf("after wake: %q on pod %s (was %s)", r.Body, w.box("eve").PodUID, oldPod)
+	if string(r.Body) != "kept" || w.Box("eve").PodUID == oldPod {
+		t.Fatalf("after wake: %q on pod %s (was %s)", r.Body, w.Box("eve").PodUID, oldPod)
 	}
 	t.Logf("held request served after the wake in %s", time.Since(start).Round(time.Millisecond))
 
 	// A browser navigation to a sleeping sandbox gets the starting page.
-	w.suspend("eve")
+	w.Suspend("eve")
 	r = c.Do("GET", "/u/eve/", nil, "Accept", "text/html")
 	expect(t, r, http.StatusServiceUnavailable, "navigation while asleep")
 	if !bytes.Contains(r.Body, []byte(`id="starting"`)) || r.Header.Get("Retry-After") == "" {
 		t.Fatalf("starting page: %.200s", r.Body)
 	}
-	w.boxes.Wait(testenv.Context(t, time.Minute), "eve", func(e kv.Entry[kv.Sandbox], _ bool) bool { return e.Value.Phase == kv.PhaseReady })
+	w.Sandboxes().Wait(testenv.Context(t, time.Minute), "eve", func(e kv.Entry[state.Sandbox], _ bool) bool { return e.Value.Phase == state.PhaseReady })
 
 	// Token rotation: the next request re-handshakes once, transparently,
 	// also for a request with a body.
@@ -505,11 +463,11 @@ func TestWakeOnConnectAndTokenRotation(t *testing.T) {
 		}
 	}
 	n := handshakes()
-	if err := pkg.Cluster.Node.Signal(w.NS.Name, w.box("eve").PodName, "dsh", syscall.SIGHUP); err != nil {
+	if err := pkg.Cluster.Node.Signal(w.NS.Name, w.Box("eve").PodName, "dsh", syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 10*time.Second, func() error {
-		if !strings.Contains(w.podLog("eve"), "dsh: token rotated") && strings.Count(w.podLog("eve"), "?token=") < 2 {
+		if !strings.Contains(w.PodLog("eve"), "dsh: token rotated") && strings.Count(w.PodLog("eve"), "?token=") < 2 {
 			return errors.New("no rotation yet")
 		}
 		return nil
@@ -522,7 +480,7 @@ func TestWakeOnConnectAndTokenRotation(t *testing.T) {
 }
 
 func TestHandshakeFailureIsA503SayingWhy(t *testing.T) {
-	w := newWorld(t, func(tmpl *extv1beta1.SandboxTemplate, _ *extv1beta1.SandboxWarmPool) {
+	w := newStack(t, func(tmpl *extv1beta1.SandboxTemplate, _ *extv1beta1.SandboxWarmPool) {
 		c := &tmpl.Spec.PodTemplate.Spec.Containers[0]
 		c.Env = append(c.Env, corev1.EnvVar{Name: "DSHSIM_NO_TOKEN", Value: "1"})
 	})
@@ -537,11 +495,11 @@ func TestHandshakeFailureIsA503SayingWhy(t *testing.T) {
 }
 
 func TestClientThatLeavesIsLogged499AndItsSlotFreed(t *testing.T) {
-	w := newWorld(t, nil)
+	w := newStack(t, nil)
 	edge := w.Edge("edge-a", map[string]string{"MAX_IN_FLIGHT_PER_USER": "1", "LOG_LEVEL": "info"})
 	c := testenv.NewClient(t, edge.URL)
 	c.Signup("gil", "")
-	w.suspend("gil")
+	w.Suspend("gil")
 	// Block the wake: the sandbox stays asleep while the client waits.
 	lc := w.Procs[0]
 	lc.Stop()
@@ -569,7 +527,7 @@ func TestClientThatLeavesIsLogged499AndItsSlotFreed(t *testing.T) {
 }
 
 func TestNATSOutage(t *testing.T) {
-	w := newWorld(t, nil)
+	w := newStack(t, nil)
 	edge := w.Edge("edge-a", nil)
 	c := testenv.NewClient(t, edge.URL)
 	c.Signup("hal", "")
@@ -597,7 +555,7 @@ func TestNATSOutage(t *testing.T) {
 }
 
 func TestGracefulShutdownClosesSocketsWith1001(t *testing.T) {
-	w := newWorld(t, nil)
+	w := newStack(t, nil)
 	edge := w.Edge("edge-a", map[string]string{"SHUTDOWN_TIMEOUT": "10s"})
 	c := testenv.NewClient(t, edge.URL)
 	token := c.Signup("jay", "")

@@ -128,7 +128,7 @@ func (l *live) alive(t *testing.T, what string) {
 // of the same user keeps its own. Deleting an account ends its bearer
 // streams; a recreate ends its sessions' streams.
 func TestRevocationEndsLiveStreams(t *testing.T) {
-	w := newWorld(t, nil)
+	w := newStack(t, nil)
 	a, b := w.Edge("edge-a", nil), w.Edge("edge-b", nil)
 
 	// Logout on the other edge.

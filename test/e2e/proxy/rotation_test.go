@@ -12,6 +12,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testenv"
 )
 
@@ -20,7 +21,7 @@ import (
 // while a user keeps working through a balancer: not one request fails, and
 // at the end the cookie in use is sealed with the new key only.
 func TestHandshakeKeyRotationUnderTraffic(t *testing.T) {
-	w := newWorld(t, nil)
+	w := newStack(t, nil)
 	lc := w.Procs[0]
 	lbAddr := w.FrontAddr()
 	a, b := w.Edge("edge-a", nil), w.Edge("edge-b", nil)
@@ -85,8 +86,8 @@ func TestHandshakeKeyRotationUnderTraffic(t *testing.T) {
 	}
 
 	// The cookie now in use opens with the new key alone.
-	box := w.box("rot")
-	entries, err := w.handshakes(t).Keys(testenv.Context(t, time.Minute), "rot.>")
+	box := w.Box("rot")
+	entries, err := handshakes(t, w).Keys(testenv.Context(t, time.Minute), "rot.>")
 	if err != nil || len(entries) == 0 {
 		t.Fatalf("no handshake of rot: %v", err)
 	}
@@ -94,7 +95,7 @@ func TestHandshakeKeyRotationUnderTraffic(t *testing.T) {
 	only, _ := handshake.NewSealer(k)
 	opened := 0
 	for _, key := range entries {
-		e, err := w.handshakes(t).Get(testenv.Context(t, time.Minute), key)
+		e, err := handshakes(t, w).Get(testenv.Context(t, time.Minute), key)
 		if err != nil || e.Value.PodUID != box.PodUID || e.Value.Error != "" {
 			continue
 		}
@@ -107,9 +108,9 @@ func TestHandshakeKeyRotationUnderTraffic(t *testing.T) {
 	}
 }
 
-func (w *world) handshakes(t *testing.T) *kv.Bucket[kv.Handshake] {
+func handshakes(t *testing.T, w *testenv.Stack) *kv.Bucket[state.Handshake] {
 	t.Helper()
-	b, err := kv.Open[kv.Handshake](testenv.Context(t, time.Minute), w.JS, kv.BucketHandshakes)
+	b, err := kv.Open[state.Handshake](testenv.Context(t, time.Minute), w.JS, state.BucketHandshakes)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,7 +59,7 @@ func responses(t *testing.T, addr, raw string) []int {
 // clients' connections. One request in, one response out — directly and
 // through nginx.
 func TestNoRequestHidesInAnUnreadBody(t *testing.T) {
-	w := newWorld(t, nil)
+	w := newStack(t, nil)
 	w.PublicHosts = append(w.PublicHosts, "edge.example")
 	frontAddr := w.FrontAddr()
 	edge := w.Edge("edge-a", nil)
