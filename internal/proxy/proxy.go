@@ -107,7 +107,7 @@ func New(o Options) *Proxy {
 		upstream: up,
 		dialer: &websocket.Dialer{
 			NetDialContext: up.dialer.DialContext, HandshakeTimeout: 10 * time.Second,
-			ReadBufferSize: wsBufferSize, WriteBufferSize: wsBufferSize, WriteBufferPool: wsWriteBuffers,
+			ReadBufferSize: wsReadBufferSize, WriteBufferSize: wsWriteBufferSize, WriteBufferPool: wsWriteBuffers,
 		},
 		tracker:    newTracker(o.Publisher, o.Edge, o.BeaconInterval, o.Log),
 		departures: departures{m: map[*request]net.Conn{}},

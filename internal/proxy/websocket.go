@@ -25,9 +25,14 @@ const (
 )
 
 // WebSocket buffers: reads go through a small buffer per socket (an idle
-// socket holds little), writes borrow one from a pool for the time of a
-// message.
-const wsBufferSize = 4 << 10
+// socket holds little; messages are copied through it frame by frame
+// anyway), writes borrow one from a pool for the time of a message. On the
+// browser's side fasthttp also keeps its request reader (the server's
+// ReadBufferSize) for the socket's life.
+const (
+	wsReadBufferSize  = 1 << 10
+	wsWriteBufferSize = 32 << 10
+)
 
 var wsWriteBuffers = &sync.Pool{}
 
@@ -80,7 +85,7 @@ func (p *Proxy) serveWebSocket(r *request) error {
 	conn.SetReadLimit(p.o.WSMaxMessage)
 
 	upgrader := websocket.FastHTTPUpgrader{
-		ReadBufferSize: wsBufferSize, WriteBufferSize: wsBufferSize, WriteBufferPool: wsWriteBuffers,
+		ReadBufferSize: wsReadBufferSize, WriteBufferSize: wsWriteBufferSize, WriteBufferPool: wsWriteBuffers,
 		CheckOrigin: func(*fasthttp.RequestCtx) bool { return true }, // checked by serve
 	}
 	if sp := conn.Subprotocol(); sp != "" {
