@@ -38,6 +38,7 @@ import (
 	"github.com/aaas-project/aaas/internal/embednats"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 func main() {
@@ -227,7 +228,7 @@ func prepare(ctx context.Context, info devstack.Info) (*env, error) {
 	if e.activity, err = js.Stream(ctx, "AAAS_ACTIVITY"); err != nil {
 		return nil, err
 	}
-	boxes, err := kv.Open[kv.Sandbox](ctx, js, kv.BucketSandboxes)
+	boxes, err := kv.Open[state.Sandbox](ctx, js, state.BucketSandboxes)
 	if err != nil {
 		return nil, err
 	}
