@@ -143,6 +143,17 @@ func cleanupHost(containerdSocket string, dirs ...string) error {
 	_ = run("ip", "route", "del", "unreachable", podCIDR)
 	_ = run("ip", "route", "del", serviceCIDR, "dev", bridgeName)
 	if _, err := net.InterfaceByName(bridgeName); err == nil {
+		// A deleted pod namespace lives on while orphaned sockets in it
+		// still retransmit to peers that are gone (kept-alive connections
+		// between the edge and sandboxes, up to two minutes), and with it
+		// its veth pair: delete the bridge's ports by their host ends.
+		for _, line := range strings.Split(output("ip", "-o", "link", "show", "master", bridgeName), "\n") {
+			if _, rest, ok := strings.Cut(line, ": "); ok {
+				name, _, _ := strings.Cut(rest, ":")
+				name, _, _ = strings.Cut(name, "@")
+				errs = append(errs, run("ip", "link", "del", name))
+			}
+		}
 		errs = append(errs, run("ip", "link", "del", bridgeName))
 	}
 	if b, err := os.ReadFile(filepath.Join(stateDir, "sysctl")); err == nil {
