@@ -39,9 +39,11 @@ lint: tools
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(STATICCHECK) ./...
 
-## bench: micro-benchmarks, devcluster benchmarks, and the wrk proxy benchmark (writes docs/BENCHMARKS.md)
+## bench: micro-benchmarks, devcluster benchmarks, and the proxy benchmark: the edge beside direct
+## access, nginx, haproxy and configurable-http-proxy (writes docs/BENCHMARKS.md)
 bench: tools build
-	@hack/tools.sh debian wrk
+	@hack/tools.sh debian wrk haproxy
+	@hack/tools.sh chp
 	go test -run '^$$' -bench . -benchmem -count=1 ./internal/kv/ ./internal/events/ ./internal/auth/ ./internal/httpguard/ ./internal/proxy/ ./internal/sweeper/
 	go test -run '^$$' -bench WakeOverhead -benchtime 50x -count=1 ./internal/lifecycle/
 	go test -run '^$$' -bench ClaimsFromWarmPool -benchtime 5x -count=1 ./internal/lifecycle/

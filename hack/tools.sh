@@ -10,7 +10,9 @@
 #           kubelet, kube-proxy and kube-scheduler from k8s.io/kubernetes;
 #           agent-sandbox-controller, kube-router, CoreDNS (its plugins the
 #           node uses only), staticcheck; built from Go modules.
-# Usage: hack/tools.sh [debian|go|all] [extra debian packages...]
+#   chp:    configurable-http-proxy (JupyterHub's proxy, a peer in
+#           `make bench`) from npm into chp-$CHP_VERSION.
+# Usage: hack/tools.sh [debian|go|all|chp] [extra debian packages...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=../versions.env
@@ -71,9 +73,23 @@ gotools() {
   build "$CACHE/coredns-$COREDNS_VERSION" hack/tools/coredns .
 }
 
+# chp installs configurable-http-proxy with npm into a temp dir and renames
+# it into place, as build does.
+chp() {
+  local dir="$CACHE/chp-$CHP_VERSION"
+  [ -x "$dir/node_modules/.bin/configurable-http-proxy" ] && return 0
+  echo "tools: installing configurable-http-proxy $CHP_VERSION"
+  local tmp="$dir.tmp.$$"
+  rm -rf "$tmp" "$dir"
+  mkdir -p "$tmp"
+  npm install --prefix "$tmp" --no-audit --no-fund --loglevel=error "configurable-http-proxy@$CHP_VERSION" >/dev/null
+  mv "$tmp" "$dir"
+}
+
 case "$what" in
   debian) debian "$@" ;;
   go) gotools ;;
   all) debian "$@"; gotools ;;
-  *) echo "usage: $0 [debian|go|all] [packages...]" >&2; exit 2 ;;
+  chp) chp ;;
+  *) echo "usage: $0 [debian|go|all|chp] [packages...]" >&2; exit 2 ;;
 esac

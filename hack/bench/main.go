@@ -1,27 +1,27 @@
-// Command bench measures the edge's proxy against talking to DSH directly,
-// in one run on one machine: throughput and added p99 latency for 1 KiB
-// and 1 MiB responses (wrk), WebSocket echo round trips, memory per idle
-// WebSocket, and NATS operations per 10k requests. It starts the whole
-// stack (as `make run` does), writes docs/BENCHMARKS.md, and prints it.
+// Command bench measures the edge's proxy side by side with the proxies it
+// must beat, in one run on one machine, against one dshsim pod: wrk
+// throughput for 1 KiB and 1 MiB responses directly, through nginx,
+// haproxy, configurable-http-proxy and the edge; p50/p99 at a fixed
+// open-loop rate; WebSocket echo round trips; memory per idle WebSocket;
+// and NATS messages per 10k requests. It starts the whole stack (as
+// `make run` does), writes docs/BENCHMARKS.md, and prints it.
 //
 // Usage (from `make bench`): go run ./hack/bench -bin bin -out docs/BENCHMARKS.md
+// A quick look: go run ./hack/bench -d 3s -rounds 1 -targets direct,nginx,edge -out /tmp/b.md
 package main
 
 import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
-	"regexp"
 	"runtime"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,34 +41,65 @@ import (
 	"github.com/aaas-project/aaas/internal/state"
 )
 
+// allTargets in the order they run and are reported.
+var allTargets = []string{"direct", "nginx", "haproxy", "chp", "edge"}
+
+type options struct {
+	bin, out     string
+	dur, warmup  time.Duration
+	rounds       int
+	maxOther     float64
+	targets      map[string]bool
+	rate         float64
+	peerThreads  int
+	sockets      int
+	socketsAsked int
+}
+
 func main() {
-	bin := flag.String("bin", "bin", "directory of the aaas binaries")
-	out := flag.String("out", "docs/BENCHMARKS.md", "report file")
-	dur := flag.Duration("d", 10*time.Second, "duration of each wrk run")
-	sockets := flag.Int("ws", 10000, "idle WebSockets to hold open")
+	var o options
+	flag.StringVar(&o.bin, "bin", "bin", "directory of the aaas binaries")
+	flag.StringVar(&o.out, "out", "docs/BENCHMARKS.md", "report file")
+	flag.DurationVar(&o.dur, "d", 10*time.Second, "duration of each measured run")
+	flag.DurationVar(&o.warmup, "warmup", 0, "warm-up run before each measured run (0: d/5, at least 1s)")
+	flag.IntVar(&o.rounds, "rounds", 3, "rounds over all targets, of the throughput and of the fixed-rate runs; the report gives medians")
+	targets := flag.String("targets", strings.Join(allTargets, ","), "targets to measure, comma-separated, of "+strings.Join(allTargets, ", "))
+	flag.Float64Var(&o.rate, "rate", 0, "req/s of the fixed-rate latency runs (0: half the best of nginx and haproxy at 1 KiB)")
+	flag.IntVar(&o.peerThreads, "peer-threads", runtime.NumCPU(), "nginx worker processes and haproxy threads (the edge's Go runtime uses every core)")
+	flag.Float64Var(&o.maxOther, "max-other", 0.25, "repeat a measured run (at most twice) when other processes used more cores than this during it")
+	flag.IntVar(&o.sockets, "ws", 10000, "idle WebSockets to hold open through the edge (0 skips)")
 	flag.Parse()
-	if err := run(*bin, *out, *dur, *sockets); err != nil {
+	o.targets = map[string]bool{}
+	for _, t := range strings.Split(*targets, ",") {
+		if t = strings.TrimSpace(t); !slices.Contains(allTargets, t) {
+			fmt.Fprintf(os.Stderr, "bench: unknown target %q (known: %s)\n", t, strings.Join(allTargets, ", "))
+			os.Exit(2)
+		}
+		o.targets[t] = true
+	}
+	if o.warmup == 0 {
+		o.warmup = max(time.Second, o.dur/5)
+	}
+	o.rounds = max(o.rounds, 1)
+	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
 type env struct {
-	activity  jetstream.Stream
-	edge      string // http://localhost:port
-	edgePID   int
-	metrics   string // edge metrics address
-	sid       string
-	direct    string // http://podIP:3080
-	dshCookie string
+	activity jetstream.Stream
+	direct   *target // the dshsim pod, with its auth cookie
+	edge     *target // the edge, with the bench user's session
+	metrics  string  // edge metrics address
 }
 
-func run(bin, out string, dur time.Duration, sockets int) error {
-	if _, err := exec.LookPath("wrk"); err != nil {
-		return errors.New("wrk not installed: run `make bench` (it installs it)")
+func run(o options) error {
+	if err := checkTools(o.targets); err != nil {
+		return err
 	}
-	asked := sockets
-	sockets = raiseFileLimit(sockets)
+	o.socketsAsked = o.sockets
+	o.sockets = raiseFileLimit(o.sockets)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
@@ -86,7 +117,7 @@ func run(bin, out string, dur time.Duration, sockets int) error {
 	go func() {
 		stackDone <- devstack.Run(sctx, devstack.Options{
 			StateDir: ".run-bench", NATSPort: ports[0], EdgePorts: []int{ports[1]},
-			BinDir: bin, Out: os.Stderr, Log: slog.New(slog.DiscardHandler), Ready: func(i devstack.Info) { ready <- i },
+			BinDir: o.bin, Out: os.Stderr, Log: slog.New(slog.DiscardHandler), Ready: func(i devstack.Info) { ready <- i },
 			// One user holds every socket of the memory test; sweeping is
 			// not measured here.
 			Env: map[string]string{"MAX_IN_FLIGHT_PER_USER": "100000", "LOG_LEVEL": "warn", "IDLE_TIMEOUT": "24h"},
@@ -110,12 +141,101 @@ func run(bin, out string, dur time.Duration, sockets int) error {
 		return err
 	}
 
-	var report bytes.Buffer
-	fmt.Fprintf(&report, "# Benchmarks\n\nMeasured by `make bench` (`hack/bench`) on %s, %d cores, %s. Direct means wrk talks to the dshsim pod itself (with its auth cookie); proxied means through one edge (session cookie, handshake cached). Both run in the same invocation on the same machine; wrk uses 1 thread and 32 connections for %s per run.\n\n",
-		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), dur)
-	fmt.Fprintln(&report, "| response | direct req/s | proxied req/s | ratio | direct p99 | proxied p99 | added p99 |")
-	fmt.Fprintln(&report, "|---|---|---|---|---|---|---|")
-	var natsReqs, natsMsgs, natsBeacons float64
+	// Every peer forwards to the same pod the direct runs reach. They idle
+	// while another target is under load; one target is loaded at a time.
+	targets := map[string]*target{"direct": e.direct, "edge": e.edge}
+	for _, name := range peerNames {
+		if !o.targets[name] {
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "starting %s\n", name)
+		t, err := startPeer(name, e.direct.addr, o.peerThreads, e.direct)
+		if err != nil {
+			return err
+		}
+		defer t.stop()
+		targets[name] = t
+	}
+	var order []*target
+	for _, name := range allTargets {
+		if o.targets[name] {
+			order = append(order, targets[name])
+		}
+	}
+	r := &results{opts: o, versions: versions(o.targets), loadBefore: loadavg(), edgeBuild: edgeBuild(o.bin), wrk: map[string]map[string][]wrkResult{}}
+
+	if err := r.throughput(ctx, e, order); err != nil {
+		return err
+	}
+	if err := r.latency(ctx, order); err != nil {
+		return err
+	}
+	if o.targets["edge"] {
+		if err := r.websockets(e); err != nil {
+			return err
+		}
+	}
+	for _, t := range order {
+		if t.note != nil {
+			if n := t.note(); n != "" {
+				r.notes = append(r.notes, n)
+			}
+		}
+	}
+
+	report := r.report()
+	if err := os.WriteFile(o.out, report, 0o644); err != nil {
+		return err
+	}
+	fmt.Print(string(report))
+	return nil
+}
+
+// sizes are the two response bodies, files uploaded by prepare.
+var sizes = []struct{ name, path string }{{"1 KiB", "/api/files/1k.bin"}, {"1 MiB", "/api/files/1m.bin"}}
+
+// eachRound calls run for every target in every round, the order of
+// targets rotating by one each round so that no target is always first
+// or last.
+func (r *results) eachRound(ctx context.Context, order []*target, run func(round int, t *target) error) error {
+	for round := range r.opts.rounds {
+		rotated := append(slices.Clone(order[round%len(order):]), order[:round%len(order)]...)
+		for _, t := range rotated {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := run(round, t); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// measured performs one measured run and repeats it, at most twice, while
+// other processes on the machine used more than -max-other cores during
+// it. It returns the cores they used during the run kept.
+func (r *results) measured(what string, run func() error) (float64, error) {
+	for try := 0; ; try++ {
+		s := sampleLoad()
+		if err := run(); err != nil {
+			return 0, err
+		}
+		other := s.other()
+		if other <= r.opts.maxOther || try == 2 {
+			if other > r.opts.maxOther {
+				r.disturbed++
+			}
+			return other, nil
+		}
+		r.repeated++
+		fmt.Fprintf(os.Stderr, "  %s: other processes used %.2f cores; repeating\n", what, other)
+	}
+}
+
+// throughput runs wrk against every target for both sizes, each measured
+// run after a warm-up run on the same URL.
+func (r *results) throughput(ctx context.Context, e *env, order []*target) error {
 	lastSeq := func() float64 {
 		info, err := e.activity.Info(ctx)
 		if err != nil {
@@ -123,59 +243,102 @@ func run(bin, out string, dur time.Duration, sockets int) error {
 		}
 		return float64(info.State.LastSeq)
 	}
-	for _, size := range []struct {
-		name, file string
-	}{{"1 KiB", "1k.bin"}, {"1 MiB", "1m.bin"}} {
-		fmt.Fprintf(os.Stderr, "wrk %s direct\n", size.name)
-		d, err := wrk(e.direct+"/api/files/"+size.file, dur, "Cookie: "+e.dshCookie, "Host: localhost")
-		if err != nil {
-			return err
-		}
-		before, _ := metric(e.metrics, "aaas_nats_out_msgs_total")
-		beaconsBefore := lastSeq()
-		fmt.Fprintf(os.Stderr, "wrk %s proxied\n", size.name)
-		p, err := wrk(e.edge+"/u/bench/api/files/"+size.file, dur, "Cookie: dsh_gw_session="+e.sid)
-		if err != nil {
-			return err
-		}
-		after, _ := metric(e.metrics, "aaas_nats_out_msgs_total")
-		natsReqs += p.requests
-		natsMsgs += after - before
-		natsBeacons += lastSeq() - beaconsBefore
-		fmt.Fprintf(&report, "| %s | %.0f | %.0f | %.2f | %s | %s | %s |\n", size.name, d.rps, p.rps, p.rps/d.rps,
-			ms(d.p99), ms(p.p99), ms(p.p99-d.p99))
+	for _, size := range sizes {
+		r.wrk[size.name] = map[string][]wrkResult{}
 	}
+	return r.eachRound(ctx, order, func(round int, t *target) error {
+		for _, size := range sizes {
+			what := fmt.Sprintf("round %d/%d: wrk %s %s", round+1, r.opts.rounds, size.name, t.name)
+			fmt.Fprintf(os.Stderr, "%s (warm-up %s, then %s)\n", what, r.opts.warmup, r.opts.dur)
+			if _, err := wrk(t, size.path, r.opts.warmup); err != nil {
+				return err
+			}
+			var res wrkResult
+			var msgs, beacons float64
+			other, err := r.measured(what, func() (err error) {
+				natsBefore, _ := metric(e.metrics, "aaas_nats_out_msgs_total")
+				beaconsBefore := lastSeq()
+				res, err = wrk(t, size.path, r.opts.dur)
+				natsAfter, _ := metric(e.metrics, "aaas_nats_out_msgs_total")
+				msgs, beacons = natsAfter-natsBefore, lastSeq()-beaconsBefore
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			res.other = other
+			if t == e.edge {
+				r.natsReqs += res.requests
+				r.natsMsgs += msgs
+				r.natsBeacons += beacons
+			}
+			if res.socket != "" {
+				r.notes = append(r.notes, fmt.Sprintf("wrk reported for %s, %s, round %d: %s", peerTitle(t.name), size.name, round+1, res.socket))
+			}
+			r.wrk[size.name][t.name] = append(r.wrk[size.name][t.name], res)
+		}
+		return nil
+	})
+}
 
+// latency offers the same Poisson arrivals, at half the best peer's 1 KiB
+// peak, to direct, nginx, haproxy and the edge, each measured run after a
+// warm-up at the same rate.
+func (r *results) latency(ctx context.Context, order []*target) error {
+	r.rate = r.opts.rate
+	if r.rate == 0 {
+		_, best := r.bestPeer("1 KiB")
+		r.rate = best / 2
+	}
+	if r.rate == 0 {
+		r.notes = append(r.notes, "The fixed-rate latency runs need nginx or haproxy measured, or -rate.")
+		return nil
+	}
+	r.open = map[string][]rateResult{}
+	order = slices.DeleteFunc(slices.Clone(order), func(t *target) bool { return t.name == "chp" })
+	return r.eachRound(ctx, order, func(round int, t *target) error {
+		what := fmt.Sprintf("round %d/%d: open loop %.0f req/s %s", round+1, r.opts.rounds, r.rate, t.name)
+		fmt.Fprintf(os.Stderr, "%s (warm-up %s, then %s)\n", what, r.opts.warmup, r.opts.dur)
+		g := newGenerator(t, sizes[0].path)
+		defer g.close()
+		if _, err := g.run(r.rate, r.opts.warmup); err != nil {
+			return err
+		}
+		var res rateResult
+		other, err := r.measured(what, func() (err error) {
+			cpu := procCPU(os.Getpid())
+			res, err = g.run(r.rate, r.opts.dur)
+			res.clientCPU = (procCPU(os.Getpid()) - cpu) / time.Duration(max(res.sent, 1))
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		res.other = other
+		r.open[t.name] = append(r.open[t.name], res)
+		return nil
+	})
+}
+
+// websockets measures echo round trips directly and through the edge, and
+// the edge's memory per idle WebSocket.
+func (r *results) websockets(e *env) error {
 	fmt.Fprintln(os.Stderr, "websocket round trips")
-	directRTT, err := wsRTT(strings.Replace(e.direct, "http", "ws", 1)+"/api/ws", http.Header{"Cookie": {e.dshCookie}, "Host": {"localhost"}}, 2000)
-	if err != nil {
+	var err error
+	if r.opts.targets["direct"] {
+		if r.wsDirect, err = wsRTT(e.direct, 2000); err != nil {
+			return err
+		}
+	}
+	if r.wsEdge, err = wsRTT(e.edge, 2000); err != nil {
 		return err
 	}
-	proxiedRTT, err := wsRTT(strings.Replace(e.edge, "http", "ws", 1)+"/u/bench/api/ws", http.Header{"Cookie": {"dsh_gw_session=" + e.sid}}, 2000)
-	if err != nil {
-		return err
+	if r.opts.sockets > 0 {
+		fmt.Fprintf(os.Stderr, "%d idle websockets\n", r.opts.sockets)
+		if r.perSocket, err = idleSockets(e.edge, r.opts.sockets); err != nil {
+			return err
+		}
 	}
-	fmt.Fprintf(&report, "\n| WebSocket echo (2000 round trips, 16 B) | direct | proxied | added |\n|---|---|---|---|\n")
-	fmt.Fprintf(&report, "| p50 | %s | %s | %s |\n", us(directRTT[0]), us(proxiedRTT[0]), us(proxiedRTT[0]-directRTT[0]))
-	fmt.Fprintf(&report, "| p99 | %s | %s | %s |\n", us(directRTT[1]), us(proxiedRTT[1]), us(proxiedRTT[1]-directRTT[1]))
-
-	fmt.Fprintf(os.Stderr, "%d idle websockets\n", sockets)
-	perSocket, err := idleSockets(e, sockets)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(&report, "\n| idle WebSockets held by one edge | edge RSS per socket |\n|---|---|\n| %d | %.1f KiB |\n", sockets, perSocket/1024)
-	if sockets < asked {
-		fmt.Fprintf(&report, "\nThe machine's open-file limit allowed %d of the %d sockets asked for (the edge needs two descriptors per socket: browser side and DSH side).\n", sockets, asked)
-	}
-
-	fmt.Fprintf(&report, "\n| NATS messages sent by the edge while proxying %.0f requests | per 10k requests |\n|---|---|\n| all | %.1f |\n| of which activity beacons | %.1f |\n", natsReqs, 10000*natsMsgs/natsReqs, 10000*natsBeacons/natsReqs)
-	fmt.Fprintf(&report, "\nThe edge publishes at most about one activity beacon per user per second, so the count above scales with time, not with requests.\n")
-
-	if err := os.WriteFile(out, report.Bytes(), 0o644); err != nil {
-		return err
-	}
-	fmt.Print(report.String())
 	return nil
 }
 
@@ -185,8 +348,9 @@ func us(d time.Duration) string { return fmt.Sprintf("%d µs", d.Microseconds())
 // prepare signs up a bench user, uploads the response files, and performs
 // the DSH handshake for direct access.
 func prepare(ctx context.Context, info devstack.Info) (*env, error) {
-	e := &env{edge: info.EdgeURLs[0], metrics: info.Metrics["edge-a"]}
-	req, _ := http.NewRequest("POST", e.edge+"/users", strings.NewReader("user=bench&invite="+info.Invite))
+	edgeURL := info.EdgeURLs[0]
+	e := &env{metrics: info.Metrics["edge-a"]}
+	req, _ := http.NewRequest("POST", edgeURL+"/users", strings.NewReader("user=bench&invite="+info.Invite))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Accept", "application/json")
 	resp, err := http.DefaultClient.Do(req)
@@ -197,15 +361,16 @@ func prepare(ctx context.Context, info devstack.Info) (*env, error) {
 	if resp.StatusCode != http.StatusCreated {
 		return nil, fmt.Errorf("signup: %s", resp.Status)
 	}
+	var sid string
 	for _, c := range resp.Cookies() {
 		if c.Name == "dsh_gw_session" {
-			e.sid = c.Value
+			sid = c.Value
 		}
 	}
 	for name, size := range map[string]int{"1k.bin": 1 << 10, "1m.bin": 1 << 20} {
-		req, _ := http.NewRequest("PUT", e.edge+"/u/bench/api/files/"+name, bytes.NewReader(bytes.Repeat([]byte("x"), size)))
-		req.Header.Set("Cookie", "dsh_gw_session="+e.sid)
-		req.Header.Set("Origin", e.edge)
+		req, _ := http.NewRequest("PUT", edgeURL+"/u/bench/api/files/"+name, bytes.NewReader(bytes.Repeat([]byte("x"), size)))
+		req.Header.Set("Cookie", "dsh_gw_session="+sid)
+		req.Header.Set("Origin", edgeURL)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return nil, err
@@ -215,6 +380,10 @@ func prepare(ctx context.Context, info devstack.Info) (*env, error) {
 			return nil, fmt.Errorf("upload %s: %s", name, resp.Status)
 		}
 	}
+	// The edge listens on 127.0.0.1 and knows itself as localhost:port.
+	host := strings.TrimPrefix(edgeURL, "http://")
+	_, port, _ := strings.Cut(host, ":")
+	e.edge = &target{name: "edge", addr: "127.0.0.1:" + port, host: host, prefix: "/u/bench", cookie: "dsh_gw_session=" + sid, pid: info.PIDs["edge-a"]}
 
 	admin, err := nats.NkeyOptionFromSeed(info.NATSAdmin)
 	if err != nil {
@@ -236,7 +405,6 @@ func prepare(ctx context.Context, info devstack.Info) (*env, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.direct = "http://" + box.Value.Address
 	rc, err := clientcmd.BuildConfigFromFlags("", info.Kubeconfig)
 	if err != nil {
 		return nil, err
@@ -250,63 +418,33 @@ func prepare(ctx context.Context, info devstack.Info) (*env, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.dshCookie, err = handshake.Exchange(ctx, handshake.Client(), handshake.Request{Address: box.Value.Address, Token: token, Host: "localhost"})
+	cookie, err := handshake.Exchange(ctx, handshake.Client(), handshake.Request{Address: box.Value.Address, Token: token, Host: "localhost"})
 	if err != nil {
 		return nil, err
 	}
-	e.edgePID = info.PIDs["edge-a"]
+	e.direct = &target{name: "direct", addr: box.Value.Address, host: "localhost", cookie: cookie}
+	for _, t := range []*target{e.direct, e.edge} {
+		if err := probe(t); err != nil {
+			return nil, fmt.Errorf("%s: %v", t.name, err)
+		}
+	}
 	return e, nil
 }
 
-type wrkResult struct {
-	rps      float64
-	p99      time.Duration
-	requests float64
+// wsDial opens a WebSocket to t's echo endpoint with t's Host and cookie.
+func wsDial(d *websocket.Dialer, t *target) (*websocket.Conn, error) {
+	c, _, err := d.Dial("ws://"+t.addr+t.prefix+"/api/ws", http.Header{"Host": {t.host}, "Cookie": {t.cookie}})
+	if err != nil {
+		return nil, fmt.Errorf("websocket through %s: %w", t.name, err)
+	}
+	return c, nil
 }
 
-var (
-	rpsRE = regexp.MustCompile(`Requests/sec:\s+([\d.]+)`)
-	p99RE = regexp.MustCompile(`\s99%\s+([\d.]+)(us|ms|s)`)
-	reqRE = regexp.MustCompile(`(\d+) requests in`)
-)
-
-func wrk(url string, d time.Duration, headers ...string) (wrkResult, error) {
-	args := []string{"-t1", "-c32", "-d" + d.String(), "--latency"}
-	for _, h := range headers {
-		args = append(args, "-H", h)
-	}
-	outb, err := exec.Command("wrk", append(args, url)...).CombinedOutput()
+// wsRTT returns the p50 and p99 of n echo round trips through t.
+func wsRTT(t *target, n int) ([2]time.Duration, error) {
+	c, err := wsDial(&websocket.Dialer{}, t)
 	if err != nil {
-		return wrkResult{}, fmt.Errorf("wrk: %v\n%s", err, outb)
-	}
-	out := string(outb)
-	if strings.Contains(out, "Non-2xx") {
-		return wrkResult{}, fmt.Errorf("wrk saw errors:\n%s", out)
-	}
-	var r wrkResult
-	if m := rpsRE.FindStringSubmatch(out); m != nil {
-		r.rps, _ = strconv.ParseFloat(m[1], 64)
-	}
-	if m := reqRE.FindStringSubmatch(out); m != nil {
-		r.requests, _ = strconv.ParseFloat(m[1], 64)
-	}
-	if m := p99RE.FindStringSubmatch(out); m != nil {
-		v, _ := strconv.ParseFloat(m[1], 64)
-		unit := map[string]time.Duration{"us": time.Microsecond, "ms": time.Millisecond, "s": time.Second}[m[2]]
-		r.p99 = time.Duration(v * float64(unit))
-	}
-	if r.rps == 0 {
-		return r, fmt.Errorf("wrk output not understood:\n%s", out)
-	}
-	return r, nil
-}
-
-// wsRTT returns the p50 and p99 of n echo round trips.
-func wsRTT(url string, h http.Header, n int) ([2]time.Duration, error) {
-	var d websocket.Dialer
-	c, _, err := d.Dial(url, h)
-	if err != nil {
-		return [2]time.Duration{}, fmt.Errorf("dial %s: %w", url, err)
+		return [2]time.Duration{}, err
 	}
 	defer c.Close()
 	msg := []byte("0123456789abcdef")
@@ -321,21 +459,18 @@ func wsRTT(url string, h http.Header, n int) ([2]time.Duration, error) {
 		}
 		rtts = append(rtts, time.Since(start))
 	}
-	sort.Slice(rtts, func(i, j int) bool { return rtts[i] < rtts[j] })
-	return [2]time.Duration{rtts[n/2], rtts[n*99/100]}, nil
+	return [2]time.Duration{percentile(rtts, 50), percentile(rtts, 99)}, nil
 }
 
 // idleSockets opens n WebSockets through the edge and returns the edge's
 // RSS growth per socket.
-func idleSockets(e *env, n int) (float64, error) {
+func idleSockets(edge *target, n int) (float64, error) {
 	runtime.GC()
-	before, err := rss(e.edgePID)
+	before, err := rss(edge.pid)
 	if err != nil {
 		return 0, err
 	}
 	d := websocket.Dialer{HandshakeTimeout: time.Minute, ReadBufferSize: 512, WriteBufferSize: 512}
-	url := strings.Replace(e.edge, "http", "ws", 1) + "/u/bench/api/ws"
-	h := http.Header{"Cookie": {"dsh_gw_session=" + e.sid}}
 	conns := make([]*websocket.Conn, 0, n)
 	defer func() {
 		for _, c := range conns {
@@ -343,34 +478,18 @@ func idleSockets(e *env, n int) (float64, error) {
 		}
 	}()
 	for i := 0; i < n; i++ {
-		c, _, err := d.Dial(url, h)
+		c, err := wsDial(&d, edge)
 		if err != nil {
 			return 0, fmt.Errorf("socket %d: %w", i, err)
 		}
 		conns = append(conns, c)
 	}
 	time.Sleep(2 * time.Second) // let the edge settle its buffers
-	after, err := rss(e.edgePID)
+	after, err := rss(edge.pid)
 	if err != nil {
 		return 0, err
 	}
 	return float64(after-before) / float64(n), nil
-}
-
-func rss(pid int) (int64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if fs := strings.Fields(s.Text()); len(fs) >= 2 && fs[0] == "VmRSS:" {
-			kb, _ := strconv.ParseInt(fs[1], 10, 64)
-			return kb << 10, nil
-		}
-	}
-	return 0, errors.New("no VmRSS")
 }
 
 // metric reads one unlabelled value from a /metrics endpoint.
