@@ -14,12 +14,11 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aaas-project/aaas/internal/auth"
-	"github.com/aaas-project/aaas/internal/embednats"
+	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/httpguard"
@@ -64,20 +63,8 @@ func newFixture(t testing.TB, upstream http.Handler, mutate func(*Options)) *fix
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	ns, err := embednats.Start(embednats.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Stop)
-	nc, err := nats.Connect(ns.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := natstest.Start(t)
+	_, js := natstest.Connect(t, ns.URL())
 	if err := state.EnsureBuckets(ctx, js, state.DefaultBucketsConfig()); err != nil {
 		t.Fatal(err)
 	}
