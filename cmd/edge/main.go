@@ -104,7 +104,7 @@ func run(p *process.Process, cfg config.Edge) error {
 		Sandboxes: boxes, Handshakes: handshakes, Publisher: pub, Sealer: sealer, Edge: cfg.InstanceID, Slots: slots,
 		WakeTimeout: cfg.WakeTimeout, HandshakeTimeout: cfg.HandshakeTimeout,
 		MaxBody: cfg.MaxBodyBytes, WSMaxMessage: cfg.WSMaxMessageBytes, HeaderAllowlist: cfg.HeaderAllowlist,
-		IdentityHeaders: []string{sso.NameHeader, sso.IDHeader, sso.GroupsHeader}, BeaconInterval: cfg.BeaconInterval,
+		IdentityHeaders: []string{sso.NameHeader, sso.IDHeader, sso.GroupsHeader}, BeaconInterval: cfg.BeaconInterval, BeaconTTL: cfg.BeaconTTL,
 		ReadTimeout: cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Changes: changes,
 		Log: p.Log, Metrics: p.Metrics,
 	})

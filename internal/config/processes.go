@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/httpguard"
 )
@@ -80,9 +81,14 @@ type Edge struct {
 	// HandshakeKeys is HANDSHAKE_KEYS, the key ring shared with lifecycle
 	// (newest first).
 	HandshakeKeys [][]byte
-	// BeaconInterval is BEACON_INTERVAL: heartbeat period while busy;
-	// beacons are trusted for three intervals.
+	// BeaconInterval is BEACON_INTERVAL: heartbeat period while busy.
 	BeaconInterval time.Duration
+	// BeaconTTL is BEACON_TTL: how long a beacon reporting work in flight
+	// keeps the user's sandbox awake. It is how long an edge cut off from
+	// NATS (still serving its users from its caches) can go unheard before
+	// the sweeper reads its silence as idleness, and how long a crashed
+	// edge's last beacon pins its users' sandboxes.
+	BeaconTTL time.Duration
 	// ShutdownTimeout is SHUTDOWN_TIMEOUT, the drain deadline on SIGTERM.
 	ShutdownTimeout time.Duration
 }
@@ -113,7 +119,11 @@ func LoadEdge(e *Env) (Edge, error) {
 		HeaderAllowlist:    e.List("UPSTREAM_HEADER_ALLOWLIST", nil),
 		HandshakeKeys:      handshakeKeys(e),
 		BeaconInterval:     e.Duration("BEACON_INTERVAL", 5*time.Second, 100*time.Millisecond, 5*time.Minute),
+		BeaconTTL:          e.Duration("BEACON_TTL", 2*time.Minute, time.Second, events.MaxBeaconTTL),
 		ShutdownTimeout:    e.Duration("SHUTDOWN_TIMEOUT", 25*time.Second, 0, 10*time.Minute),
+	}
+	if c.BeaconTTL < 2*c.BeaconInterval {
+		e.Fail("BEACON_TTL", "%s is less than two BEACON_INTERVALs (%s): one late beacon would let a busy sandbox look idle", c.BeaconTTL, c.BeaconInterval)
 	}
 	if open := e.Bool("OPEN_SIGNUP", false); c.InviteCode == "" && c.AuthProxyHeader == "" && !open {
 		e.Fail("SIGNUP_INVITE_CODE", "empty, so anyone could sign up; set it, or OPEN_SIGNUP=true to mean that")

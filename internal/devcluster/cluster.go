@@ -84,10 +84,12 @@ type Cluster struct {
 	// Real is the real node (nil on a simulated node).
 	Real *RealNode
 
-	ownDir  bool
-	pki     *pki
-	server  string
-	procs   []*child.Process // in start order
+	ownDir bool
+	pki    *pki
+	server string
+	procs  []*child.Process // in start order
+	// opts are how each of procs was started, for RestartControlPlane.
+	opts    []child.Options
 	cancel  context.CancelFunc
 	log     *slog.Logger
 	started time.Time
@@ -231,7 +233,7 @@ func (c *Cluster) stop() error {
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		c.procs[i].Stop(10 * time.Second)
 	}
-	c.procs = nil
+	c.procs, c.opts = nil, nil
 	var err error
 	if c.Real != nil {
 		err = c.Real.release()
@@ -263,12 +265,50 @@ func (c *Cluster) start(name, bin string, args []string, env []string) (*child.P
 	if env == nil {
 		env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + c.Dir}
 	}
-	p, err := child.Start(child.Options{Name: name, Path: bin, Args: args, Env: env, Dir: c.Dir, Log: filepath.Join(c.Dir, "logs", name+".log")})
+	o := child.Options{Name: name, Path: bin, Args: args, Env: env, Dir: c.Dir, Log: filepath.Join(c.Dir, "logs", name+".log")}
+	p, err := child.Start(o)
 	if err != nil {
 		return nil, err
 	}
 	c.procs = append(c.procs, p)
+	c.opts = append(c.opts, o)
 	return p, nil
+}
+
+// RestartControlPlane stops kube-apiserver and etcd (SIGTERM), keeps them
+// down for down, and starts them again on the same ports and data, as a
+// control-plane upgrade or a managed cluster's API outage does; it returns
+// once the API server is ready again. Clients see refused connections
+// meanwhile, then their watches expire and must resync.
+func (c *Cluster) RestartControlPlane(ctx context.Context, down time.Duration) error {
+	idx := map[string]int{}
+	for i, p := range c.procs {
+		idx[p.Name()] = i
+	}
+	ei, eok := idx["etcd"]
+	ai, aok := idx["kube-apiserver"]
+	if !eok || !aok {
+		return errors.New("devcluster: no etcd or kube-apiserver to restart")
+	}
+	c.procs[ai].Stop(10 * time.Second)
+	c.procs[ei].Stop(10 * time.Second)
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(down):
+	}
+	for _, i := range []int{ei, ai} {
+		p, err := child.Start(c.opts[i])
+		if err != nil {
+			return err
+		}
+		c.procs[i] = p
+	}
+	tr, err := rest.TransportFor(c.Config)
+	if err != nil {
+		return err
+	}
+	return c.waitHealthy(c.procs[ai], c.server+"/readyz", &http.Client{Transport: tr, Timeout: 5 * time.Second}, 90*time.Second)
 }
 
 // waitHealthy polls url until it answers 200, the process dies, or the

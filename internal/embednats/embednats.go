@@ -27,6 +27,10 @@ type Options struct {
 	ClusterName string
 	ClusterPort int
 	Routes      []string
+	// NoAdvertise keeps the node from telling clients the other nodes'
+	// addresses, so a client uses only the URLs it was given (each
+	// process's fault proxies, in the fault tests).
+	NoAdvertise bool
 	// Users, when set, are the only clients the server admits (nkey
 	// users with their permissions: natsauth.Identities.Users); otherwise
 	// anyone may connect.
@@ -74,7 +78,7 @@ func Start(o Options) (*Server, error) {
 		TLSConfig:          o.TLS,
 	}
 	if o.ClusterName != "" {
-		so.Cluster = server.ClusterOpts{Name: o.ClusterName, Host: o.Host, Port: o.ClusterPort}
+		so.Cluster = server.ClusterOpts{Name: o.ClusterName, Host: o.Host, Port: o.ClusterPort, NoAdvertise: o.NoAdvertise}
 		for _, r := range o.Routes {
 			u, err := url.Parse(r)
 			if err != nil {
@@ -116,8 +120,9 @@ type Cluster struct {
 	opts  []Options
 }
 
-// StartCluster runs n nodes with JetStream stores under dir.
-func StartCluster(dir string, n int) (*Cluster, error) {
+// StartCluster runs n nodes with JetStream stores under dir; every node
+// takes base's Users, TLS, NoAdvertise and Debug.
+func StartCluster(dir string, n int, base Options) (*Cluster, error) {
 	c := &Cluster{}
 	var routes []string
 	for i := 0; i < n; i++ {
@@ -132,6 +137,7 @@ func StartCluster(dir string, n int) (*Cluster, error) {
 		c.opts = append(c.opts, Options{
 			Dir: filepath.Join(dir, fmt.Sprintf("n%d", i)), Port: cp, Name: fmt.Sprintf("n%d", i),
 			ClusterName: "aaas", ClusterPort: cport,
+			Users: base.Users, TLS: base.TLS, NoAdvertise: base.NoAdvertise, Debug: base.Debug,
 		})
 		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", cport))
 	}
@@ -182,6 +188,17 @@ func (c *Cluster) URLs() string {
 		}
 	}
 	return strings.Join(us, ",")
+}
+
+// Kill takes node i down at once, as SIGKILL would: the node drops its
+// connections and routes without the shutdown's orderly goodbyes (lame
+// duck, JetStream leader transfer), and its store is left as it was.
+func (c *Cluster) Kill(i int) {
+	if s := c.Nodes[i]; s != nil {
+		s.Server.DisableJetStream()
+		s.Stop()
+		c.Nodes[i] = nil
+	}
 }
 
 // Stop takes node i down.

@@ -215,6 +215,10 @@ type Beacon struct {
 	TTL time.Duration `json:"ttl"`
 }
 
+// MaxBeaconTTL bounds how long one beacon may pin a sandbox, whatever the
+// edge (or whoever publishes under its name) claims.
+const MaxBeaconTTL = 5 * time.Minute
+
 // Subject is where the beacon is published.
 func (b Beacon) Subject() string { return ActivitySubject(b.User, b.Edge) }
 

@@ -319,7 +319,7 @@ func TestLeaseRunFailsOver(t *testing.T) {
 }
 
 func TestClusterKeepsAcknowledgedWritesThroughANodeOutage(t *testing.T) {
-	c := natstest.StartCluster(t, 3)
+	c := natstest.StartCluster(t, 3, embednats.Options{})
 	_, js := natstest.Connect(t, c.URLs())
 	ctx := natstest.Context(t, 90*time.Second)
 	cfg := state.DefaultBucketsConfig()

@@ -19,6 +19,7 @@ type tracker struct {
 	pub      *events.Publisher
 	edge     string
 	interval time.Duration
+	ttl      time.Duration
 	log      *slog.Logger
 
 	users  sync.Map // user -> *userActivity
@@ -32,8 +33,8 @@ type userActivity struct {
 	dirty    atomic.Bool
 }
 
-func newTracker(pub *events.Publisher, edge string, interval time.Duration, log *slog.Logger) *tracker {
-	return &tracker{pub: pub, edge: edge, interval: interval, log: log, urgent: make(chan string, 1024)}
+func newTracker(pub *events.Publisher, edge string, interval, ttl time.Duration, log *slog.Logger) *tracker {
+	return &tracker{pub: pub, edge: edge, interval: interval, ttl: ttl, log: log, urgent: make(chan string, 1024)}
 }
 
 func (t *tracker) get(user string) *userActivity {
@@ -116,7 +117,7 @@ func (t *tracker) send(user string, a *userActivity) {
 	a.sent.Store(now.UnixNano())
 	b := events.Beacon{
 		User: user, Edge: t.edge, InFlight: int(max(a.inFlight.Load(), 0)),
-		LastActive: time.Unix(0, a.last.Load()).UTC(), SentAt: now.UTC(), TTL: 3 * t.interval,
+		LastActive: time.Unix(0, a.last.Load()).UTC(), SentAt: now.UTC(), TTL: t.ttl,
 	}
 	if _, err := t.pub.Beacon(b); err != nil {
 		a.dirty.Store(true) // try again on the next tick

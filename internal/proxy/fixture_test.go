@@ -109,7 +109,7 @@ func newFixture(t testing.TB, upstream http.Handler, mutate func(*Options)) *fix
 		Sealer: f.sealer, Edge: "edge-test", Slots: NewSlots(64),
 		WakeTimeout: 5 * time.Second, HandshakeTimeout: 5 * time.Second,
 		MaxBody: 1 << 20, WSMaxMessage: 1 << 20,
-		BeaconInterval: time.Second, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, Revalidate: time.Second,
+		BeaconInterval: time.Second, BeaconTTL: 3 * time.Second, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, Revalidate: time.Second,
 		Log: log, Metrics: prometheus.NewRegistry(),
 	}
 	if mutate != nil {

@@ -61,7 +61,9 @@ type Options struct {
 	HeaderAllowlist  []string
 	// IdentityHeaders are the SSO headers, never forwarded to DSH.
 	IdentityHeaders []string
-	BeaconInterval  time.Duration
+	// BeaconInterval and BeaconTTL are the activity beacons' period while
+	// busy and how long each is trusted.
+	BeaconInterval, BeaconTTL time.Duration
 	// ReadTimeout bounds how long a request body may stall; WriteTimeout
 	// how long one write to the browser may block (both per chunk, so
 	// long streams are fine). Revalidate is how often long-lived exchanges
@@ -109,7 +111,7 @@ func New(o Options) *Proxy {
 			NetDialContext: up.dialer.DialContext, HandshakeTimeout: 10 * time.Second,
 			ReadBufferSize: wsReadBufferSize, WriteBufferSize: wsWriteBufferSize, WriteBufferPool: wsWriteBuffers,
 		},
-		tracker:    newTracker(o.Publisher, o.Edge, o.BeaconInterval, o.Log),
+		tracker:    newTracker(o.Publisher, o.Edge, o.BeaconInterval, o.BeaconTTL, o.Log),
 		departures: departures{m: map[*request]net.Conn{}},
 		live:       live{m: map[*exchange]struct{}{}},
 	}

@@ -34,10 +34,6 @@ type beacon struct {
 
 func newClocks() *clocks { return &clocks{users: map[string]*clock{}} }
 
-// maxBeaconTTL bounds how long one beacon may pin a sandbox, whatever the
-// edge (or whoever publishes under its name) claims.
-const maxBeaconTTL = 5 * time.Minute
-
 // observe records a beacon the stream stored at sequence seq, time
 // stamped. Times are the stream's, not the edge's: the edge's LastActive
 // counts as an age at sending (SentAt - LastActive) back from stamped, so an
@@ -53,7 +49,7 @@ func (c *clocks) observe(b events.Beacon, seq uint64, stamped time.Time) {
 		u = &clock{edges: map[string]beacon{}}
 		c.users[b.User] = u
 	}
-	next := beacon{inFlight: b.InFlight, lastActive: stamped.Add(-max(b.SentAt.Sub(b.LastActive), 0)), sentAt: stamped, ttl: min(max(b.TTL, 0), maxBeaconTTL)}
+	next := beacon{inFlight: b.InFlight, lastActive: stamped.Add(-max(b.SentAt.Sub(b.LastActive), 0)), sentAt: stamped, ttl: min(max(b.TTL, 0), events.MaxBeaconTTL)}
 	if prev, ok := u.edges[b.Edge]; ok {
 		if prev.sentAt.After(stamped) {
 			return // an older beacon, delivered late

@@ -56,7 +56,7 @@ func TestClocksTrustTheStreamAndOnlyMoveForward(t *testing.T) {
 			{User: "ann", Edge: "a", InFlight: 1, LastActive: t0, SentAt: t0, TTL: 1000 * time.Hour},
 		},
 		stamped:  []time.Time{t0},
-		at:       t0.Add(maxBeaconTTL + time.Second),
+		at:       t0.Add(events.MaxBeaconTTL + time.Second),
 		wantLast: t0,
 	}, {
 		name: "the newest of several edges wins",

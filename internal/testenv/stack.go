@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -27,6 +28,12 @@ type Stack struct {
 	t    testing.TB
 	pkg  *Package
 	NATS *embednats.Server
+	// Cluster, instead of NATS when StackOptions.NATSNodes > 1, is a
+	// cluster of nats-server processes.
+	Cluster *NATSCluster
+	// Faults, when StackOptions.Faults is set, sits between every process
+	// the stack starts and each NATS node.
+	Faults *Faults
 	// IDs are the stack's NATS identities; JS is connected as Admin.
 	IDs *natsauth.Identities
 	JS  jetstream.JetStream
@@ -52,6 +59,12 @@ type StackOptions struct {
 	// Lifecycle, when set, is the INSTANCE_ID of a lifecycle worker the
 	// stack starts (and waits for) before it returns.
 	Lifecycle string
+	// NATSNodes above 1 runs a cluster of that many nats-server processes
+	// with the manifests' configuration, streams and buckets replicated on
+	// every node (STREAM_REPLICAS).
+	NATSNodes int
+	// Faults puts a fault proxy per process and node on the way to NATS.
+	Faults bool
 }
 
 // FrontAddr reserves the address of a front (NewFrontAt) and makes it a
@@ -70,12 +83,20 @@ func (p *Package) NewStack(t testing.TB, o StackOptions) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := natstest.StartWith(t, embednats.Options{Users: ids.Users()})
-	_, js := natstest.Connect(t, s.URL(), natstest.As(t, ids, natsauth.Admin))
-	st := &Stack{t: t, pkg: p, NATS: s, IDs: ids, JS: js, Key: HandshakeKey(),
+	st := &Stack{t: t, pkg: p, IDs: ids, Key: HandshakeKey(),
 		// Short enough for the tests' failovers; setup creates the commands'
 		// consumer with this acknowledgement wait.
 		Env: map[string]string{"COMMAND_ACK_WAIT": "2s", "LEASE_TTL": "2s"}}
+	if o.NATSNodes > 1 {
+		st.Cluster = StartNATSCluster(t, o.NATSNodes, ids)
+		st.Env["STREAM_REPLICAS"] = fmt.Sprint(o.NATSNodes)
+	} else {
+		st.NATS = natstest.StartWith(t, embednats.Options{Users: ids.Users()})
+	}
+	if o.Faults {
+		st.Faults = NewFaults(t)
+	}
+	_, st.JS = natstest.Connect(t, st.NATSURLs(), natstest.As(t, ids, natsauth.Admin))
 	for k, v := range o.Env {
 		st.Env[k] = v
 	}
@@ -98,14 +119,38 @@ func (s *Stack) Setup() {
 // env is the environment of a process of the stack: where NATS is, the
 // role's own identity, the stack's settings, and extra.
 func (s *Stack) env(name string, extra map[string]string) map[string]string {
-	full := map[string]string{"NATS_URL": s.NATS.URL(), "HANDSHAKE_KEYS": s.Key, "NATS_NKEY": s.IDs.SeedFile(natsauth.Role(name))}
+	full := map[string]string{"HANDSHAKE_KEYS": s.Key, "NATS_NKEY": s.IDs.SeedFile(natsauth.Role(name))}
 	for k, v := range s.Env {
 		full[k] = v
 	}
 	for k, v := range extra {
 		full[k] = v
 	}
+	full["NATS_URL"] = s.NATSURLs()
+	if s.Faults != nil && name != "setup" {
+		full["NATS_URL"] = s.Faults.Links(full["INSTANCE_ID"], s.natsAddrs())
+	}
 	return full
+}
+
+// NATSURLs is the client URL list of the stack's NATS, without fault
+// proxies.
+func (s *Stack) NATSURLs() string {
+	if s.Cluster != nil {
+		return s.Cluster.URLs()
+	}
+	return s.NATS.URL()
+}
+
+func (s *Stack) natsAddrs() []string {
+	if s.Cluster == nil {
+		return []string{strings.TrimPrefix(s.NATS.URL(), "nats://")}
+	}
+	var addrs []string
+	for _, n := range s.Cluster.Nodes {
+		addrs = append(addrs, n.Addr())
+	}
+	return addrs
 }
 
 func (s *Stack) start(name string, env map[string]string) *Proc {
@@ -142,7 +187,7 @@ func (s *Stack) Edge(id string, env map[string]string) *Edge {
 	addr := FreeAddr(s.t)
 	full := map[string]string{
 		"LISTEN_ADDR": addr, "INSTANCE_ID": id, "COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1",
-		"BEACON_INTERVAL": "1s", "SHUTDOWN_TIMEOUT": "5s",
+		"BEACON_INTERVAL": "1s", "BEACON_TTL": "3s", "SHUTDOWN_TIMEOUT": "5s",
 		// Tests sign up without an invite unless they set one.
 		"OPEN_SIGNUP":  "true",
 		"PUBLIC_HOSTS": strings.Join(append([]string{addr}, s.PublicHosts...), ","),

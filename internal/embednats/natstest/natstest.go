@@ -32,10 +32,11 @@ func StartWith(t testing.TB, o embednats.Options) *embednats.Server {
 	return s
 }
 
-// StartCluster runs n routed nodes.
-func StartCluster(t testing.TB, n int) *embednats.Cluster {
+// StartCluster runs n routed nodes with base's options (StartCluster in
+// embednats).
+func StartCluster(t testing.TB, n int, base embednats.Options) *embednats.Cluster {
 	t.Helper()
-	c, err := embednats.StartCluster(t.TempDir(), n)
+	c, err := embednats.StartCluster(t.TempDir(), n, base)
 	if err != nil {
 		t.Fatal(err)
 	}

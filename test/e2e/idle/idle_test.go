@@ -31,7 +31,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &pkg)) }
 // and whose sweepers use idle.
 func newStack(t *testing.T, idle time.Duration) *testenv.Stack {
 	return pkg.NewStack(t, testenv.StackOptions{Env: map[string]string{
-		"BEACON_INTERVAL": "1s", "IDLE_TIMEOUT": idle.String(), "SWEEP_INTERVAL": "200ms",
+		"BEACON_INTERVAL": "1s", "BEACON_TTL": "3s", "IDLE_TIMEOUT": idle.String(), "SWEEP_INTERVAL": "200ms",
 	}, Lifecycle: "lc-a"})
 }
 
