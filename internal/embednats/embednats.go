@@ -5,11 +5,13 @@ package embednats
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -226,12 +228,29 @@ func (c *Cluster) Shutdown() {
 	}
 }
 
-// FreePort asks the kernel for an unused TCP port on loopback.
+// FreePort asks the kernel for an unused TCP port on loopback. A port is
+// handed out once per process: an address reserved for a listener that
+// starts later (a front, a child process) is not given to another caller
+// meanwhile, which the kernel, once the probe closes, may well do.
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("free port: %w", err)
+	handedMu.Lock()
+	defer handedMu.Unlock()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, fmt.Errorf("free port: %w", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !handed[port] {
+			handed[port] = true
+			return port, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("free port: the kernel keeps offering ports already handed out")
 }
+
+var (
+	handedMu sync.Mutex
+	handed   = map[int]bool{}
+)

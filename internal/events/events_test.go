@@ -2,6 +2,7 @@ package events_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/aaas-project/aaas/internal/embednats"
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/jsconfig"
@@ -129,6 +132,70 @@ func TestDuplicateCommandIsDeliveredOnce(t *testing.T) {
 	if len(got) != 2 || got[0] != "wake.bob.7" || got[1] != "wake.bob.9" {
 		t.Fatalf("deliveries = %v, want exactly wake.bob.7 then wake.bob.9", got)
 	}
+}
+
+// TestConcurrentDuplicatesOnAClusteredStream publishes one command from
+// many edges at once to an R3 stream. While the first copy is being
+// replicated the stream answers the others "duplicate message id is in
+// process" (409, 10158); each must still end as a collapsed duplicate,
+// never an error the browser would see.
+func TestConcurrentDuplicatesOnAClusteredStream(t *testing.T) {
+	c := natstest.StartCluster(t, 3, embednats.Options{})
+	_, js := natstest.Connect(t, c.URLs())
+	ctx := natstest.Context(t, 60*time.Second)
+	cfg := events.DefaultStreamsConfig()
+	cfg.Replicas = 3
+	if err := events.EnsureStreams(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	conns := make([]jetstream.JetStream, 24)
+	for i := range conns {
+		_, conns[i] = natstest.Connect(t, c.Nodes[i%3].URL())
+	}
+	inProcess := 0
+	for round := range 30 {
+		cmd := events.NewWake("bob", uint64(round+1))
+		// The raw publish shows whether this round hit the race at all.
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		stored, dups := 0, 0
+		for i, pjs := range conns {
+			pub := events.NewPublisher(pjs, fmt.Sprintf("edge-%d", i), quiet)
+			wg.Go(func() {
+				if i%2 == 0 {
+					data, _ := json.Marshal(cmd)
+					_, err := pjs.PublishMsg(ctx, &nats.Msg{Subject: cmd.Subject(), Data: data}, jetstream.WithMsgID(cmd.ID))
+					var apiErr *jetstream.APIError
+					mu.Lock()
+					defer mu.Unlock()
+					if errors.As(err, &apiErr) && apiErr.ErrorCode == 10158 {
+						inProcess++
+					}
+					return
+				}
+				dup, err := pub.Command(ctx, cmd)
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err != nil:
+					t.Errorf("round %d: %v", round, err)
+				case dup:
+					dups++
+				default:
+					stored++
+				}
+			})
+		}
+		wg.Wait()
+		if stored > 1 {
+			t.Errorf("round %d: the command was stored %d times", round, stored)
+		}
+	}
+	// The raw publishes prove the race was there to be handled.
+	if inProcess == 0 {
+		t.Fatal("no raw publish was answered \"in process\": the test did not reach the race it is about")
+	}
+	t.Logf("raw publishes answered \"in process\": %d of %d", inProcess, 30*len(conns)/2)
 }
 
 func TestWorkQueueHandsEachCommandToExactlyOneOfThreeConsumers(t *testing.T) {

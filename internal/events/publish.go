@@ -3,6 +3,7 @@ package events
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -43,11 +44,38 @@ func (p *Publisher) Command(ctx context.Context, c Command) (duplicate bool, err
 	if err != nil {
 		return false, fmt.Errorf("publish %s command: %w", c.Verb, err)
 	}
-	ack, err := p.js.PublishMsg(ctx, &nats.Msg{Subject: c.Subject(), Data: data}, jetstream.WithMsgID(c.ID))
-	if err != nil {
-		return false, fmt.Errorf("publish %s command for %s: %w", c.Verb, c.User, err)
+	for attempt := 1; ; attempt++ {
+		ack, err := p.js.PublishMsg(ctx, &nats.Msg{Subject: c.Subject(), Data: data}, jetstream.WithMsgID(c.ID))
+		switch {
+		case err == nil:
+			return ack.Duplicate, nil
+		// Another publisher (an edge asking for the same wake or
+		// handshake) is storing this very command right now; a clustered
+		// stream says so instead of waiting. Ask again shortly: the answer
+		// is then "duplicate" once that one is stored, or this one is
+		// stored if that one failed.
+		case inProcess(err) && attempt < maxInProcessRetries:
+			select {
+			case <-ctx.Done():
+				return false, fmt.Errorf("publish %s command for %s: %w", c.Verb, c.User, ctx.Err())
+			case <-time.After(time.Duration(attempt) * 20 * time.Millisecond):
+			}
+		default:
+			return false, fmt.Errorf("publish %s command for %s: %w", c.Verb, c.User, err)
+		}
 	}
-	return ack.Duplicate, nil
+}
+
+// errCodeInProcess is JetStream's "duplicate message id is in process".
+const errCodeInProcess jetstream.ErrorCode = 10158
+
+// maxInProcessRetries bounds the retries of a command another publisher
+// is storing (about a second in all).
+const maxInProcessRetries = 10
+
+func inProcess(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeInProcess
 }
 
 // Beacon publishes b without waiting for the acknowledgement. It returns the

@@ -123,7 +123,9 @@ func (w *Worker) Handle(ctx context.Context, d events.Delivery) error {
 		return events.Later(fmt.Errorf("another command of %s is running", c.User), busyDelay(d.Delivered))
 	}
 	defer unlock()
-	w.log.Debug("command received", "verb", c.Verb, "user", c.User, "delivered", d.Delivered)
+	// seq names the message across replicas and redeliveries: the fault
+	// tests count each one's deliveries and completions from these lines.
+	w.log.Debug("command received", "verb", c.Verb, "user", c.User, "seq", d.StreamSeq, "delivered", d.Delivered)
 
 	start := time.Now()
 	// A command whose requester already has an answer was done by an
@@ -132,6 +134,7 @@ func (w *Worker) Handle(ctx context.Context, d events.Delivery) error {
 	if c.RequestID != "" {
 		if prev, err := w.requests.Get(ctx, c.RequestID); err == nil && prev.Value.Outcome != state.OutcomeFailed {
 			w.m.commands.WithLabelValues(string(c.Verb), "duplicate").Observe(time.Since(start).Seconds())
+			w.log.Info("command already answered", "verb", c.Verb, "user", c.User, "seq", d.StreamSeq, "delivered", d.Delivered)
 			return nil
 		}
 	}
@@ -145,9 +148,9 @@ func (w *Worker) Handle(ctx context.Context, d events.Delivery) error {
 	}
 	w.m.commands.WithLabelValues(string(c.Verb), outcome).Observe(time.Since(start).Seconds())
 	if err != nil {
-		w.log.Warn("command failed", "verb", c.Verb, "user", c.User, "delivered", d.Delivered, "err", err)
+		w.log.Warn("command failed", "verb", c.Verb, "user", c.User, "seq", d.StreamSeq, "delivered", d.Delivered, "err", err)
 	} else {
-		w.log.Info("command done", "verb", c.Verb, "user", c.User, "outcome", outcome, "took", time.Since(start).Round(time.Millisecond).String())
+		w.log.Info("command done", "verb", c.Verb, "user", c.User, "seq", d.StreamSeq, "delivered", d.Delivered, "outcome", outcome, "took", time.Since(start).Round(time.Millisecond).String())
 	}
 	return err
 }

@@ -30,6 +30,14 @@ func (e *proxyError) Error() string {
 
 func (e *proxyError) Unwrap() error { return e.Err }
 
+// noControlPlane is errNotRunning caused by err (a command that could
+// not be published), which the log gets.
+func noControlPlane(err error) *proxyError {
+	pe := *errNotRunning
+	pe.Err = err
+	return &pe
+}
+
 // asProxyError maps any error of the request to the one the browser
 // gets: a proxyError as it is, a context ended by the client's departure
 // as 499, anything else (a cause the browser must not see) as 502.
@@ -58,7 +66,7 @@ var (
 	errRefusedTwice = &proxyError{Status: http.StatusServiceUnavailable, Title: "Sandbox unavailable",
 		Detail: "The gateway could not sign in to your sandbox: DSH kept refusing its auth cookie."}
 	errDraining = &proxyError{Status: http.StatusServiceUnavailable, Title: "Edge shutting down",
-		Detail: "This gateway replica is shutting down; retry."}
+		Detail: "This gateway replica is shutting down; reconnect."}
 	errBusy = &proxyError{Status: http.StatusServiceUnavailable, Title: "Too many requests",
 		Detail: "Too many requests to your sandbox are in flight; retry shortly."}
 	errNotYours  = &proxyError{Status: http.StatusForbidden, Title: "Not your sandbox", Detail: "This sandbox belongs to another user."}

@@ -180,10 +180,17 @@ func (p *Proxy) serve(c *fiber.Ctx) error {
 		return c.Redirect(loc, code)
 	}
 	ws := websocket.FastHTTPIsWebSocketUpgrade(c.Context())
+	// A request that still reaches a draining edge (on a front's pooled
+	// connection, or before the endpoint list catches up) is served, and
+	// its connection closed so the next request goes elsewhere: a 503 here
+	// would reach the browser, as fronts do not retry on it. A new
+	// WebSocket would be cut at once, so it is told to go away (1001) and
+	// reconnects through another edge.
 	if p.draining.Load() {
-		c.Set(fiber.HeaderConnection, "close")
-		c.Set(fiber.HeaderRetryAfter, "1")
-		return p.refuse(c, rid, ws, errDraining)
+		c.Context().SetConnectionClose()
+		if ws {
+			return p.refuse(c, rid, ws, errDraining)
+		}
 	}
 	id, err := p.o.Auth.Authenticate(c)
 	switch {
@@ -242,6 +249,11 @@ func (p *Proxy) fail(c *fiber.Ctx, rid string, err error) int {
 		return statusClientClosed
 	case pe.Err != nil && pe.Status >= 500:
 		p.o.Log.Warn("proxy error", "request_id", rid, "status", pe.Status, "err", pe.Err)
+	}
+	// Every refusal for want of a sandbox or a control plane is worth
+	// retrying shortly, and says so.
+	if pe.Status == fiber.StatusServiceUnavailable && len(c.Response().Header.Peek(fiber.HeaderRetryAfter)) == 0 {
+		c.Set(fiber.HeaderRetryAfter, "2")
 	}
 	detail := pe.Detail
 	if pe.Status >= 500 {

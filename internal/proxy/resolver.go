@@ -126,7 +126,7 @@ func (r *Resolver) ready(ctx context.Context, user string, wait bool) (state.San
 			if e.Revision != woken {
 				if _, err := r.Commands.Command(ctx, events.NewWake(user, e.Revision)); err != nil {
 					r.m.wakes.WithLabelValues("unavailable").Inc()
-					return state.Sandbox{}, errNotRunning
+					return state.Sandbox{}, noControlPlane(err)
 				}
 				woken = e.Revision
 			}
@@ -194,7 +194,7 @@ func (r *Resolver) cookie(ctx context.Context, t Target, box state.Sandbox, stal
 		if ctx.Err() != nil {
 			return Upstream{}, ctx.Err()
 		}
-		return Upstream{}, errNotRunning
+		return Upstream{}, noControlPlane(err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, r.HandshakeTimeout)
 	defer cancel()

@@ -38,10 +38,13 @@ var wsWriteBuffers = &sync.Pool{}
 
 // closeCode is the close code a browser gets for a refusal: 4401 asks the
 // page to sign in again (also when it is signed in as another user), 4403
-// says it may not, 1011 covers the rest.
+// says it may not, 1001 sends it to another edge, 1011 covers the rest.
 func closeCode(pe *proxyError) int {
-	if pe == errNotYours { // signed in as someone else: sign in again
+	switch pe {
+	case errNotYours: // signed in as someone else: sign in again
 		return closeUnauthorized
+	case errDraining: // this edge is going away; reconnect elsewhere
+		return websocket.CloseGoingAway
 	}
 	switch pe.Status {
 	case fiber.StatusUnauthorized:

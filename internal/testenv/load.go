@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -53,11 +54,17 @@ type LoadReport struct {
 	Uploads, UploadsFailed int
 	// Sockets counts WebSocket sessions opened; Closed their ends by close
 	// code (-1: the connection broke without one), Reconnected the
-	// sessions opened again after an end, Lost echoes never answered.
+	// sessions opened again after an end. Unanswered counts messages sent
+	// just before a 1001 close (the closing side may send nothing after
+	// its close frame, so the page sends them again on its new socket);
+	// Lost counts messages never answered otherwise.
 	Sockets     int
 	Closed      map[int]int
 	Reconnected int
+	Unanswered  int
 	Lost        int
+	// Failures are the first few failed requests, with what they got.
+	Failures []string
 }
 
 // StartLoad starts the traffic against base (http://host:port); Stop
@@ -89,7 +96,7 @@ func (l *Load) Report() LoadReport {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.r
-	r.Requests, r.Closed = map[string]int{}, map[int]int{}
+	r.Requests, r.Closed, r.Failures = map[string]int{}, map[int]int{}, slices.Clone(l.r.Failures)
 	for k, v := range l.r.Requests {
 		r.Requests[k] = v
 	}
@@ -141,7 +148,7 @@ func (l *Load) request(c *Client, method, kind, u string, body []byte, check fun
 		req.Header.Set("Content-Type", "application/octet-stream")
 	}
 	resp, err := c.HTTP.Do(req)
-	outcome := "error"
+	outcome, detail := "error", fmt.Sprint(err)
 	if err == nil {
 		b, rerr := io.ReadAll(resp.Body)
 		resp.Body.Close()
@@ -152,10 +159,14 @@ func (l *Load) request(c *Client, method, kind, u string, body []byte, check fun
 		if rerr != nil {
 			outcome = "cut"
 		}
+		detail = fmt.Sprintf("%s %.300s %v", resp.Status, b, rerr)
 	}
 	l.count(func(r *LoadReport) {
 		r.Requests[method+" "+kind+" "+outcome]++
 		failed := outcome != "200"
+		if failed && len(r.Failures) < 10 {
+			r.Failures = append(r.Failures, fmt.Sprintf("%s %s at %s: %s", method, u, time.Now().Format("15:04:05.000"), detail))
+		}
 		if method == http.MethodGet {
 			r.Sent++
 			if failed {
@@ -204,7 +215,11 @@ func (l *Load) socket(ctx context.Context, base, user string, c *Client) {
 		conn.Close()
 		if ctx.Err() == nil || code != 0 {
 			l.count(func(r *LoadReport) {
-				r.Lost += lost
+				if code == websocket.CloseGoingAway {
+					r.Unanswered += lost
+				} else {
+					r.Lost += lost
+				}
 				if code != 0 {
 					r.Closed[code]++
 				}
@@ -290,7 +305,8 @@ func (r LoadReport) Rows() [][2]string {
 		[2]string{"websocket sessions opened", fmt.Sprint(r.Sockets)},
 		[2]string{"websockets closed (count×code)", closed},
 		[2]string{"websockets reconnected", fmt.Sprint(r.Reconnected)},
-		[2]string{"websocket echoes lost", fmt.Sprint(r.Lost)},
+		[2]string{"websocket messages in flight at a 1001 close", fmt.Sprint(r.Unanswered)},
+		[2]string{"websocket messages lost otherwise", fmt.Sprint(r.Lost)},
 	)
 	return rows
 }

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"net/http"
@@ -71,7 +72,7 @@ func StartNATSCluster(t testing.TB, n int, ids *natsauth.Identities) *NATSCluste
 	type ports struct{ client, cluster, monitor int }
 	var ps []ports
 	var routes []string
-	password := HandshakeKey()[:24]
+	password := hex.EncodeToString([]byte(HandshakeKey()[:12]))
 	for range n {
 		p := ports{freePort(t), freePort(t), freePort(t)}
 		ps = append(ps, p)
@@ -83,7 +84,7 @@ func StartNATSCluster(t testing.TB, n int, ids *natsauth.Identities) *NATSCluste
 		env := map[string]string{
 			"POD_NAME": name, "NATS_ROUTE_PASSWORD": password,
 			"NATS_ROUTES":     `["` + strings.Join(routes, `","`) + `"]`,
-			"NATS_ADMIN_NKEY": ids.Public(natsauth.Admin),
+			"NATS_ADMIN_NKEY": ids.Public(natsauth.Admin), "NATS_STORE_DIR": filepath.Join(dir, name),
 		}
 		for _, r := range natsauth.Roles {
 			env["NATS_"+strings.ToUpper(string(r))+"_NKEY"] = ids.Public(r)
@@ -95,7 +96,7 @@ func StartNATSCluster(t testing.TB, n int, ids *natsauth.Identities) *NATSCluste
 			// the rest is the manifests' configuration.
 			"--addr", "127.0.0.1", "--port", fmt.Sprint(p.client), "--http_port", fmt.Sprint(p.monitor),
 			"--cluster", fmt.Sprintf("nats://127.0.0.1:%d", p.cluster),
-			"--store_dir", filepath.Join(dir, name), "--pid", filepath.Join(dir, name+".pid"),
+			"--pid", filepath.Join(dir, name+".pid"),
 			// Clients use only the URLs they are given (each process's fault
 			// proxies), not the addresses the nodes would advertise.
 			"--no_advertise",
@@ -127,7 +128,8 @@ func freePort(t testing.TB) int {
 
 // writeNATSConfig copies manifests/base/nats into dir, the harness's
 // Admin identity (every permission; the tests observe and inject through
-// it) added to the users, and returns the path of nats.conf.
+// it) added to the users and the store moved to $NATS_STORE_DIR, and
+// returns the path of nats.conf.
 func writeNATSConfig(t testing.TB, dir string) string {
 	t.Helper()
 	const src = "manifests/base/nats"
@@ -144,6 +146,11 @@ func writeNATSConfig(t testing.TB, dir string) string {
 			s := strings.Replace(string(b), "users: [\n", "users: [\n    {nkey: $NATS_ADMIN_NKEY}\n", 1)
 			if s == string(b) {
 				t.Fatal("manifests/base/nats/nats.conf has no users list to add the harness identity to")
+			}
+			b = []byte(s)
+			// Each node's store is its own directory.
+			if s = strings.Replace(s, "store_dir: /data\n", "store_dir: $NATS_STORE_DIR\n", 1); s == string(b) {
+				t.Fatal("manifests/base/nats/nats.conf has no store_dir: /data to move")
 			}
 			b = []byte(s)
 		}

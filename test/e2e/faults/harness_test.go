@@ -1,0 +1,223 @@
+// Package faults runs the whole system under steady traffic and breaks
+// it the ways operators see it break: rolling restarts, NATS nodes
+// killed, an edge cut off from NATS, lifecycle killed mid-command, the API
+// server restarted, the sweeper failing over. Each scenario logs a table of
+// figures (go test -v; docs/RELIABILITY.md holds a full run's) and fails
+// on any loss the design promises not to have.
+package faults
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
+	"github.com/aaas-project/aaas/internal/testenv"
+	"github.com/aaas-project/aaas/internal/testutil"
+)
+
+var pkg testenv.Package
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &pkg)) }
+
+// size is a scenario's scale: small in `make test`, FAULTS_SCALE=full
+// (make reliability) for the figures in docs/RELIABILITY.md.
+func size(ci, full int) int {
+	if os.Getenv("FAULTS_SCALE") == "full" {
+		return full
+	}
+	return ci
+}
+
+// system is the production shape on one machine: a 3-node NATS cluster
+// (R3 streams and buckets) with a fault proxy between every process and
+// every node, two lifecycle workers, three edges behind the pooling nginx
+// front, two sweepers, and signed-in users.
+type system struct {
+	*testenv.Stack
+	t          *testing.T
+	front      *testenv.Front
+	edges      []*testenv.Edge
+	lifecycles []*testenv.Proc
+	sweepers   []*testenv.Proc
+	// users are signed in through the front, by name.
+	users map[string]*testenv.Client
+}
+
+type systemOptions struct {
+	users int
+	env   map[string]string
+	// noSweepers leaves the sweepers out (their suspends would interfere).
+	noSweepers bool
+}
+
+func newSystem(t *testing.T, o systemOptions) *system {
+	env := map[string]string{"SWEEP_INTERVAL": "1s", "IDLE_TIMEOUT": "1h", "WAKE_TIMEOUT": "60s"}
+	for k, v := range o.env {
+		env[k] = v
+	}
+	st := pkg.NewStack(t, testenv.StackOptions{NATSNodes: 3, Faults: true, Env: env})
+	s := &system{Stack: st, t: t, users: map[string]*testenv.Client{}}
+	addr := st.FrontAddr()
+	for _, id := range []string{"lc-a", "lc-b"} {
+		s.lifecycles = append(s.lifecycles, st.Lifecycle(id))
+	}
+	var backends []string
+	for _, id := range []string{"edge-a", "edge-b", "edge-c"} {
+		e := st.Edge(id, nil)
+		s.edges = append(s.edges, e)
+		backends = append(backends, strings.TrimPrefix(e.URL, "http://"))
+	}
+	s.front = testenv.NewFrontAt(t, addr, backends...)
+	if !o.noSweepers {
+		for _, id := range []string{"sw-a", "sw-b"} {
+			s.sweepers = append(s.sweepers, st.Sweeper(id, nil))
+		}
+	}
+	s.signup(userNames("u", o.users)...)
+	return s
+}
+
+func userNames(prefix string, n int) []string {
+	var names []string
+	for i := range n {
+		names = append(names, fmt.Sprintf("%s%d", prefix, i))
+	}
+	return names
+}
+
+// signup signs users up through the front, concurrently, and waits until
+// every sandbox is Ready.
+func (s *system) signup(names ...string) {
+	s.t.Helper()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, u := range names {
+		c := testenv.NewClient(s.t, s.front.URL())
+		wg.Go(func() {
+			c.Signup(u, "")
+			mu.Lock()
+			s.users[u] = c
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	for _, u := range names {
+		s.waitPhase(u, state.PhaseReady, 3*time.Minute)
+	}
+}
+
+func (s *system) waitPhase(user string, phase state.Phase, within time.Duration) {
+	s.t.Helper()
+	ctx := testenv.Context(s.t, within)
+	if _, _, err := s.Sandboxes().Wait(ctx, user, func(e kv.Entry[state.Sandbox], ok bool) bool { return ok && e.Value.Phase == phase }); err != nil {
+		s.t.Fatalf("%s not %s within %s: %+v", user, phase, within, s.Box(user))
+	}
+}
+
+// load starts traffic from every signed-in user through the front.
+func (s *system) load(o testenv.LoadOptions) *testenv.Load {
+	o.Users = s.users
+	return testenv.StartLoad(s.t, s.front.URL(), o)
+}
+
+// sessionsLost counts users whose session cookie no longer gets them
+// their sandbox through the front.
+func (s *system) sessionsLost() int {
+	lost := 0
+	for u, c := range s.users {
+		if r := c.Do(http.MethodGet, "/u/"+u+"/api/files", nil, "Accept", "application/json"); r.StatusCode != http.StatusOK {
+			s.t.Logf("session of %s: %d %.200s", u, r.StatusCode, r.Body)
+			lost++
+		}
+	}
+	return lost
+}
+
+// commandLog is what the lifecycle workers' logs say about commands.
+type commandLog struct {
+	// received and done count log lines per stream sequence.
+	received, done map[uint64]int
+	// answered counts deliveries of commands another delivery had done.
+	answered int
+	// maxDelivered is the highest delivery count seen per verb and user.
+	maxDelivered map[string]int
+}
+
+func (s *system) commands() commandLog {
+	cl := commandLog{received: map[uint64]int{}, done: map[uint64]int{}, maxDelivered: map[string]int{}}
+	for _, p := range s.lifecycles {
+		for _, line := range strings.Split(p.Logs(), "\n") {
+			var m struct {
+				Msg       string `json:"msg"`
+				Verb      string `json:"verb"`
+				User      string `json:"user"`
+				Seq       uint64 `json:"seq"`
+				Delivered int    `json:"delivered"`
+			}
+			if !strings.HasPrefix(line, "{") || json.Unmarshal([]byte(line), &m) != nil || m.Seq == 0 {
+				continue
+			}
+			switch m.Msg {
+			case "command received":
+				cl.received[m.Seq]++
+				k := m.Verb + " " + m.User
+				cl.maxDelivered[k] = max(cl.maxDelivered[k], m.Delivered)
+			case "command done":
+				cl.done[m.Seq]++
+			case "command already answered":
+				cl.answered++
+			}
+		}
+	}
+	return cl
+}
+
+// duplicated is how many commands were carried out more than once.
+func (cl commandLog) duplicated() int {
+	n := 0
+	for _, c := range cl.done {
+		if c > 1 {
+			n++
+		}
+	}
+	return n
+}
+
+// report logs a scenario's table.
+func report(t *testing.T, title string, rows ...[][2]string) {
+	var all [][2]string
+	for _, r := range rows {
+		all = append(all, r...)
+	}
+	t.Log(testenv.Table(title, all))
+}
+
+func row(name string, v any) [2]string { return [2]string{name, fmt.Sprint(v)} }
+
+func seconds(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', 1, 64) + " s" }
+
+// eventually polls fn until it succeeds and returns how long it took.
+func eventually(t *testing.T, within time.Duration, fn func() error) time.Duration {
+	t.Helper()
+	start := time.Now()
+	testutil.Eventually(t, within, fn)
+	return time.Since(start)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
