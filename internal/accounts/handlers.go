@@ -100,7 +100,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	}
 	sid, err := s.o.Auth.Store().Create(context.Background(), user, "signup")
 	if err != nil {
-		return s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
+		return s.unavailable(c, "signup: session not created", err)
 	}
 	s.setCookie(c, sid)
 	s.audit(events.AuditEvent{Kind: events.AuditSignup, User: user, RequestID: req, Outcome: state.OutcomeCreated})
@@ -150,7 +150,7 @@ func (s *Service) login(c *fiber.Ctx) error {
 	user := u.Name
 	sid, err := s.o.Auth.Store().Create(context.Background(), user, "login")
 	if err != nil {
-		return s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
+		return s.unavailable(c, "login: session not created", err)
 	}
 	// Signing in again replaces the browser's session: the old id, which
 	// the new cookie overwrites, must not stay usable elsewhere.
@@ -195,7 +195,7 @@ func (s *Service) logout(c *fiber.Ctx) error {
 			return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 		}
 		if err := s.o.Auth.Revoke(context.Background(), id); err != nil {
-			return s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
+			return s.unavailable(c, "logout: session not revoked", err)
 		}
 		s.audit(events.AuditEvent{Kind: events.AuditLogout, User: id.User, Outcome: "ok"})
 	}

@@ -186,6 +186,11 @@ func wantsJSON(c *fiber.Ctx) bool {
 // that a browser's refused sign-up or sign-in form gets the landing page
 // back with the error above the form.
 func (s *Service) fail(c *fiber.Ctx, status int, msg string) error {
+	// What the bus or the cluster could not do now is worth retrying
+	// shortly, and says so.
+	if status == fiber.StatusServiceUnavailable {
+		c.Set(fiber.HeaderRetryAfter, "2")
+	}
 	if web.WantsHTML(c) && c.Method() == fiber.MethodPost && (c.Path() == "/users" || c.Path() == "/login") {
 		c.Status(status)
 		c.Set(fiber.HeaderCacheControl, "no-store")
@@ -193,6 +198,13 @@ func (s *Service) fail(c *fiber.Ctx, status int, msg string) error {
 		return web.RenderLanding(c, web.Landing{Error: msg, Invite: s.o.InviteCode != "", MaxUserLen: auth.MaxUserLen})
 	}
 	return web.WriteProblem(c, web.Problem{Status: status, Title: statusTitle(status), Detail: msg, SignIn: status == fiber.StatusUnauthorized})
+}
+
+// unavailable answers 503 for a failure to reach the bus; the cause goes
+// to the log only.
+func (s *Service) unavailable(c *fiber.Ctx, what string, err error) error {
+	s.o.Log.Warn(what, "err", err)
+	return s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
 }
 
 func statusTitle(code int) string {

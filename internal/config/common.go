@@ -19,6 +19,11 @@ type Common struct {
 	NATSURL string
 	// NATS holds how the process authenticates to NATS and verifies it.
 	NATS NATSAuth
+	// NATSFailoverWait is NATS_FAILOVER_WAIT: how long a command or KV
+	// write keeps trying while a NATS node's streams elect new leaders
+	// (raft takes 4-9 s); past it, without quorum, requests that need a
+	// write answer 503.
+	NATSFailoverWait time.Duration
 	// InstanceID is INSTANCE_ID, this replica's name in beacons, leases and
 	// audit events; defaults to the host name plus a random suffix.
 	InstanceID string
@@ -42,12 +47,13 @@ var instanceRE = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
 // default METRICS_ADDR.
 func LoadCommon(e *Env, defaultMetrics string) Common {
 	c := Common{
-		NATSURL:     e.String("NATS_URL", "nats://127.0.0.1:4222"),
-		InstanceID:  e.String("INSTANCE_ID", defaultInstanceID()),
-		MetricsAddr: e.String("METRICS_ADDR", defaultMetrics),
-		Pprof:       e.Bool("PPROF", false),
-		Streams:     events.DefaultStreamsConfig(),
-		Buckets:     state.DefaultBucketsConfig(),
+		NATSURL:          e.String("NATS_URL", "nats://127.0.0.1:4222"),
+		InstanceID:       e.String("INSTANCE_ID", defaultInstanceID()),
+		MetricsAddr:      e.String("METRICS_ADDR", defaultMetrics),
+		Pprof:            e.Bool("PPROF", false),
+		NATSFailoverWait: e.Duration("NATS_FAILOVER_WAIT", 15*time.Second, 0, 5*time.Minute),
+		Streams:          events.DefaultStreamsConfig(),
+		Buckets:          state.DefaultBucketsConfig(),
 	}
 	c.NATS = loadNATSAuth(e)
 	if !instanceRE.MatchString(c.InstanceID) {

@@ -27,6 +27,9 @@ type Options struct {
 	// InboxPrefix replaces _INBOX for replies; each identity may only
 	// subscribe below its own.
 	InboxPrefix string
+	// FailoverWait is how long a synchronous publish keeps trying while
+	// its stream elects a new leader (see failover).
+	FailoverWait time.Duration
 }
 
 // Connect dials NATS and waits until the first connection succeeds or ctx
@@ -73,6 +76,9 @@ func Connect(ctx context.Context, o Options, log *slog.Logger) (*nats.Conn, jets
 	if err != nil {
 		nc.Close()
 		return nil, nil, fmt.Errorf("jetstream: %w", err)
+	}
+	if o.FailoverWait > 0 {
+		js = failover{JetStream: js, wait: o.FailoverWait}
 	}
 	return nc, js, nil
 }

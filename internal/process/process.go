@@ -82,6 +82,7 @@ func Start(role natsauth.Role, common config.Common) (*Process, error) {
 func connect(ctx context.Context, role natsauth.Role, common config.Common, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
 	return natsconn.Connect(ctx, natsconn.Options{
 		URL: common.NATSURL, Name: string(role) + "/" + common.InstanceID, Auth: common.NATS, InboxPrefix: role.InboxPrefix(),
+		FailoverWait: common.NATSFailoverWait,
 	}, log)
 }
 

@@ -123,9 +123,12 @@ func (s *system) waitPhase(user string, phase state.Phase, within time.Duration)
 	}
 }
 
-// load starts traffic from every signed-in user through the front.
+// load starts traffic through the front from o.Users, or every
+// signed-in user.
 func (s *system) load(o testenv.LoadOptions) *testenv.Load {
-	o.Users = s.users
+	if o.Users == nil {
+		o.Users = s.users
+	}
 	return testenv.StartLoad(s.t, s.front.URL(), o)
 }
 

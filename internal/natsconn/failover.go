@@ -1,0 +1,66 @@
+package natsconn
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// failover is a JetStream whose publishes (commands, KV writes, beacons,
+// audit events) ride through a stream's leader election: when a NATS node dies,
+// the streams it led answer nobody until the survivors elect a new leader
+// (raft's election timeout is 4-9 s), and a write in that window would
+// otherwise fail at once. Each publish is retried until it is stored, its
+// context ends, or wait has passed (no quorum at all: the caller answers
+// 503). Retrying is safe: commands carry a message id the stream
+// deduplicates, and KV writes expect a revision (a retry of a write that
+// was stored after all is a conflict the caller re-reads).
+type failover struct {
+	jetstream.JetStream
+	wait time.Duration
+}
+
+func (f failover) Publish(ctx context.Context, subject string, data []byte, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	return f.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: data}, opts...)
+}
+
+func (f failover) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	deadline := time.Now().Add(f.wait)
+	for attempt := 1; ; attempt++ {
+		ack, err := f.JetStream.PublishMsg(ctx, m, opts...)
+		if err == nil || !leaderless(ctx, err) || !time.Now().Before(deadline) {
+			return ack, err
+		}
+		pause := min(time.Duration(attempt)*100*time.Millisecond, time.Second, time.Until(deadline))
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(pause):
+		}
+	}
+}
+
+// PublishMsgAsync (beacons, audit events) retries the same way, in the
+// client's own retry loop: every failoverStep while nobody answers, for
+// wait in all.
+func (f failover) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	return f.JetStream.PublishMsgAsync(m, append(opts, jetstream.WithRetryWait(failoverStep), jetstream.WithRetryAttempts(int(f.wait/failoverStep)))...)
+}
+
+// failoverStep is the pause between asynchronous attempts.
+const failoverStep = 250 * time.Millisecond
+
+// leaderless reports whether err means the stream had no leader to store
+// the message (or lost it mid-request), as opposed to a refusal.
+func leaderless(ctx context.Context, err error) bool {
+	switch {
+	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrTimeout):
+		return true
+	case errors.Is(err, context.DeadlineExceeded):
+		return ctx.Err() == nil // the attempt's own timeout, not the caller's
+	}
+	return false
+}
