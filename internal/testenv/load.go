@@ -120,16 +120,16 @@ func (l *Load) browse(ctx context.Context, base, user string, c *Client) {
 	for i := 0; ctx.Err() == nil; i++ {
 		switch {
 		case i%5 == 4:
-			l.request(c, http.MethodPost, "upload", prefix+"/api/echo", uploadBody, nil)
+			l.request(c, base, http.MethodPost, "upload", prefix+"/api/echo", uploadBody, nil)
 		case i%7 == 6:
-			l.request(c, http.MethodGet, "events", prefix+"/api/events?interval=20&count=3", nil, func(b []byte) error {
+			l.request(c, base, http.MethodGet, "events", prefix+"/api/events?interval=20&count=3", nil, func(b []byte) error {
 				if n := bytes.Count(b, []byte("event: tick")); n != 3 {
 					return fmt.Errorf("%d of 3 events", n)
 				}
 				return nil
 			})
 		default:
-			l.request(c, http.MethodGet, "small", prefix+"/api/files", nil, nil)
+			l.request(c, base, http.MethodGet, "small", prefix+"/api/files", nil, nil)
 		}
 		select {
 		case <-ctx.Done():
@@ -141,10 +141,10 @@ func (l *Load) browse(ctx context.Context, base, user string, c *Client) {
 // request sends one request; a request is counted once it is sent, even
 // if the Load stops meanwhile (the client never gives up on it: an
 // answer that never comes is a failure the scenario must see).
-func (l *Load) request(c *Client, method, kind, u string, body []byte, check func([]byte) error) {
+func (l *Load) request(c *Client, base, method, kind, u string, body []byte, check func([]byte) error) {
 	req, _ := http.NewRequest(method, u, bytes.NewReader(body))
 	if method != http.MethodGet {
-		req.Header.Set("Origin", c.Base)
+		req.Header.Set("Origin", base)
 		req.Header.Set("Content-Type", "application/octet-stream")
 	}
 	resp, err := c.HTTP.Do(req)

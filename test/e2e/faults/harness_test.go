@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"sort"
 	"strconv"
@@ -18,6 +19,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testenv"
@@ -57,6 +61,8 @@ type systemOptions struct {
 	env   map[string]string
 	// noSweepers leaves the sweepers out (their suspends would interfere).
 	noSweepers bool
+	// edgeEnv adds to the environment of the edge with that INSTANCE_ID.
+	edgeEnv map[string]map[string]string
 }
 
 func newSystem(t *testing.T, o systemOptions) *system {
@@ -72,7 +78,7 @@ func newSystem(t *testing.T, o systemOptions) *system {
 	}
 	var backends []string
 	for _, id := range []string{"edge-a", "edge-b", "edge-c"} {
-		e := st.Edge(id, nil)
+		e := st.Edge(id, o.edgeEnv[id])
 		s.edges = append(s.edges, e)
 		backends = append(backends, strings.TrimPrefix(e.URL, "http://"))
 	}
@@ -223,4 +229,23 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(ks)
 	return ks
+}
+
+func mustURL(t *testing.T, raw string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// stream is the activity stream, read as the harness's Admin.
+func stream(t *testing.T, s *system) jetstream.Stream {
+	t.Helper()
+	st, err := s.JS.Stream(testenv.Context(t, 10*time.Second), events.StreamActivity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }
