@@ -116,3 +116,7 @@ func (c *Client) From(ip string) *Client {
 
 // WithTimeout sets the client timeout.
 func (c *Client) WithTimeout(d time.Duration) *Client { c.HTTP.Timeout = d; return c }
+
+// At is a client with the same cookies and connections for another base
+// URL (an edge's own address instead of the front's).
+func (c *Client) At(base string) *Client { return &Client{t: c.t, Base: base, HTTP: c.HTTP} }

@@ -40,8 +40,9 @@ func NewFaults(t testing.TB) *Faults {
 }
 
 // Links gives instance its own proxy to each of upstreams (host:port) and
-// returns their URLs as NATS_URL; the same instance gets the same links
-// again (a restarted process keeps its path to the bus).
+// returns their URLs as NATS_URL (nats://host:port, comma-separated); the
+// same instance gets the same links again (a restarted process keeps its
+// path to the bus).
 func (f *Faults) Links(instance string, upstreams []string) string {
 	f.t.Helper()
 	f.mu.Lock()

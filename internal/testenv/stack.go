@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/aaas-project/aaas/internal/embednats"
@@ -162,14 +165,44 @@ func (s *Stack) start(name string, env map[string]string) *Proc {
 }
 
 // Lifecycle starts a lifecycle worker as the manifests' ServiceAccount and
-// waits until it is ready.
+// waits until it is ready. With Faults, its Kubernetes API traffic goes
+// through a fault link too, named "kube-<id>".
 func (s *Stack) Lifecycle(id string) *Proc {
 	s.t.Helper()
+	kubeconfig := s.NS.Kubeconfig
+	if s.Faults != nil {
+		kubeconfig = s.faultyKubeconfig("kube-" + id)
+	}
 	p := s.start("lifecycle", map[string]string{
-		"KUBECONFIG": s.NS.Kubeconfig, "NAMESPACE": s.NS.Name, "INSTANCE_ID": id,
+		"KUBECONFIG": kubeconfig, "NAMESPACE": s.NS.Name, "INSTANCE_ID": id,
 	})
 	p.WaitReady(s.t, time.Minute)
 	return p
+}
+
+// faultyKubeconfig is the namespace's kubeconfig with the API server
+// reached through the fault link name (the server's certificate names
+// 127.0.0.1, so TLS is unaffected by the port).
+func (s *Stack) faultyKubeconfig(name string) string {
+	s.t.Helper()
+	cfg, err := clientcmd.LoadFromFile(s.NS.Kubeconfig)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for _, c := range cfg.Clusters {
+		u, err := url.Parse(c.Server)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		link := strings.TrimPrefix(s.Faults.Links(name, []string{u.Host}), "nats://")
+		u.Host = link
+		c.Server = u.String()
+	}
+	path := filepath.Join(s.t.TempDir(), name+".kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		s.t.Fatal(err)
+	}
+	return path
 }
 
 // Edge is a running edge replica.

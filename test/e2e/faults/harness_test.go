@@ -7,7 +7,6 @@
 package faults
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -164,17 +163,7 @@ type commandLog struct {
 func (s *system) commands() commandLog {
 	cl := commandLog{received: map[uint64]int{}, done: map[uint64]int{}, maxDelivered: map[string]int{}}
 	for _, p := range s.lifecycles {
-		for _, line := range strings.Split(p.Logs(), "\n") {
-			var m struct {
-				Msg       string `json:"msg"`
-				Verb      string `json:"verb"`
-				User      string `json:"user"`
-				Seq       uint64 `json:"seq"`
-				Delivered int    `json:"delivered"`
-			}
-			if !strings.HasPrefix(line, "{") || json.Unmarshal([]byte(line), &m) != nil || m.Seq == 0 {
-				continue
-			}
+		for _, m := range parseCommandLines(p.Logs()) {
 			switch m.Msg {
 			case "command received":
 				cl.received[m.Seq]++
