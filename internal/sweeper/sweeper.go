@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -165,6 +166,7 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 		return true
 	})
 	idle := 0
+	var asks []ask
 	for _, c := range cands {
 		v := s.clocks.view(c.user, now)
 		last := v.last
@@ -178,25 +180,59 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 		if s.issued[c.user] == (issue{c.rev, v.seq}) {
 			continue // asked already; lifecycle is on it
 		}
-		dup, err := s.o.Publisher.Command(ctx, events.NewSuspend(c.user, v.seq, c.rev, last))
+		asks = append(asks, ask{candidate: c, seq: v.seq, last: last})
+	}
+	s.publish(ctx, asks)
+	for _, a := range asks {
 		switch {
-		case err != nil:
+		case a.err != nil:
 			s.m.suspends.WithLabelValues("error").Inc()
-			s.o.Log.Warn("suspend not requested", "user", c.user, "err", err)
+			s.o.Log.Warn("suspend not requested", "user", a.user, "err", a.err)
 			continue
-		case dup:
+		case a.dup:
 			s.m.suspends.WithLabelValues("duplicate").Inc()
 		default:
 			s.m.suspends.WithLabelValues("requested").Inc()
-			s.o.Publisher.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: c.user, Outcome: "requested",
-				Detail: fmt.Sprintf("idle since %s (%s)", last.UTC().Format(time.RFC3339), now.Sub(last).Round(time.Second))})
-			s.o.Log.Info("suspend requested", "user", c.user, "idle", now.Sub(last).Round(time.Second).String())
+			s.o.Publisher.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: a.user, Outcome: "requested",
+				Detail: fmt.Sprintf("idle since %s (%s)", a.last.UTC().Format(time.RFC3339), now.Sub(a.last).Round(time.Second))})
+			s.o.Log.Info("suspend requested", "user", a.user, "idle", now.Sub(a.last).Round(time.Second).String())
 		}
-		s.issued[c.user] = issue{c.rev, v.seq}
+		s.issued[a.user] = issue{a.rev, a.seq}
 	}
 	s.m.tracked.Set(float64(s.clocks.len()))
 	s.m.idle.Set(float64(idle))
 	s.m.tick.Observe(time.Since(start).Seconds())
+}
+
+// ask is one suspend decision and how its publication went.
+type ask struct {
+	candidate
+	seq  uint64
+	last time.Time
+	dup  bool
+	err  error
+}
+
+// publishers bounds the suspend commands in flight at once: a takeover, or
+// a quiet spell ending for many users together, can make thousands due in
+// one tick, and one at a time (an acknowledged, replicated write each)
+// they would take several ticks.
+const publishers = 64
+
+// publish sends the asks' commands, publishers at a time, and records each
+// outcome in its ask.
+func (s *Sweeper) publish(ctx context.Context, asks []ask) {
+	sem := make(chan struct{}, publishers)
+	var wg sync.WaitGroup
+	for i := range asks {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			a := &asks[i]
+			a.dup, a.err = s.o.Publisher.Command(ctx, events.NewSuspend(a.user, a.seq, a.rev, a.last))
+		})
+	}
+	wg.Wait()
 }
 
 // prune removes sessions of accounts that no longer exist (their claim was
