@@ -13,7 +13,7 @@ RACE_CMDS := edge lifecycle sweeper setup
 GOTEST_FLAGS ?=
 export AAAS_TOOLS_CACHE := $(TOOLS_CACHE)
 
-.PHONY: all build test lint bench run tools clean kind-up compose-up
+.PHONY: all build test lint bench reliability soak run tools clean kind-up compose-up
 
 all: build
 
@@ -49,6 +49,22 @@ bench: tools build
 	go test -run '^$$' -bench ClaimsFromWarmPool -benchtime 5x -count=1 ./internal/lifecycle/
 	go test -run '^$$' -bench SignupLatency -benchtime 30x -count=1 ./test/e2e/accounts/
 	go run ./hack/bench -bin $(BIN) -out docs/BENCHMARKS.md
+
+## reliability: the fault suite (test/e2e/faults) at full scale, printing each scenario's table
+## (the figures of docs/RELIABILITY.md); make test runs it smaller
+reliability: tools build
+	CGO_ENABLED=1 go build -race -o $(RACE_BIN)/ $(addprefix ./cmd/,$(RACE_CMDS))
+	set -o pipefail; AAAS_RACE_BIN=$(CURDIR)/$(RACE_BIN) FAULTS_SCALE=full go test -race -count=1 -timeout 60m -v ./test/e2e/faults/ | grep -v '^        [[{]'
+
+## soak: SOAK (default 30m) of traffic from SOAK_USERS (default 200) users with a fault every few
+## minutes; reports the memory slope of edges and NATS nodes (not in make test; the processes are
+## built as deployed, without the race detector, whose shadow memory would hide the slope)
+SOAK ?= 30m
+SOAK_USERS ?= 200
+soak: tools build
+	@mkdir -p $(BIN)/plain
+	CGO_ENABLED=0 go build -trimpath -o $(BIN)/plain/ $(addprefix ./cmd/,$(RACE_CMDS))
+	set -o pipefail; AAAS_RACE_BIN=$(CURDIR)/$(BIN)/plain SOAK=$(SOAK) SOAK_USERS=$(SOAK_USERS) go test -count=1 -timeout 0 -v -run TestSoak ./test/e2e/faults/ | grep -v '^        [[{]'
 
 ## run: the whole system on this machine (embedded NATS, local control plane); NODE=real runs the
 ## documented install on a real kubelet; RUN_ARGS passes devstack flags; settings come from the environment

@@ -107,7 +107,10 @@ func (s *Store) Create(ctx context.Context, user, via string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("create session: %w", err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	// The next request must find the session here. After a NATS node
+	// loss the watch may need the cache's watchdog (two looks) to move
+	// again: wait for that rather than fail the sign-in.
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if _, _, err := s.cache.Wait(wctx, rawHash(key), func(e kv.Entry[state.Session], ok bool) bool { return ok && e.Revision >= rev }); err != nil {
 		return "", fmt.Errorf("create session: not visible in the cache: %w", err)

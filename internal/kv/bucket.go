@@ -89,35 +89,34 @@ func writeOptions(opts []WriteOption) writeOpts {
 	return o
 }
 
+// Writes go through the JetStream handle the bucket was opened with (not
+// the KV client's own), so a handle that rides through leader elections
+// (natsconn's) covers them.
+
 // Put writes key unconditionally.
 func (b *Bucket[T]) Put(ctx context.Context, key string, v T, opts ...WriteOption) (uint64, error) {
-	o := writeOptions(opts)
-	if o.ttl > 0 {
-		return b.publish(ctx, key, v, -1, o.ttl)
-	}
-	data, err := json.Marshal(v)
-	if err != nil {
-		return 0, fmt.Errorf("put %s/%s: %w", b.name, key, err)
-	}
-	rev, err := b.kv.Put(ctx, key, data)
-	if err != nil {
-		return 0, fmt.Errorf("put %s/%s: %w", b.name, key, err)
-	}
-	return rev, nil
+	return b.publish(ctx, key, v, -1, writeOptions(opts).ttl)
 }
 
 // Create writes key only if it does not exist (or was deleted); ErrExists
 // otherwise.
 func (b *Bucket[T]) Create(ctx context.Context, key string, v T, opts ...WriteOption) (uint64, error) {
+	o := writeOptions(opts)
+	rev, err := b.publish(ctx, key, v, 0, o.ttl)
+	if !errors.Is(err, ErrConflict) {
+		return rev, err
+	}
+	// The key has a last message: a value (it exists) or a delete or purge
+	// marker (it may be created again). The KV client tells which.
 	data, err := json.Marshal(v)
 	if err != nil {
 		return 0, fmt.Errorf("create %s/%s: %w", b.name, key, err)
 	}
 	var copts []jetstream.KVCreateOpt
-	if o := writeOptions(opts); o.ttl > 0 {
+	if o.ttl > 0 {
 		copts = append(copts, jetstream.KeyTTL(o.ttl))
 	}
-	rev, err := b.kv.Create(ctx, key, data, copts...)
+	rev, err = b.kv.Create(ctx, key, data, copts...)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return 0, fmt.Errorf("create %s/%s: %w", b.name, key, ErrExists)

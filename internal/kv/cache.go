@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -14,6 +15,13 @@ import (
 // Cache is a local copy of a bucket kept current by a watch. Lookups are
 // map reads: no network round trip. While NATS is unreachable the cache
 // keeps serving what it had; the watch resumes where it left off.
+//
+// The watch is an ordered consumer, which lives on one NATS node: when
+// that node dies the client notices only after missed heartbeats and a
+// new consumer (10-20 s, while every write meanwhile stays invisible
+// here). A watchdog compares the bucket's last sequence with the last
+// revision applied and, when the watch has stopped moving while the
+// bucket has not, replaces it with one resuming after that revision.
 type Cache[T any] struct {
 	bucket *Bucket[T]
 	index  func(key string) string
@@ -27,6 +35,11 @@ type Cache[T any] struct {
 	synced     chan struct{}
 	syncedOnce sync.Once
 	updates    atomic.Uint64
+	// last is the highest revision applied (revisions are the bucket
+	// stream's sequence numbers, increasing across keys).
+	last atomic.Uint64
+	// restarts counts watches replaced by the watchdog.
+	restarts atomic.Uint64
 }
 
 // CacheOption adjusts a cache.
@@ -61,16 +74,39 @@ func NewCache[T any](ctx context.Context, b *Bucket[T], filter string, log *slog
 	if err != nil {
 		return nil, fmt.Errorf("watch %s: %w", b.name, err)
 	}
-	go c.run(ctx, w)
+	go c.run(ctx, w, filter)
 	return c, nil
 }
 
-func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher) {
+// watchdogEvery is how often the watchdog compares; a watch that has not
+// moved over two looks while the bucket has is replaced.
+const watchdogEvery = 2 * time.Second
+
+func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher, filter string) {
 	defer func() { _ = w.Stop() }()
+	tick := time.NewTicker(watchdogEvery)
+	defer tick.Stop()
+	var dog watchdog
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-tick.C:
+			// Only a watch of every key must reach the stream's last
+			// sequence.
+			if filter != ">" || !c.IsSynced() || !dog.stalled(c.lastSeq(ctx), c.last.Load()) {
+				continue
+			}
+			from := c.last.Load() + 1
+			nw, err := c.bucket.kv.Watch(ctx, filter, jetstream.ResumeFromRevision(from))
+			if err != nil {
+				c.log.Warn("stalled watch not replaced", "err", err)
+				continue
+			}
+			_ = w.Stop()
+			w = nw
+			c.restarts.Add(1)
+			c.log.Warn("watch stalled behind the bucket; resumed on a new one", "from_revision", from)
 		case e, ok := <-w.Updates():
 			if !ok {
 				return
@@ -83,6 +119,46 @@ func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher) {
 		}
 	}
 }
+
+// lastSeq is the bucket's last sequence, or 0 when the stream cannot say
+// (no leader right now: nothing to compare with).
+func (c *Cache[T]) lastSeq(ctx context.Context) uint64 {
+	ctx, cancel := context.WithTimeout(ctx, watchdogEvery/2)
+	defer cancel()
+	st, err := c.bucket.kv.Status(ctx)
+	if err != nil {
+		return 0
+	}
+	if s, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+		return s.StreamInfo().State.LastSeq
+	}
+	return 0
+}
+
+// watchdog decides from successive looks whether a watch is stuck.
+type watchdog struct {
+	applied uint64 // the revision applied at the previous look
+	behind  bool   // the previous look found the bucket ahead
+	// resumedAt is the bucket's last sequence when the watch was last
+	// replaced: a sequence the stream removed before anyone saw it (a
+	// per-key TTL) would otherwise look like a stall forever.
+	resumedAt uint64
+}
+
+// stalled reports whether the watch, at applied, has not moved since the
+// previous look while the bucket, at last, is ahead of it both times.
+func (d *watchdog) stalled(last, applied uint64) bool {
+	behind := last > applied && last != d.resumedAt
+	stuck := behind && d.behind && applied == d.applied
+	d.applied, d.behind = applied, behind
+	if stuck {
+		d.resumedAt, d.behind = last, false
+	}
+	return stuck
+}
+
+// Restarts is how many stalled watches the watchdog replaced.
+func (c *Cache[T]) Restarts() uint64 { return c.restarts.Load() }
 
 func (c *Cache[T]) apply(e jetstream.KeyValueEntry) {
 	key := e.Key()
@@ -98,6 +174,9 @@ func (c *Cache[T]) apply(e jetstream.KeyValueEntry) {
 	}
 
 	c.mu.Lock()
+	if r := e.Revision(); r > c.last.Load() {
+		c.last.Store(r)
+	}
 	if deleted {
 		delete(c.items, idx)
 	} else {

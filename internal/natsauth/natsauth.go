@@ -297,13 +297,24 @@ func SecretData() (map[string][]byte, error) {
 		pub, _ := kp.PublicKey()
 		data[string(r)+".nk"], data[string(r)+".pub"] = seed, []byte(pub)
 	}
-	pw := make([]byte, 24)
-	if _, err := rand.Read(pw); err != nil {
+	pw, err := RoutePassword()
+	if err != nil {
 		return nil, err
 	}
-	// Hex: the password goes into the routes' URLs unescaped.
-	data["route-password"] = []byte(hex.EncodeToString(pw))
+	data["route-password"] = []byte(pw)
 	return data, nil
+}
+
+// RoutePassword is a fresh password for the NATS routes: hex, because it
+// goes into the routes' URLs unescaped, behind a letter prefix, because
+// nats.conf reads it from the environment as a value and would take an
+// all-digit string (or one like 12e34) for a number.
+func RoutePassword() (string, error) {
+	pw := make([]byte, 24)
+	if _, err := rand.Read(pw); err != nil {
+		return "", err
+	}
+	return "route-" + hex.EncodeToString(pw), nil
 }
 
 // Table is the permission table in words, as README.md shows it (a test

@@ -30,7 +30,12 @@ func (f failover) Publish(ctx context.Context, subject string, data []byte, opts
 func (f failover) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
 	deadline := time.Now().Add(f.wait)
 	for attempt := 1; ; attempt++ {
-		ack, err := f.JetStream.PublishMsg(ctx, m, opts...)
+		// A leader that has lost its quorum but not yet noticed takes the
+		// message and never acknowledges it: each attempt gets its own
+		// deadline, so the caller's (a wake's minute) is not spent on one.
+		actx, cancel := context.WithTimeout(ctx, max(min(attemptTimeout, time.Until(deadline)), failoverStep))
+		ack, err := f.JetStream.PublishMsg(actx, m, opts...)
+		cancel()
 		if err == nil || !leaderless(ctx, err) || !time.Now().Before(deadline) {
 			return ack, err
 		}
@@ -50,8 +55,13 @@ func (f failover) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (je
 	return f.JetStream.PublishMsgAsync(m, append(opts, jetstream.WithRetryWait(failoverStep), jetstream.WithRetryAttempts(int(f.wait/failoverStep)))...)
 }
 
-// failoverStep is the pause between asynchronous attempts.
+// failoverStep is the pause between asynchronous attempts, and the
+// shortest a synchronous one may wait for its acknowledgement.
 const failoverStep = 250 * time.Millisecond
+
+// attemptTimeout bounds one synchronous attempt (the client's own default
+// for a request without a deadline).
+const attemptTimeout = 5 * time.Second
 
 // leaderless reports whether err means the stream had no leader to store
 // the message (or lost it mid-request), as opposed to a refusal.

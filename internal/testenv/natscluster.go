@@ -1,7 +1,6 @@
 package testenv
 
 import (
-	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"net/http"
@@ -72,7 +71,10 @@ func StartNATSCluster(t testing.TB, n int, ids *natsauth.Identities) *NATSCluste
 	type ports struct{ client, cluster, monitor int }
 	var ps []ports
 	var routes []string
-	password := hex.EncodeToString([]byte(HandshakeKey()[:12]))
+	password, err := natsauth.RoutePassword()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for range n {
 		p := ports{freePort(t), freePort(t), freePort(t)}
 		ps = append(ps, p)
@@ -228,3 +230,6 @@ func (c *NATSCluster) WaitCurrent(t testing.TB, timeout time.Duration) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// PID is the node's process id (of its current run).
+func (n *NATSNode) PID() int { return n.p.PID() }
