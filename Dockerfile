@@ -12,8 +12,10 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
+# The release the binaries report: docker build --build-arg VERSION=$(git describe --tags --always)
+ARG VERSION=dev
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ \
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X github.com/aaas-project/aaas/internal/telemetry.Version=${VERSION}" -o /out/ \
       ./cmd/edge ./cmd/lifecycle ./cmd/sweeper ./cmd/setup ./cmd/dshsim
 
 FROM gcr.io/distroless/static-debian12:nonroot AS dshsim

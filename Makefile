@@ -11,6 +11,9 @@ CMDS := edge lifecycle sweeper setup dshsim devstack
 RACE_BIN := $(BIN)/race
 RACE_CMDS := edge lifecycle sweeper setup
 GOTEST_FLAGS ?=
+# The release the binaries report (aaas_build_info, the "started" log line).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/aaas-project/aaas/internal/telemetry.Version=$(VERSION)
 export AAAS_TOOLS_CACHE := $(TOOLS_CACHE)
 
 .PHONY: all build test lint bench reliability soak run tools clean kind-up compose-up
@@ -20,7 +23,7 @@ all: build
 ## build: compile every command into ./bin
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 go build -trimpath -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
 ## tools: etcd, chromium, kube-apiserver, kube-controller-manager, agent-sandbox, staticcheck (cached)
 tools:
@@ -29,7 +32,7 @@ tools:
 ## test: every package, race detector on, integration tests included; the aaas processes the
 ## integration tests start are race-enabled too, built once here for every package
 test: tools build lint
-	CGO_ENABLED=1 go build -race -o $(RACE_BIN)/ $(addprefix ./cmd/,$(RACE_CMDS))
+	CGO_ENABLED=1 go build -race -ldflags '$(LDFLAGS)' -o $(RACE_BIN)/ $(addprefix ./cmd/,$(RACE_CMDS))
 	AAAS_RACE_BIN=$(CURDIR)/$(RACE_BIN) go test -race -count=1 -timeout 40m $(GOTEST_FLAGS) ./...
 
 ## lint: go vet, gofmt, staticcheck

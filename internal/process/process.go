@@ -75,7 +75,7 @@ func Start(role natsauth.Role, common config.Common) (*Process, error) {
 		p.Close()
 		return nil, fmt.Errorf("nats: %w", err)
 	}
-	log.Info("started", "nats", nc.ConnectedUrlRedacted())
+	log.Info("started", "version", telemetry.BuildVersion(), "nats", nc.ConnectedUrlRedacted())
 	return p, nil
 }
 

@@ -24,10 +24,11 @@ func Logger(process, instance string, level slog.Level) *slog.Logger {
 	return slog.New(h).With("process", process, "instance", instance)
 }
 
-// Registry returns a registry with the Go and process collectors.
+// Registry returns a registry with the Go and process collectors and
+// aaas_build_info.
 func Registry() *prometheus.Registry {
 	r := prometheus.NewRegistry()
-	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
 	return r
 }
 

@@ -65,7 +65,8 @@ type systemOptions struct {
 }
 
 func newSystem(t *testing.T, o systemOptions) *system {
-	env := map[string]string{"SWEEP_INTERVAL": "1s", "IDLE_TIMEOUT": "1h", "WAKE_TIMEOUT": "60s"}
+	// Every user signs up from this one address, through the front.
+	env := map[string]string{"SWEEP_INTERVAL": "1s", "IDLE_TIMEOUT": "1h", "WAKE_TIMEOUT": "60s", "AUTH_RATE_LIMIT": "10000"}
 	for k, v := range o.env {
 		env[k] = v
 	}
