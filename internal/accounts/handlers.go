@@ -77,6 +77,10 @@ func (s *Service) signup(c *fiber.Ctx) error {
 		s.o.Auth.Counter().WithLabelValues("signup", "conflict").Inc()
 		return s.fail(c, fiber.StatusConflict, "that user name is taken; sign in with your token instead")
 	}
+	if s.full() {
+		s.o.Auth.Counter().WithLabelValues("signup", "full").Inc()
+		return s.fail(c, fiber.StatusForbidden, errFull(s.o.MaxUsers))
+	}
 
 	start := time.Now()
 	token := auth.NewToken(user)

@@ -51,6 +51,9 @@ type Options struct {
 	CookieSecure bool
 	CookieMaxAge time.Duration
 	InviteCode   string
+	// MaxUsers caps the accounts (0: no cap); the count is the users
+	// bucket's, so every edge applies the same one.
+	MaxUsers int
 	// SSO is on: accounts come from the authenticating proxy, not forms.
 	SSO         bool
 	WakeTimeout time.Duration
@@ -138,6 +141,9 @@ func (s *Service) Register(app *fiber.App) {
 // the stream keeps once; lifecycle answers a repeat with the same binding
 // as created, and a name already bound to another identity as a conflict.
 func (s *Service) provision(c *fiber.Ctx, missing *auth.NoAccount) error {
+	if s.full() {
+		return auth.NewError(fiber.StatusForbidden, errFull(s.o.MaxUsers))
+	}
 	ctx, user, bound := context.Background(), missing.Name, missing.Bound
 	req := fmt.Sprintf("sso-%s-%s-%d", user, bound[:12], time.Now().Unix()/60)
 	res, err := s.command(ctx, events.NewClaim(user, req, bound))
@@ -198,6 +204,17 @@ func (s *Service) fail(c *fiber.Ctx, status int, msg string) error {
 		return web.RenderLanding(c, web.Landing{Error: msg, Invite: s.o.InviteCode != "", MaxUserLen: auth.MaxUserLen})
 	}
 	return web.WriteProblem(c, web.Problem{Status: status, Title: statusTitle(status), Detail: msg, SignIn: status == fiber.StatusUnauthorized})
+}
+
+// full reports whether the gateway has MaxUsers accounts. Edges count the
+// same bucket, so they agree; signups on several edges at the very moment
+// the last place goes can each take it (at most one per edge).
+func (s *Service) full() bool {
+	return s.o.MaxUsers > 0 && s.o.Users.Len() >= s.o.MaxUsers
+}
+
+func errFull(max int) string {
+	return fmt.Sprintf("this gateway has reached its limit of %d users, so no new account can be created; ask its operators", max)
 }
 
 // unavailable answers 503 for a failure to reach the bus; the cause goes

@@ -103,18 +103,15 @@ func (s *Store) Create(ctx context.Context, user, via string) (string, error) {
 	sid := NewSessionID()
 	now := time.Now().UTC()
 	key := state.SessionKey(user, HashHex(sid))
-	rev, err := s.bucket.Create(ctx, key, state.Session{User: user, Created: now, Expires: now.Add(s.ttl), Via: via}, kv.WithTTL(s.ttl))
+	sess := state.Session{User: user, Created: now, Expires: now.Add(s.ttl), Via: via}
+	rev, err := s.bucket.Create(ctx, key, sess, kv.WithTTL(s.ttl))
 	if err != nil {
 		return "", fmt.Errorf("create session: %w", err)
 	}
-	// The next request must find the session here. After a NATS node
-	// loss the watch may need the cache's watchdog (two looks) to move
-	// again: wait for that rather than fail the sign-in.
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, _, err := s.cache.Wait(wctx, rawHash(key), func(e kv.Entry[state.Session], ok bool) bool { return ok && e.Revision >= rev }); err != nil {
-		return "", fmt.Errorf("create session: not visible in the cache: %w", err)
-	}
+	// The next request on this edge must find the session, even while the
+	// watch lags (after a NATS node loss it may take the cache's watchdog
+	// a few seconds to move it again).
+	s.cache.Note(key, sess, rev)
 	s.trim(ctx, user, key)
 	return sid, nil
 }

@@ -81,6 +81,9 @@ type Edge struct {
 	// HandshakeKeys is HANDSHAKE_KEYS, the key ring shared with lifecycle
 	// (newest first).
 	HandshakeKeys [][]byte
+	// MaxUsers is MAX_USERS: the most accounts the gateway creates (0: no
+	// limit); signups beyond it answer 403.
+	MaxUsers int
 	// BeaconInterval is BEACON_INTERVAL: heartbeat period while busy.
 	BeaconInterval time.Duration
 	// BeaconTTL is BEACON_TTL: how long a beacon reporting work in flight
@@ -120,6 +123,7 @@ func LoadEdge(e *Env) (Edge, error) {
 		HandshakeKeys:      handshakeKeys(e),
 		BeaconInterval:     e.Duration("BEACON_INTERVAL", 5*time.Second, 100*time.Millisecond, 5*time.Minute),
 		BeaconTTL:          e.Duration("BEACON_TTL", 2*time.Minute, time.Second, events.MaxBeaconTTL),
+		MaxUsers:           e.Int("MAX_USERS", 0, 0, 10_000_000),
 		ShutdownTimeout:    e.Duration("SHUTDOWN_TIMEOUT", 25*time.Second, 0, 10*time.Minute),
 	}
 	if c.BeaconTTL < 2*c.BeaconInterval {

@@ -157,6 +157,32 @@ func (d *watchdog) stalled(last, applied uint64) bool {
 	return stuck
 }
 
+// Note puts an entry this process has just written (at rev) into the
+// cache without waiting for the watch to bring it: the writer's next
+// lookup must find it even while the watch lags (a node loss). The watch
+// delivers it again later, which changes nothing; an entry the cache
+// already holds at rev or newer is kept.
+func (c *Cache[T]) Note(key string, v T, rev uint64) {
+	idx := c.index(key)
+	entry := Entry[T]{Key: key, Value: v, Revision: rev, Created: time.Now()}
+	c.mu.Lock()
+	if cur, ok := c.items[idx]; ok && cur.Revision >= rev {
+		c.mu.Unlock()
+		return
+	}
+	c.items[idx] = entry
+	ws := c.waiters[idx]
+	delete(c.waiters, idx)
+	c.mu.Unlock()
+	c.updates.Add(1)
+	for _, ch := range ws {
+		close(ch)
+	}
+	for _, fn := range c.subs {
+		fn(key, entry, false)
+	}
+}
+
 // Restarts is how many stalled watches the watchdog replaced.
 func (c *Cache[T]) Restarts() uint64 { return c.restarts.Load() }
 

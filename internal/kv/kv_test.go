@@ -230,6 +230,39 @@ func TestCacheWait(t *testing.T) {
 	}
 }
 
+// A writer notes its own write in its cache: found at once, never
+// replaced by an older revision, and the watch's later copy of it (or a
+// newer write) is what the cache then holds.
+func TestCacheNote(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 10*time.Second)
+	boxes := open[state.Sandbox](t, js, state.BucketSandboxes)
+	cache, err := kv.NewCache(ctx, boxes, ">", quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-cache.Synced()
+	cache.Note("ann", state.Sandbox{User: "ann", Phase: state.PhaseReady}, 1000)
+	if e, ok := cache.Get("ann"); !ok || e.Revision != 1000 || e.Value.Phase != state.PhaseReady {
+		t.Fatalf("noted entry: %+v %v", e, ok)
+	}
+	cache.Note("ann", state.Sandbox{User: "ann", Phase: state.PhaseFailed}, 999)
+	if e, _ := cache.Get("ann"); e.Value.Phase != state.PhaseReady {
+		t.Fatalf("an older note replaced a newer entry: %+v", e)
+	}
+	rev, err := boxes.Put(ctx, "bob", state.Sandbox{User: "bob", Phase: state.PhaseWaking})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache.Note("bob", state.Sandbox{User: "bob", Phase: state.PhaseWaking}, rev)
+	if _, err := boxes.Put(ctx, "bob", state.Sandbox{User: "bob", Phase: state.PhaseReady}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := cache.Wait(ctx, "bob", func(e kv.Entry[state.Sandbox], ok bool) bool { return ok && e.Value.Phase == state.PhaseReady }); err != nil {
+		t.Fatalf("the watch's newer write did not replace the note: %v", err)
+	}
+}
+
 func TestLease(t *testing.T) {
 	_, js := setup(t)
 	ctx := natstest.Context(t, 30*time.Second)

@@ -83,6 +83,11 @@ func (p *Package) Start(t testing.TB, name string, env map[string]string) *Proc 
 		}
 		if t.Failed() || os.Getenv("TESTENV_LOGS") != "" {
 			t.Logf("--- %s output ---\n%s", name, tailString(logs, 60))
+			// The tail of a busy process is mostly debug lines: its
+			// warnings and errors, wherever they are, say more.
+			if w := warnings(logs, 100); w != "" {
+				t.Logf("--- %s warnings and errors ---\n%s", name, w)
+			}
 		}
 	})
 	return pr
@@ -179,6 +184,17 @@ func (pr *Proc) Metric(name string) (string, error) {
 
 func tailString(s string, n int) string {
 	return string(child.Tail([]byte(s), n))
+}
+
+// warnings are the first n log lines at level WARN or ERROR.
+func warnings(logs string, n int) string {
+	var out []string
+	for _, l := range strings.Split(logs, "\n") {
+		if len(out) < n && (strings.Contains(l, `"level":"WARN"`) || strings.Contains(l, `"level":"ERROR"`)) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // violations are the log lines of NATS permission violations.

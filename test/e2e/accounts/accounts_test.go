@@ -240,6 +240,38 @@ func TestTwoEdgesShareSessionsAndTheRateLimit(t *testing.T) {
 	}
 }
 
+// MAX_USERS is one cap for the whole gateway: accounts made on either
+// edge count against it, a signup beyond it on either edge is a 403 that
+// says why and creates nothing, and a deleted account frees its place.
+func TestMaxUsersAcrossTwoEdges(t *testing.T) {
+	w := newStack(t)
+	w.Env["MAX_USERS"] = "2"
+	a := w.Edge("edge-a", nil)
+	b := w.Edge("edge-b", nil)
+	testenv.NewClient(t, a.URL).Signup("cap1", invite)
+	last := testenv.NewClient(t, b.URL)
+	last.Signup("cap2", invite)
+	for _, e := range []*testenv.Edge{a, b} {
+		testutil.Eventually(t, 10*time.Second, func() error {
+			r := testenv.NewClient(t, e.URL).Form("/users", "user", "cap3", "invite", invite)
+			if r.StatusCode != http.StatusForbidden || !strings.Contains(string(r.Body), "limit of 2 users") {
+				return fmt.Errorf("third signup on %s: %d %s", e.URL, r.StatusCode, r.Body)
+			}
+			return nil
+		})
+	}
+	if n := w.Claims(); n != 2 {
+		t.Fatalf("%d claims, want 2: a refused signup created something", n)
+	}
+	expect(t, last.Do("DELETE", "/users/cap2", nil, "Accept", "application/json"), http.StatusNoContent, "delete cap2")
+	testutil.Eventually(t, time.Minute, func() error {
+		if r := testenv.NewClient(t, a.URL).Form("/users", "user", "cap3", "invite", invite); r.StatusCode != http.StatusCreated && r.StatusCode != http.StatusAccepted {
+			return fmt.Errorf("signup after a deletion: %d %s", r.StatusCode, r.Body)
+		}
+		return nil
+	})
+}
+
 // Behind the pooling front (nginx, trusted by TRUSTED_PROXIES), each
 // browser is the address nginx saw: two browsers have two budgets, and
 // neither buys a fresh one by sending X-Forwarded-For, through the front
