@@ -167,6 +167,7 @@ func (s *Service) provision(c *fiber.Ctx, missing *auth.NoAccount) error {
 // command publishes c and waits for its answer.
 func (s *Service) command(ctx context.Context, c events.Command) (state.Result, error) {
 	if _, err := s.o.Publisher.Command(ctx, c); err != nil {
+		s.o.Log.Warn("account command not published", "verb", c.Verb, "user", c.User, "err", err)
 		return state.Result{}, auth.ErrUnavailable
 	}
 	wctx, cancel := context.WithTimeout(ctx, s.o.WakeTimeout)
@@ -242,7 +243,7 @@ func (s *Service) limit(c *fiber.Ctx, endpoint string) (bool, error) {
 	v, err := s.o.Auth.Limiter().Allow(context.Background(), httpguard.Key(c))
 	if err != nil {
 		s.o.Auth.Counter().WithLabelValues(endpoint, "unavailable").Inc()
-		return false, s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
+		return false, s.unavailable(c, endpoint+": rate limit not checked", err)
 	}
 	if !v.Allowed {
 		s.o.Auth.Counter().WithLabelValues(endpoint, "rate_limited").Inc()

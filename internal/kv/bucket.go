@@ -30,6 +30,9 @@ type Bucket[T any] struct {
 	kv   jetstream.KeyValue
 	js   jetstream.JetStream
 	name string
+	// failover is how long a read keeps trying while the bucket has no
+	// leader (the JetStream handle's, when it has one: natsconn's).
+	failover time.Duration
 }
 
 // Open returns a typed view of an existing bucket.
@@ -38,7 +41,24 @@ func Open[T any](ctx context.Context, js jetstream.JetStream, name string) (*Buc
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", name, err)
 	}
-	return &Bucket[T]{kv: kv, js: js, name: name}, nil
+	b := &Bucket[T]{kv: kv, js: js, name: name}
+	if f, ok := js.(interface{ FailoverWait() time.Duration }); ok {
+		b.failover = f.FailoverWait()
+	}
+	return b, nil
+}
+
+// Leaderless reports whether err means the stream had no leader to answer
+// (or lost it mid-request), as opposed to a refusal: worth asking again
+// while a NATS node's streams elect new leaders.
+func Leaderless(ctx context.Context, err error) bool {
+	switch {
+	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrTimeout):
+		return true
+	case errors.Is(err, context.DeadlineExceeded):
+		return ctx.Err() == nil // the attempt's own timeout, not the caller's
+	}
+	return false
 }
 
 // Name is the bucket name.
@@ -52,9 +72,16 @@ type Entry[T any] struct {
 	Created  time.Time
 }
 
-// Get reads key; ErrNotFound when absent or deleted.
+// Get reads key; ErrNotFound when absent or deleted. While the bucket has
+// no leader it asks again, for up to the handle's failover wait.
 func (b *Bucket[T]) Get(ctx context.Context, key string) (Entry[T], error) {
 	e, err := b.kv.Get(ctx, key)
+	for deadline, attempt := time.Now().Add(b.failover), 1; err != nil && Leaderless(ctx, err) && time.Now().Before(deadline); attempt++ {
+		if serr := sleepCtx(ctx, min(time.Duration(attempt)*100*time.Millisecond, time.Second)); serr != nil {
+			break
+		}
+		e, err = b.kv.Get(ctx, key)
+	}
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 			return Entry[T]{}, fmt.Errorf("get %s/%s: %w", b.name, key, ErrNotFound)

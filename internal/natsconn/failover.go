@@ -2,11 +2,12 @@ package natsconn
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/aaas-project/aaas/internal/kv"
 )
 
 // failover is a JetStream whose publishes (commands, KV writes, beacons,
@@ -36,7 +37,7 @@ func (f failover) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream
 		actx, cancel := context.WithTimeout(ctx, max(min(attemptTimeout, time.Until(deadline)), failoverStep))
 		ack, err := f.JetStream.PublishMsg(actx, m, opts...)
 		cancel()
-		if err == nil || !leaderless(ctx, err) || !time.Now().Before(deadline) {
+		if err == nil || !kv.Leaderless(ctx, err) || !time.Now().Before(deadline) {
 			return ack, err
 		}
 		pause := min(time.Duration(attempt)*100*time.Millisecond, time.Second, time.Until(deadline))
@@ -55,6 +56,10 @@ func (f failover) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (je
 	return f.JetStream.PublishMsgAsync(m, append(opts, jetstream.WithRetryWait(failoverStep), jetstream.WithRetryAttempts(int(f.wait/failoverStep)))...)
 }
 
+// FailoverWait is how long a publish or KV read keeps trying; kv.Open
+// finds it here.
+func (f failover) FailoverWait() time.Duration { return f.wait }
+
 // failoverStep is the pause between asynchronous attempts, and the
 // shortest a synchronous one may wait for its acknowledgement.
 const failoverStep = 250 * time.Millisecond
@@ -62,15 +67,3 @@ const failoverStep = 250 * time.Millisecond
 // attemptTimeout bounds one synchronous attempt (the client's own default
 // for a request without a deadline).
 const attemptTimeout = 5 * time.Second
-
-// leaderless reports whether err means the stream had no leader to store
-// the message (or lost it mid-request), as opposed to a refusal.
-func leaderless(ctx context.Context, err error) bool {
-	switch {
-	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrTimeout):
-		return true
-	case errors.Is(err, context.DeadlineExceeded):
-		return ctx.Err() == nil // the attempt's own timeout, not the caller's
-	}
-	return false
-}
