@@ -92,7 +92,26 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 	if err := o.Cluster.OnChange(w.mirror.enqueue); err != nil {
 		return nil, err
 	}
+	o.Metrics.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "aaas_lifecycle_command_backlog", Help: "Commands waiting for a worker (the consumer's pending count; -1 when NATS cannot say).",
+	}, func() float64 { return w.backlog(ctx) }))
 	return w, nil
+}
+
+// backlog is the commands consumer's count of messages not yet delivered,
+// asked of NATS at scrape time.
+func (w *Worker) backlog(ctx context.Context) float64 {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	c, err := w.o.JS.Consumer(ctx, events.StreamCommands, events.CommandConsumer)
+	if err != nil {
+		return -1
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return -1
+	}
+	return float64(info.NumPending)
 }
 
 // Ready reports whether the caches the handlers read are complete.
@@ -150,7 +169,7 @@ func (w *Worker) Handle(ctx context.Context, d events.Delivery) error {
 	if err != nil {
 		w.log.Warn("command failed", "verb", c.Verb, "user", c.User, "seq", d.StreamSeq, "delivered", d.Delivered, "err", err)
 	} else {
-		w.log.Info("command done", "verb", c.Verb, "user", c.User, "seq", d.StreamSeq, "delivered", d.Delivered, "outcome", outcome, "took", time.Since(start).Round(time.Millisecond).String())
+		w.log.Info("command done", "verb", c.Verb, "user", c.User, "outcome", outcome, "seq", d.StreamSeq, "delivered", d.Delivered, "took", time.Since(start).Round(time.Millisecond).String())
 	}
 	return err
 }

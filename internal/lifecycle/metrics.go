@@ -7,6 +7,7 @@ type metrics struct {
 	kubeErrors        *prometheus.CounterVec
 	handshakeFailures *prometheus.CounterVec
 	mirrorWrites      *prometheus.CounterVec
+	podRestarts       prometheus.Counter
 	leading           prometheus.Gauge
 }
 
@@ -25,10 +26,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		mirrorWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aaas_lifecycle_mirror_writes_total", Help: "Writes of Kubernetes state into KV, by bucket.",
 		}, []string{"bucket"}),
+		podRestarts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "aaas_lifecycle_pod_restarts_total", Help: "Ended (failed, evicted) sandbox pods deleted so the controller makes new ones.",
+		}),
 		leading: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "aaas_lifecycle_mirror_leader", Help: "1 while this replica mirrors Kubernetes into KV.",
 		}),
 	}
-	reg.MustRegister(m.commands, m.kubeErrors, m.handshakeFailures, m.mirrorWrites, m.leading)
+	reg.MustRegister(m.commands, m.kubeErrors, m.handshakeFailures, m.mirrorWrites, m.podRestarts, m.leading)
 	return m
 }

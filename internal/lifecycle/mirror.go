@@ -3,10 +3,13 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/util/workqueue"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/sandbox"
@@ -23,10 +26,54 @@ const recreateGrace = 30 * time.Minute
 type mirror struct {
 	w     *Worker
 	queue workqueue.TypedRateLimitingInterface[string]
+	// restarts counts, per user, the ended pods deleted since the sandbox
+	// was last Ready, and when the last one was (only Lead's loop touches
+	// it).
+	restarts map[string]restart
+}
+
+type restart struct {
+	count int
+	at    time.Time
 }
 
 func newMirror(w *Worker) *mirror {
-	return &mirror{w: w, queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
+	return &mirror{w: w, queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()), restarts: map[string]restart{}}
+}
+
+// Restarts of ended pods back off: the first at once, then 10 s, 20 s, …
+// up to 5 minutes between them, until the sandbox is Ready again.
+const (
+	restartBackoff    = 10 * time.Second
+	restartBackoffMax = 5 * time.Minute
+)
+
+// recover deletes user's ended pod (Failed, evicted) so the controller
+// makes a new one on the same volume, no sooner than the backoff allows
+// (requeueing the user for then), and returns the record the user should
+// see meanwhile: starting again, not failed.
+func (m *mirror) recover(ctx context.Context, user string, pod *corev1.Pod, next state.Sandbox) (state.Sandbox, error) {
+	r := m.restarts[user]
+	wait := time.Duration(0)
+	if r.count > 0 {
+		wait = min(restartBackoff<<(r.count-1), restartBackoffMax) - time.Since(r.at)
+	}
+	if wait > 0 {
+		m.queue.AddAfter(user, wait)
+	} else {
+		if err := m.w.k8s.DeletePod(ctx, pod); err != nil {
+			return next, err
+		}
+		m.restarts[user] = restart{count: r.count + 1, at: time.Now()}
+		m.w.m.podRestarts.Inc()
+		m.w.log.Info("ended pod deleted for a new one", "user", user, "pod", pod.Name, "phase", pod.Status.Phase, "reason", pod.Status.Reason, "restarts", r.count+1)
+		m.w.pub.Audit(events.AuditEvent{Kind: events.AuditStateChange, User: user, Outcome: "restarting",
+			Detail: "pod " + pod.Name + " " + string(pod.Status.Phase) + reason(pod.Status.Reason+" "+pod.Status.Message)})
+	}
+	next.Phase = state.PhaseWaking
+	next.Reason = "restarting: the previous pod " + strings.ToLower(string(pod.Status.Phase)) + reason(strings.TrimSpace(pod.Status.Reason+" "+pod.Status.Message))
+	next.PodName, next.PodUID = "", ""
+	return next, nil
 }
 
 func (m *mirror) enqueue(user string) { m.queue.Add(user) }
@@ -99,6 +146,15 @@ func (m *mirror) reconcile(ctx context.Context, user string) error {
 	}
 	prev, _ := w.boxCache.Get(user)
 	next := w.k8s.Derive(user, st, prev.Value)
+	switch {
+	case next.Managed && sandbox.PodEnded(st.Pod) && st.Sandbox != nil && st.Sandbox.Spec.OperatingMode != sandboxv1beta1.SandboxOperatingModeSuspended:
+		var err error
+		if next, err = m.recover(ctx, user, st.Pod, next); err != nil {
+			return err
+		}
+	case next.Phase == state.PhaseReady:
+		delete(m.restarts, user)
+	}
 	if sameRecord(prev.Value, next) {
 		return nil
 	}

@@ -61,6 +61,21 @@ func TestLifecycleRoleIsMinimal(t *testing.T) {
 				t.Fatalf("phase %s after a refused suspend", b.Value.Phase)
 			}
 		},
+		// Recovering a pod that ended for good: without delete the mirror
+		// is refused, says so, and retries.
+		"pods/delete": func(t *testing.T, _ string) {
+			lc := f.Procs[len(f.Procs)-1]
+			f.signup("po")
+			f.EndPod("po", "Evicted", "The node was low on resource: memory.")
+			testutil.Eventually(t, 30*time.Second, func() error {
+				for _, l := range strings.Split(lc.Logs(), "\n") {
+					if strings.Contains(l, `"user":"po"`) && strings.Contains(l, "delete pod") && strings.Contains(l, "forbidden") {
+						return nil
+					}
+				}
+				return errors.New("no refused pod deletion for po in the log")
+			})
+		},
 		"pods/log/get": func(t *testing.T, _ string) {
 			_, failure := f.handshake("mo", "localhost", f.handshakeRev("mo"))
 			if !strings.Contains(failure, "forbidden") {

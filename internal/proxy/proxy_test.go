@@ -312,7 +312,7 @@ func TestCloseCodes(t *testing.T) {
 		{errCrossSite, closeForbidden},
 		{authFailed(&statusError{http.StatusForbidden, "not allowed"}), closeForbidden},
 		{errBusy, 1011},
-		{errDraining, 1011},
+		{errDraining, 1001},
 		{asProxyError(io.ErrUnexpectedEOF), 1011},
 	} {
 		if got := closeCode(tt.err); got != tt.want {

@@ -370,6 +370,26 @@ func (c *Cluster) DeleteClaim(ctx context.Context, user string, uid types.UID, f
 	return nil
 }
 
+// DeletePod deletes a sandbox's pod (that pod, by UID, not a newer one of
+// the same name), so the agent-sandbox controller makes a new one on the
+// same volume.
+func (c *Cluster) DeletePod(ctx context.Context, pod *corev1.Pod) error {
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	err := c.core.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("delete pod %s: %w", pod.Name, err)
+	}
+	return nil
+}
+
+// PodEnded reports whether pod has ended for good (Failed, evicted, or
+// Succeeded): the kubelet never runs it again, and agent-sandbox v0.5.6
+// leaves it so; only deleting it brings the sandbox back.
+func PodEnded(pod *corev1.Pod) bool {
+	return pod != nil && pod.DeletionTimestamp == nil && (pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded)
+}
+
 // SetMode switches a sandbox to Running or Suspended.
 func (c *Cluster) SetMode(ctx context.Context, sandbox string, mode sandboxv1beta1.SandboxOperatingMode) error {
 	patch := []byte(`{"spec":{"operatingMode":"` + string(mode) + `"}}`)

@@ -131,6 +131,9 @@ const (
 	PhaseFailed     Phase = "Failed"
 )
 
+// Phases are all the phases, for metrics that report each (zero too).
+var Phases = []Phase{PhaseClaiming, PhaseWaking, PhaseReady, PhaseSuspending, PhaseSuspended, PhaseDeleting, PhaseFailed}
+
 // Sandbox is the state of one user's sandbox as lifecycle last saw it.
 type Sandbox struct {
 	User    string `json:"user"`

@@ -70,7 +70,39 @@ func New(ctx context.Context, o Options) (*Sweeper, error) {
 	if s.users, err = kv.NewCache(ctx, users, ">", o.Log); err != nil {
 		return nil, err
 	}
+	o.Metrics.MustRegister(s.inventory())
 	return s, nil
+}
+
+// inventory is aaas_users and aaas_sandboxes{phase}, counted from the
+// caches at scrape time (every sweeper replica has complete ones).
+func (s *Sweeper) inventory() prometheus.Collector {
+	return &inventory{s: s,
+		users: prometheus.NewDesc("aaas_users", "Accounts.", nil, nil),
+		boxes: prometheus.NewDesc("aaas_sandboxes", "Sandboxes by phase.", []string{"phase"}, nil),
+	}
+}
+
+type inventory struct {
+	s            *Sweeper
+	users, boxes *prometheus.Desc
+}
+
+func (i *inventory) Describe(ch chan<- *prometheus.Desc) { ch <- i.users; ch <- i.boxes }
+
+func (i *inventory) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(i.users, prometheus.GaugeValue, float64(i.s.users.Len()))
+	phases := map[state.Phase]int{}
+	for _, p := range state.Phases {
+		phases[p] = 0
+	}
+	i.s.boxes.Range(func(e kv.Entry[state.Sandbox]) bool {
+		phases[e.Value.Phase]++
+		return true
+	})
+	for p, n := range phases {
+		ch <- prometheus.MustNewConstMetric(i.boxes, prometheus.GaugeValue, float64(n), string(p))
+	}
 }
 
 // Ready reports whether the clocks and caches are complete.

@@ -317,6 +317,27 @@ func (s *Stack) PodLog(user string) string {
 	return string(b)
 }
 
+// EndPod marks user's sandbox pod Failed with reason and message, as the
+// kubelet does when it evicts a pod: the node never runs it again.
+func (s *Stack) EndPod(user, reason, message string) {
+	s.t.Helper()
+	ctx := Context(s.t, time.Minute)
+	pods := s.pkg.Cluster.Client.CoreV1().Pods(s.NS.Name)
+	pod, err := pods.Get(ctx, s.Box(user).PodName, metav1.GetOptions{})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	pod.Status.Phase, pod.Status.Reason, pod.Status.Message = corev1.PodFailed, reason, message
+	for i := range pod.Status.Conditions {
+		if pod.Status.Conditions[i].Type == corev1.PodReady {
+			pod.Status.Conditions[i].Status = corev1.ConditionFalse
+		}
+	}
+	if _, err := pods.UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
 // Claims counts the SandboxClaims in the stack's namespace.
 func (s *Stack) Claims() int {
 	s.t.Helper()

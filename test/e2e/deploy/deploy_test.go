@@ -127,6 +127,62 @@ func TestEveryKustomizationAndComponentIsAcceptedByTheAPIServer(t *testing.T) {
 	}
 }
 
+// TestEveryImageIsPinned: whatever an operator composes, every container
+// image names a version tag or a digest, never :latest or no tag at all,
+// so an install runs the release its operator chose.
+func TestEveryImageIsPinned(t *testing.T) {
+	dirs, err := manifests.Overlays()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all []*unstructured.Unstructured
+	for _, dir := range dirs {
+		objs, err := manifests.Render(dir)
+		if err != nil {
+			t.Fatalf("%s: %v", dir, err)
+		}
+		all = append(all, objs...)
+	}
+	all = append(all, renderInstall(t, "manifests/exposure/gateway-api-sso", "manifests/hardening")...)
+	seen := 0
+	for _, o := range all {
+		for _, img := range images(o.Object) {
+			seen++
+			name := img[strings.LastIndex(img, "/")+1:]
+			tag, hasTag := "", strings.Contains(name, ":")
+			if hasTag {
+				tag = name[strings.LastIndex(name, ":")+1:]
+			}
+			if !strings.Contains(img, "@sha256:") && (!hasTag || tag == "latest") {
+				t.Errorf("%s %s runs %q: no version tag or digest", o.GetKind(), o.GetName(), img)
+			}
+		}
+	}
+	if seen < 5 {
+		t.Fatalf("only %d images found: the walk missed the containers", seen)
+	}
+}
+
+// images are the values of every "image" field in obj.
+func images(obj any) []string {
+	var out []string
+	switch v := obj.(type) {
+	case map[string]any:
+		for k, x := range v {
+			if s, ok := x.(string); ok && k == "image" {
+				out = append(out, s)
+			} else {
+				out = append(out, images(x)...)
+			}
+		}
+	case []any:
+		for _, x := range v {
+			out = append(out, images(x)...)
+		}
+	}
+	return out
+}
+
 func contains(xs []string, x string) bool {
 	for _, y := range xs {
 		if x == y {
