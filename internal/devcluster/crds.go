@@ -30,6 +30,30 @@ func GatewayAPICRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	return crdsFrom("sigs.k8s.io/gateway-api", aaas.Version("GATEWAY_API_VERSION"), "config/crd/standard")
 }
 
+// PrometheusOperatorCRDs returns the PodMonitor and PrometheusRule CRDs
+// of the pinned Prometheus Operator, for validating manifests/monitoring.
+func PrometheusOperatorCRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
+	all, err := crdsFrom("github.com/prometheus-operator/prometheus-operator", aaas.Version("PROMETHEUS_OPERATOR_VERSION"), "example/prometheus-operator-crd")
+	if err != nil {
+		return nil, err
+	}
+	var crds []*apiextensionsv1.CustomResourceDefinition
+	for _, c := range all {
+		if c.Name == "podmonitors.monitoring.coreos.com" || c.Name == "prometheusrules.monitoring.coreos.com" {
+			crds = append(crds, c)
+		}
+	}
+	if len(crds) != 2 {
+		return nil, fmt.Errorf("PodMonitor and PrometheusRule CRDs not both found (%d)", len(crds))
+	}
+	return crds, nil
+}
+
+// InstallPrometheusOperatorCRDs installs PrometheusOperatorCRDs.
+func (c *Cluster) InstallPrometheusOperatorCRDs(ctx context.Context) error {
+	return c.installFrom(ctx, PrometheusOperatorCRDs)
+}
+
 func crdsFrom(module, version, dir string) ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	root, err := ModuleDir(module, version)
 	if err != nil {
@@ -60,20 +84,19 @@ func crdsFrom(module, version, dir string) ([]*apiextensionsv1.CustomResourceDef
 
 // InstallGatewayAPI adds the Gateway API CRDs to the cluster.
 func (c *Cluster) InstallGatewayAPI(ctx context.Context) error {
-	crds, err := GatewayAPICRDs()
+	return c.installFrom(ctx, GatewayAPICRDs)
+}
+
+// installFrom installs the CRDs source returns.
+func (c *Cluster) installFrom(ctx context.Context, source func() ([]*apiextensionsv1.CustomResourceDefinition, error)) error {
+	crds, err := source()
 	if err != nil {
 		return err
 	}
 	return c.install(ctx, crds)
 }
 
-func (c *Cluster) installCRDs(ctx context.Context) error {
-	crds, err := CRDs()
-	if err != nil {
-		return err
-	}
-	return c.install(ctx, crds)
-}
+func (c *Cluster) installCRDs(ctx context.Context) error { return c.installFrom(ctx, CRDs) }
 
 // install creates CRDs and waits until they are established.
 func (c *Cluster) install(ctx context.Context, crds []*apiextensionsv1.CustomResourceDefinition) error {

@@ -94,7 +94,9 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 	}
 	o.Metrics.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "aaas_lifecycle_command_backlog", Help: "Commands waiting for a worker (the consumer's pending count; -1 when NATS cannot say).",
-	}, func() float64 { return w.backlog(ctx) }))
+	}, func() float64 { return w.backlog(ctx) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "aaas_lifecycle_warm_pool_ready", Help: "Ready spare sandboxes in the warm pool: what the next signups adopt at once.",
+	}, func() float64 { return float64(o.Cluster.Spares()) }))
 	return w, nil
 }
 
@@ -195,6 +197,7 @@ func (w *Worker) dispatch(ctx context.Context, c events.Command) (string, error)
 // Exhausted records a command that will never be handled, and answers its
 // requester so nobody waits for it in vain.
 func (w *Worker) Exhausted(d events.Delivery, err error) {
+	w.m.deadLettered.Inc()
 	c, derr := events.Decode[events.Command](d.Data)
 	user, verb, req := "", events.Verb(""), ""
 	if derr == nil {

@@ -8,6 +8,7 @@ type metrics struct {
 	handshakeFailures *prometheus.CounterVec
 	mirrorWrites      *prometheus.CounterVec
 	podRestarts       prometheus.Counter
+	deadLettered      prometheus.Counter
 	leading           prometheus.Gauge
 }
 
@@ -29,10 +30,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		podRestarts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "aaas_lifecycle_pod_restarts_total", Help: "Ended (failed, evicted) sandbox pods deleted so the controller makes new ones.",
 		}),
+		deadLettered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "aaas_lifecycle_commands_dead_lettered_total", Help: "Commands given up after COMMAND_MAX_DELIVER deliveries.",
+		}),
 		leading: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "aaas_lifecycle_mirror_leader", Help: "1 while this replica mirrors Kubernetes into KV.",
 		}),
 	}
-	reg.MustRegister(m.commands, m.kubeErrors, m.handshakeFailures, m.mirrorWrites, m.podRestarts, m.leading)
+	reg.MustRegister(m.commands, m.kubeErrors, m.handshakeFailures, m.mirrorWrites, m.podRestarts, m.deadLettered, m.leading)
 	return m
 }

@@ -70,6 +70,14 @@ func Start(role natsauth.Role, common config.Common) (*Process, error) {
 	}
 	p.NC, p.JS = nc, js
 	registerNATSStats(p.Metrics, nc)
+	p.Metrics.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "aaas_ready", Help: "1 while /readyz answers 200.", ConstLabels: prometheus.Labels{"process": name},
+	}, func() float64 {
+		if p.isReady() {
+			return 1
+		}
+		return 0
+	}))
 	streams, buckets := role.Requires()
 	if err := natsconn.Require(ctx, js, streams, buckets, log); err != nil {
 		p.Close()

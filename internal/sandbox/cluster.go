@@ -306,6 +306,31 @@ func (c *Cluster) Lookup(user string) State {
 	return s
 }
 
+// Spares counts the warm pool's ready pods: sandbox pods whose sandbox no
+// claim has taken (the sandbox informer holds only claimed ones).
+func (c *Cluster) Spares() int {
+	n := 0
+	for _, obj := range c.pods.GetIndexer().List() {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok || pod.DeletionTimestamp != nil {
+			continue
+		}
+		o := metav1.GetControllerOf(pod)
+		if o == nil || o.Kind != "Sandbox" {
+			continue
+		}
+		if _, claimed, _ := c.sandboxes.GetIndexer().GetByKey(pod.Namespace + "/" + o.Name); claimed {
+			continue
+		}
+		for _, cond := range pod.Status.Conditions {
+			if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // Users lists the users of every cached managed claim.
 func (c *Cluster) Users() []string {
 	var users []string

@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/retry"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/aaas-project/aaas/internal/embednats"
@@ -323,17 +324,22 @@ func (s *Stack) EndPod(user, reason, message string) {
 	s.t.Helper()
 	ctx := Context(s.t, time.Minute)
 	pods := s.pkg.Cluster.Client.CoreV1().Pods(s.NS.Name)
-	pod, err := pods.Get(ctx, s.Box(user).PodName, metav1.GetOptions{})
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	pod.Status.Phase, pod.Status.Reason, pod.Status.Message = corev1.PodFailed, reason, message
-	for i := range pod.Status.Conditions {
-		if pod.Status.Conditions[i].Type == corev1.PodReady {
-			pod.Status.Conditions[i].Status = corev1.ConditionFalse
+	// The node writes the pod's status too: retry on its newer versions.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		pod, err := pods.Get(ctx, s.Box(user).PodName, metav1.GetOptions{})
+		if err != nil {
+			return err
 		}
-	}
-	if _, err := pods.UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		pod.Status.Phase, pod.Status.Reason, pod.Status.Message = corev1.PodFailed, reason, message
+		for i := range pod.Status.Conditions {
+			if pod.Status.Conditions[i].Type == corev1.PodReady {
+				pod.Status.Conditions[i].Status = corev1.ConditionFalse
+			}
+		}
+		_, err = pods.UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		s.t.Fatal(err)
 	}
 }

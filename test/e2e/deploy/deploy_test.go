@@ -76,6 +76,9 @@ func TestEveryKustomizationAndComponentIsAcceptedByTheAPIServer(t *testing.T) {
 	if err := cluster.InstallGatewayAPI(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if err := cluster.InstallPrometheusOperatorCRDs(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if err := cluster.CreateNamespace(ctx, "dsh-demo"); err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +95,7 @@ func TestEveryKustomizationAndComponentIsAcceptedByTheAPIServer(t *testing.T) {
 			t.Fatalf("kustomization %s missing from %v", w, dirs)
 		}
 	}
-	for _, w := range []string{"manifests/exposure/ingress", "manifests/exposure/gateway-api-sso", "manifests/hardening"} {
+	for _, w := range []string{"manifests/exposure/ingress", "manifests/exposure/gateway-api-sso", "manifests/hardening", "manifests/monitoring"} {
 		if !contains(components, w) {
 			t.Fatalf("component %s missing from %v", w, components)
 		}
