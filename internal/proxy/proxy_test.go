@@ -152,6 +152,12 @@ func (f *fixture) lifecycle(t *testing.T) *atomic.Int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The server must have the subscription before the edge publishes: a
+	// command sent earlier reaches nobody (the edge's handshake then times
+	// out, as a loaded CI machine showed).
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	return &n
 }
 
@@ -324,6 +330,26 @@ func TestCloseCodes(t *testing.T) {
 // A WebSocket through the proxy: messages both ways, DSH's close code
 // passed to the browser, the cookie refreshed when DSH refuses the
 // upgrade.
+// A refused upgrade whose cookie refresh fails tells the browser why (the
+// handshake timed out here: no lifecycle answers), not that the sandbox
+// refused the connection.
+func TestWebSocketRefreshFailureSaysWhy(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = (&websocket.Upgrader{}).Upgrade(w, r, nil) // never reached: the cookie is stale
+	}), nil)
+	f.rotate("dsh-auth=fresh")
+	ws, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(f.url, "http")+"/u/bob/ws", http.Header{"Authorization": {fixtureToken}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	_, _, err = ws.ReadMessage()
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != 1011 || !strings.Contains(ce.Text, "timed out") {
+		t.Fatalf("close: %v, want 1011 saying the handshake timed out", err)
+	}
+}
+
 func TestWebSocketBridge(t *testing.T) {
 	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		up := websocket.Upgrader{}

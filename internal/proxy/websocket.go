@@ -69,7 +69,11 @@ func (p *Proxy) serveWebSocket(r *request) error {
 				conn, _, err = p.dial(r, up)
 			}
 		}
-		if err != nil && r.ctx.Err() == nil {
+		// A refresh that failed says why itself (a handshake that timed
+		// out or was refused); only the dial's own failures are the
+		// sandbox not accepting.
+		var pe *proxyError
+		if err != nil && r.ctx.Err() == nil && !errors.As(err, &pe) {
 			p.m.upstreamErrors.WithLabelValues("websocket_dial").Inc()
 			err = &proxyError{Status: http.StatusBadGateway, Detail: "your sandbox did not accept the connection", Err: err}
 		}
