@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -263,14 +264,20 @@ func (b *Bucket[T]) Mutate(ctx context.Context, key string, fn func(cur T, ok bo
 		if err == nil {
 			return Entry[T]{Key: key, Value: next, Revision: rev}, nil
 		}
-		if !(errors.Is(err, ErrConflict) || errors.Is(err, ErrExists)) || attempt >= 16 {
+		if !(errors.Is(err, ErrConflict) || errors.Is(err, ErrExists)) || attempt >= maxMutateAttempts {
 			return Entry[T]{}, err
 		}
-		if err := sleepCtx(ctx, time.Duration(attempt+1)*5*time.Millisecond); err != nil {
+		// Jittered: writers that collided once (forty signups behind one
+		// NAT on the rate-limit key) must not collide again in lockstep.
+		if err := sleepCtx(ctx, rand.N(time.Duration(attempt+1)*10*time.Millisecond)); err != nil {
 			return Entry[T]{}, err
 		}
 	}
 }
+
+// maxMutateAttempts bounds Mutate's retries of a contended key (about
+// five seconds of jittered waiting in all).
+const maxMutateAttempts = 32
 
 func isWrongLastSeq(err error) bool {
 	var apiErr *jetstream.APIError

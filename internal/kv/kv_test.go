@@ -81,35 +81,40 @@ func TestCreateUpdateDelete(t *testing.T) {
 	}
 }
 
+// TestMutateRetriesConflicts: concurrent read-modify-writes of one key
+// lose no update, including forty at once (signups behind one NAT on the
+// rate-limit key).
 func TestMutateRetriesConflicts(t *testing.T) {
 	_, js := setup(t)
-	ctx := natstest.Context(t, 20*time.Second)
+	ctx := natstest.Context(t, 30*time.Second)
 	logs := open[state.Attempts](t, js, state.BucketRateLimit)
-	const writers, each = 4, 10
-	errs := make(chan error, writers)
-	for w := 0; w < writers; w++ {
-		go func() {
-			for i := 0; i < each; i++ {
-				_, err := logs.Mutate(ctx, "client", func(a state.Attempts, _ bool) (state.Attempts, bool, error) {
-					a.At = append(a.At, int64(w*each+i))
-					return a, true, nil
-				})
-				if err != nil {
-					errs <- err
-					return
+	for _, tc := range []struct{ writers, each int }{{4, 10}, {40, 1}} {
+		key := fmt.Sprintf("client-%d", tc.writers)
+		errs := make(chan error, tc.writers)
+		for w := 0; w < tc.writers; w++ {
+			go func() {
+				for i := 0; i < tc.each; i++ {
+					_, err := logs.Mutate(ctx, key, func(a state.Attempts, _ bool) (state.Attempts, bool, error) {
+						a.At = append(a.At, int64(w*tc.each+i))
+						return a, true, nil
+					})
+					if err != nil {
+						errs <- err
+						return
+					}
 				}
-			}
-			errs <- nil
-		}()
-	}
-	for w := 0; w < writers; w++ {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
+				errs <- nil
+			}()
 		}
-	}
-	e, err := logs.Get(ctx, "client")
-	if err != nil || len(e.Value.At) != writers*each {
-		t.Fatalf("log holds %d entries (%v), want %d (no lost update)", len(e.Value.At), err, writers*each)
+		for w := 0; w < tc.writers; w++ {
+			if err := <-errs; err != nil {
+				t.Fatalf("%d writers: %v", tc.writers, err)
+			}
+		}
+		e, err := logs.Get(ctx, key)
+		if err != nil || len(e.Value.At) != tc.writers*tc.each {
+			t.Fatalf("log holds %d entries (%v), want %d (no lost update)", len(e.Value.At), err, tc.writers*tc.each)
+		}
 	}
 }
 
