@@ -36,10 +36,9 @@ type Cache[T any] struct {
 	syncedOnce sync.Once
 	updates    atomic.Uint64
 	// last is the highest revision applied (revisions are the bucket
-	// stream's sequence numbers, increasing across keys).
+	// stream's sequence numbers, increasing across keys; only the watch
+	// goroutine writes it).
 	last atomic.Uint64
-	// restarts counts watches replaced by the watchdog.
-	restarts atomic.Uint64
 }
 
 // CacheOption adjusts a cache.
@@ -105,7 +104,6 @@ func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher, filter strin
 			}
 			_ = w.Stop()
 			w = nw
-			c.restarts.Add(1)
 			c.log.Warn("watch stalled behind the bucket; resumed on a new one", "from_revision", from)
 		case e, ok := <-w.Updates():
 			if !ok {
@@ -164,27 +162,10 @@ func (d *watchdog) stalled(last, applied uint64) bool {
 // already holds at rev or newer is kept.
 func (c *Cache[T]) Note(key string, v T, rev uint64) {
 	idx := c.index(key)
-	entry := Entry[T]{Key: key, Value: v, Revision: rev, Created: time.Now()}
-	c.mu.Lock()
-	if cur, ok := c.items[idx]; ok && cur.Revision >= rev {
-		c.mu.Unlock()
-		return
-	}
-	c.items[idx] = entry
-	ws := c.waiters[idx]
-	delete(c.waiters, idx)
-	c.mu.Unlock()
-	c.updates.Add(1)
-	for _, ch := range ws {
-		close(ch)
-	}
-	for _, fn := range c.subs {
-		fn(key, entry, false)
-	}
+	c.set(key, idx, Entry[T]{Key: key, Value: v, Revision: rev, Created: time.Now()}, false, func(cur Entry[T], ok bool) bool {
+		return !ok || cur.Revision < rev
+	})
 }
-
-// Restarts is how many stalled watches the watchdog replaced.
-func (c *Cache[T]) Restarts() uint64 { return c.restarts.Load() }
 
 func (c *Cache[T]) apply(e jetstream.KeyValueEntry) {
 	key := e.Key()
@@ -199,9 +180,22 @@ func (c *Cache[T]) apply(e jetstream.KeyValueEntry) {
 		entry.Key, entry.Revision, entry.Created = key, e.Revision(), e.Created()
 	}
 
-	c.mu.Lock()
 	if r := e.Revision(); r > c.last.Load() {
 		c.last.Store(r)
+	}
+	c.set(key, idx, entry, deleted, nil)
+}
+
+// set stores (or, deleted, drops) the entry under idx when newer (nil:
+// always) agrees with what is there, wakes the key's waiters and tells
+// the subscribers.
+func (c *Cache[T]) set(key, idx string, entry Entry[T], deleted bool, newer func(cur Entry[T], ok bool) bool) {
+	c.mu.Lock()
+	if newer != nil {
+		if cur, ok := c.items[idx]; !newer(cur, ok) {
+			c.mu.Unlock()
+			return
+		}
 	}
 	if deleted {
 		delete(c.items, idx)
