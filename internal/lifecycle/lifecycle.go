@@ -105,15 +105,12 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 func (w *Worker) backlog(ctx context.Context) float64 {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	// Looking the consumer up fetches its info: one request per scrape.
 	c, err := w.o.JS.Consumer(ctx, events.StreamCommands, events.CommandConsumer)
 	if err != nil {
 		return -1
 	}
-	info, err := c.Info(ctx)
-	if err != nil {
-		return -1
-	}
-	return float64(info.NumPending)
+	return float64(c.CachedInfo().NumPending)
 }
 
 // Ready reports whether the caches the handlers read are complete.
