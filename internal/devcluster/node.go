@@ -68,7 +68,7 @@ func startNode(ctx context.Context, client kubernetes.Interface, o nodeOptions) 
 	}
 	n := &Node{
 		Name: nodeName, client: client, opts: o, ips: ips, log: o.log.With("component", "sim-node"), ctx: ctx,
-		queue:   workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
+		queue:   newRetryQueue(),
 		running: map[string]*podRuntime{},
 	}
 	port, err := n.serveKubelet()
@@ -143,6 +143,15 @@ func (n *Node) register(ctx context.Context, kubeletPort int) error {
 	return nil
 }
 
+// newRetryQueue is the work queue of the test bed's own controllers. Its
+// retries back off to at most a few seconds, as a kubelet's sync loop
+// does, so that work failed during a control-plane outage is done soon
+// after the API server returns rather than after client-go's default
+// maximum of 1000 s.
+func newRetryQueue() workqueue.TypedRateLimitingInterface[string] {
+	return workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[string](5*time.Millisecond, 2*time.Second))
+}
+
 func (n *Node) worker() {
 	for {
 		key, quit := n.queue.Get()
@@ -190,8 +199,7 @@ func (n *Node) sync(ctx context.Context, key string) error {
 	}
 
 	if pod.DeletionTimestamp != nil {
-		n.terminate(pod, rt)
-		return nil
+		return n.terminate(ctx, key, pod, rt)
 	}
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return nil
@@ -220,30 +228,36 @@ func (n *Node) bind(ctx context.Context, pod *corev1.Pod) error {
 }
 
 // terminate runs graceful deletion: SIGTERM, the pod's grace period, then
-// SIGKILL, and finally the node's own delete with grace 0 that removes the
-// pod object (the API server waits for exactly that).
-func (n *Node) terminate(pod *corev1.Pod, rt *podRuntime) {
-	if rt != nil && !rt.markTerminating() {
-		return // already under way
-	}
-	grace := 30 * time.Second
-	if pod.DeletionGracePeriodSeconds != nil {
-		grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
-	}
-	go func() {
-		if rt != nil {
-			rt.stop(grace)
-			n.take(rt.key, rt.uid)
+// SIGKILL in the background (the pod is queued again once its processes
+// are gone), and finally the node's own delete with grace 0 that removes
+// the pod object (the API server waits for exactly that). A failed final
+// delete returns its error so the queue retries it, as a kubelet's sync
+// loop does: a pod left half-deleted stalls its owners' foreground
+// deletion for good.
+func (n *Node) terminate(ctx context.Context, key string, pod *corev1.Pod, rt *podRuntime) error {
+	if rt != nil {
+		if rt.markTerminating() {
+			grace := 30 * time.Second
+			if pod.DeletionGracePeriodSeconds != nil {
+				grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
+			}
+			go func() {
+				rt.stop(grace)
+				n.take(rt.key, rt.uid)
+				n.queue.Add(key)
+			}()
 		}
-		zero := int64(0)
-		uid := pod.UID
-		err := n.client.CoreV1().Pods(pod.Namespace).Delete(n.ctx, pod.Name, metav1.DeleteOptions{
-			GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &uid},
-		})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) && n.ctx.Err() == nil {
-			n.log.Warn("final pod delete failed", "pod", pod.Namespace+"/"+pod.Name, "err", err)
-		}
-	}()
+		return nil
+	}
+	zero := int64(0)
+	uid := pod.UID
+	err := n.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+		GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &uid},
+	})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("final delete of %s: %w", key, err)
+	}
+	return nil
 }
 
 // take removes and returns the runtime for key (if uid matches, or any uid

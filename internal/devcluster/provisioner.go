@@ -50,7 +50,7 @@ func startProvisioner(ctx context.Context, client kubernetes.Interface, node, di
 		return err
 	}
 	p := &provisioner{client: client, node: node, dir: dir, log: log.With("component", "provisioner"),
-		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
+		queue: newRetryQueue()}
 	factory := informers.NewSharedInformerFactory(client, 0)
 	pvcInf := factory.Core().V1().PersistentVolumeClaims().Informer()
 	pvInf := factory.Core().V1().PersistentVolumes().Informer()
