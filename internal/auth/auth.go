@@ -156,6 +156,9 @@ var (
 	// when the bus or lifecycle does not answer.
 	ErrUnavailable error = &authError{fiber.StatusServiceUnavailable, "the gateway cannot reach its message bus; try again shortly"}
 	ErrTimeout     error = &authError{fiber.StatusServiceUnavailable, "your request is taking longer than expected; try again in a moment"}
+	// ErrSessionUnavailable: the cookie is not known here yet and the
+	// session bucket could not be asked.
+	ErrSessionUnavailable error = &authError{fiber.StatusServiceUnavailable, "your session cannot be checked right now; try again in a moment"}
 )
 
 // NewError is an error that answers with status.
@@ -174,7 +177,13 @@ func Status(err error) int {
 // Authenticate resolves the request's identity: the SSO header when SSO
 // is on, else a bearer token, else the session cookie. Explicit
 // credentials that fail are an error, never a fall-back to the cookie.
-func (a *Authenticator) Authenticate(c *fiber.Ctx) (Identity, error) {
+func (a *Authenticator) Authenticate(c *fiber.Ctx) (Identity, error) { return a.AuthenticateFor(c, "") }
+
+// AuthenticateFor is Authenticate for a request that names the user it is
+// for (a proxied /u/<user>/ path): a session cookie this edge's cache does
+// not know yet is looked up in the bucket under that user (Store.Fetch),
+// so a session created on another edge a moment ago works here too.
+func (a *Authenticator) AuthenticateFor(c *fiber.Ctx, user string) (Identity, error) {
 	if a.o.SSO.NameHeader != "" {
 		if login := c.Get(a.o.SSO.NameHeader); login != "" {
 			return a.ssoIdentity(c, login)
@@ -200,6 +209,13 @@ func (a *Authenticator) Authenticate(c *fiber.Ctx) (Identity, error) {
 	}
 	sum := sha256.Sum256(sid)
 	sess, ok := a.o.Store.LookupSum(sum)
+	if !ok && user != "" {
+		var err error
+		if sess, ok, err = a.o.Store.Fetch(c.UserContext(), user, sum); err != nil {
+			a.counter.WithLabelValues("session", "unavailable").Inc()
+			return Identity{}, ErrSessionUnavailable
+		}
+	}
 	if !ok {
 		return Identity{}, ErrBadCredentials
 	}

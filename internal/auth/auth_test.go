@@ -3,14 +3,18 @@ package auth_test
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
@@ -59,17 +63,29 @@ func setup(t testing.TB) (*auth.Store, *auth.Limiter) { return setupCap(t, 10_00
 
 func setupCap(t testing.TB, maxPerUser int) (*auth.Store, *auth.Limiter) {
 	t.Helper()
-	s := natstest.Start(t)
-	_, js := natstest.Connect(t, s.URL())
-	ctx := natstest.Context(t, time.Minute)
-	if err := state.EnsureBuckets(ctx, js, state.DefaultBucketsConfig()); err != nil {
-		t.Fatal(err)
-	}
-	store, err := auth.NewStore(context.Background(), js, auth.StoreOptions{TTL: time.Hour, MaxPerUser: maxPerUser, Log: slog.New(slog.DiscardHandler)})
+	js := bus(t)
+	lim, err := auth.NewLimiter(natstest.Context(t, time.Minute), js, 3, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim, err := auth.NewLimiter(ctx, js, 3, time.Minute)
+	return newStore(t, context.Background(), js, maxPerUser), lim
+}
+
+// bus is a NATS server with the buckets.
+func bus(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	s := natstest.Start(t)
+	_, js := natstest.Connect(t, s.URL())
+	if err := state.EnsureBuckets(natstest.Context(t, time.Minute), js, state.DefaultBucketsConfig()); err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// newStore is a Store whose cache has synced; its watch ends with ctx.
+func newStore(t testing.TB, ctx context.Context, js jetstream.JetStream, maxPerUser int) *auth.Store {
+	t.Helper()
+	store, err := auth.NewStore(ctx, js, auth.StoreOptions{TTL: time.Hour, MaxPerUser: maxPerUser, Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +95,75 @@ func setupCap(t testing.TB, maxPerUser int) (*auth.Store, *auth.Limiter) {
 		}
 		return nil
 	})
-	return store, lim
+	return store
+}
+
+// An edge whose watch lags finds a session created elsewhere by reading
+// the bucket under the user the request names, and nowhere else; an id
+// it did not find is not read again for a while, and unknown ids beyond
+// the read budget are an error, not a verdict.
+func TestFetchReadsWhatTheWatchHasNotBrought(t *testing.T) {
+	js := bus(t)
+	ctx := natstest.Context(t, time.Minute)
+	here := newStore(t, context.Background(), js, 10)
+	frozen, freeze := context.WithCancel(context.Background())
+	lagging := newStore(t, frozen, js, 10)
+	freeze() // its cache hears of nothing from now on
+
+	sid, err := here.Create(ctx, "bob", "login")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte(sid))
+	if _, ok := lagging.LookupSum(sum); ok {
+		t.Fatal("the frozen cache saw the new session; the test proves nothing")
+	}
+	if _, ok, err := lagging.Fetch(ctx, "ann", sum); ok || err != nil {
+		t.Fatalf("fetch under another user: %v %v", ok, err)
+	}
+	sess, ok, err := lagging.Fetch(ctx, "bob", sum)
+	if !ok || err != nil || sess.User != "bob" {
+		t.Fatalf("fetch = %+v %v %v", sess, ok, err)
+	}
+	if _, ok := lagging.LookupSum(sum); !ok {
+		t.Fatal("a fetched session is not kept while the watch is behind it")
+	}
+
+	// A miss is remembered: the session written under it right after is
+	// not seen until the memory fades.
+	b, err := kv.Open[state.Session](ctx, js, state.BucketSessions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := sha256.Sum256([]byte(auth.NewSessionID()))
+	if _, ok, err := lagging.Fetch(ctx, "bob", late); ok || err != nil {
+		t.Fatalf("fetch of an unknown id: %v %v", ok, err)
+	}
+	if _, err := b.Put(ctx, state.SessionKey("bob", hex.EncodeToString(late[:])), state.Session{User: "bob", Created: time.Now(), Expires: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := lagging.Fetch(ctx, "bob", late); ok {
+		t.Fatal("a remembered miss was read again at once")
+	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if _, ok, err := lagging.Fetch(ctx, "bob", late); !ok {
+			return fmt.Errorf("not found after the miss faded: %v", err)
+		}
+		return nil
+	})
+
+	// Random ids: the read budget runs out, and says so.
+	var refused int
+	for range 500 {
+		if _, ok, err := here.Fetch(ctx, "bob", sha256.Sum256([]byte(auth.NewSessionID()))); ok {
+			t.Fatal("a random id was found")
+		} else if err != nil {
+			refused++
+		}
+	}
+	if refused == 0 {
+		t.Fatal("500 random ids at once were all read from the bucket")
+	}
 }
 
 func TestStoreCreateLookupRevoke(t *testing.T) {

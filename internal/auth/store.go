@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/time/rate"
 
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
@@ -32,7 +34,25 @@ type Store struct {
 
 	mu     sync.Mutex
 	byUser map[string]map[string]time.Time // user → key → created
+
+	// fetches bounds Fetch's bucket reads; misses remembers ids they did
+	// not find, so a stale or random cookie costs at most one read per
+	// missTTL.
+	fetches *rate.Limiter
+	missMu  sync.Mutex
+	misses  map[string]time.Time // by key
 }
+
+// Fetch's bounds: reads per second and burst per edge, how long a miss is
+// remembered and how many are, and how long one read may take before the
+// request is told to retry.
+const (
+	fetchRate    = 200
+	fetchBurst   = 50
+	missTTL      = 2 * time.Second
+	maxMisses    = 4096
+	fetchTimeout = 5 * time.Second
+)
 
 // StoreOptions configure a Store.
 type StoreOptions struct {
@@ -52,7 +72,8 @@ func NewStore(ctx context.Context, js jetstream.JetStream, o StoreOptions) (*Sto
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{bucket: b, ttl: o.TTL, max: o.MaxPerUser, log: o.Log, onRevoke: o.OnRevoke, byUser: map[string]map[string]time.Time{}}
+	s := &Store{bucket: b, ttl: o.TTL, max: o.MaxPerUser, log: o.Log, onRevoke: o.OnRevoke, byUser: map[string]map[string]time.Time{},
+		fetches: rate.NewLimiter(fetchRate, fetchBurst), misses: map[string]time.Time{}}
 	c, err := kv.NewCache(ctx, b, ">", o.Log, kv.IndexBy[state.Session](rawHash), kv.OnChange(s.index))
 	if err != nil {
 		return nil, err
@@ -166,6 +187,67 @@ func (s *Store) LookupSum(sum [32]byte) (state.Session, bool) {
 		return state.Session{}, false
 	}
 	return e.Value, true
+}
+
+// Fetch is LookupSum for a session this edge's cache does not hold (yet),
+// read from the bucket under the user the request names (keys are
+// <user>.<hash>). A session created on another edge a moment ago reaches
+// this cache through the watch, which can lag for seconds after a NATS
+// node loss; its browser must not be signed out meanwhile. What is found
+// is noted in the cache, which keeps it only while the watch is behind
+// it, so a revocation the watch has already applied is never undone.
+// Reads are rate limited per edge and misses remembered for missTTL:
+// random cookies cost the bus little. An error means the bucket could
+// not be read (or the read budget is spent), not that there is no such
+// session.
+func (s *Store) Fetch(ctx context.Context, user string, sum [32]byte) (state.Session, bool, error) {
+	if sess, ok := s.LookupSum(sum); ok {
+		return sess, true, nil
+	}
+	if ValidateUser(user) != nil {
+		return state.Session{}, false, nil
+	}
+	key := state.SessionKey(user, hex.EncodeToString(sum[:]))
+	if s.missed(key) {
+		return state.Session{}, false, nil
+	}
+	if !s.fetches.Allow() {
+		return state.Session{}, false, errFetchBudget
+	}
+	ctx, cancel := context.WithTimeout(ctx, fetchTimeout)
+	defer cancel()
+	e, err := s.bucket.Get(ctx, key)
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
+		s.miss(key)
+		return state.Session{}, false, nil
+	case err != nil:
+		return state.Session{}, false, err
+	}
+	s.cache.Note(key, e.Value, e.Revision)
+	sess, ok := s.LookupSum(sum)
+	return sess, ok, nil
+}
+
+var errFetchBudget = errors.New("too many unknown session cookies at once")
+
+// missed reports whether key was looked for in the bucket within missTTL.
+func (s *Store) missed(key string) bool {
+	s.missMu.Lock()
+	defer s.missMu.Unlock()
+	at, ok := s.misses[key]
+	return ok && time.Since(at) < missTTL
+}
+
+// miss remembers that key is not in the bucket; a full memory starts over
+// (what it forgets costs one more read each).
+func (s *Store) miss(key string) {
+	s.missMu.Lock()
+	defer s.missMu.Unlock()
+	if len(s.misses) >= maxMisses {
+		clear(s.misses)
+	}
+	s.misses[key] = time.Now()
 }
 
 // Revoke ends one session, named by its id's SHA-256.

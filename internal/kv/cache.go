@@ -155,15 +155,16 @@ func (d *watchdog) stalled(last, applied uint64) bool {
 	return stuck
 }
 
-// Note puts an entry this process has just written (at rev) into the
+// Note puts an entry read or written by this process (at rev) into the
 // cache without waiting for the watch to bring it: the writer's next
-// lookup must find it even while the watch lags (a node loss). The watch
-// delivers it again later, which changes nothing; an entry the cache
-// already holds at rev or newer is kept.
+// lookup must find it even while the watch lags (a node loss). It is kept
+// only while the watch is behind rev: once the watch has passed rev, the
+// cache already says what became of the key since (a deletion included),
+// and a noted value must not undo that.
 func (c *Cache[T]) Note(key string, v T, rev uint64) {
 	idx := c.index(key)
 	c.set(key, idx, Entry[T]{Key: key, Value: v, Revision: rev, Created: time.Now()}, false, func(cur Entry[T], ok bool) bool {
-		return !ok || cur.Revision < rev
+		return c.last.Load() < rev && (!ok || cur.Revision < rev)
 	})
 }
 

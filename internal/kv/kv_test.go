@@ -266,6 +266,26 @@ func TestCacheNote(t *testing.T) {
 	if _, _, err := cache.Wait(ctx, "bob", func(e kv.Entry[state.Sandbox], ok bool) bool { return ok && e.Value.Phase == state.PhaseReady }); err != nil {
 		t.Fatalf("the watch's newer write did not replace the note: %v", err)
 	}
+
+	// A value read before a deletion the watch has since applied (a
+	// revoked session fetched a moment too early) is not brought back.
+	rev, err = boxes.Put(ctx, "cid", state.Sandbox{User: "cid", Phase: state.PhaseReady})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := cache.Wait(ctx, "cid", func(_ kv.Entry[state.Sandbox], ok bool) bool { return ok }); err != nil {
+		t.Fatal(err)
+	}
+	if err := boxes.Purge(ctx, "cid"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := cache.Wait(ctx, "cid", func(_ kv.Entry[state.Sandbox], ok bool) bool { return !ok }); err != nil {
+		t.Fatal(err)
+	}
+	cache.Note("cid", state.Sandbox{User: "cid", Phase: state.PhaseReady}, rev)
+	if e, ok := cache.Get("cid"); ok {
+		t.Fatalf("a note older than the watch undid a deletion: %+v", e)
+	}
 }
 
 func TestLease(t *testing.T) {

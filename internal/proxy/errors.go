@@ -93,7 +93,11 @@ func authFailed(err error) *proxyError {
 		status = s.HTTPStatus()
 	}
 	title := "Please sign in"
-	if status != http.StatusUnauthorized {
+	switch status {
+	case http.StatusUnauthorized:
+	case http.StatusServiceUnavailable:
+		title = "Try again shortly"
+	default:
 		title = "Not allowed"
 	}
 	return &proxyError{Status: status, Title: title, Detail: err.Error()}

@@ -142,7 +142,7 @@ var errUnauthorized = &statusError{http.StatusUnauthorized, "sign in first"}
 // bearerOnly admits fixtureToken as bob, for good.
 type bearerOnly struct{}
 
-func (bearerOnly) Authenticate(c *fiber.Ctx) (auth.Identity, error) {
+func (bearerOnly) AuthenticateFor(c *fiber.Ctx, _ string) (auth.Identity, error) {
 	if c.Get(fiber.HeaderAuthorization) != fixtureToken {
 		return auth.Identity{}, errUnauthorized
 	}

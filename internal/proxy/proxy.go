@@ -31,11 +31,12 @@ import (
 )
 
 // Authenticator is what the proxy needs of authentication
-// (auth.Authenticator): who a request is, and whether that still holds. An
+// (auth.Authenticator): who a request for a user's sandbox is, and
+// whether that still holds. An
 // error with an HTTPStatus() int method answers with that status, any
 // other with 401.
 type Authenticator interface {
-	Authenticate(c *fiber.Ctx) (auth.Identity, error)
+	AuthenticateFor(c *fiber.Ctx, user string) (auth.Identity, error)
 	Valid(id auth.Identity) bool
 }
 
@@ -192,7 +193,7 @@ func (p *Proxy) serve(c *fiber.Ctx) error {
 			return p.refuse(c, rid, ws, errDraining)
 		}
 	}
-	id, err := p.o.Auth.Authenticate(c)
+	id, err := p.o.Auth.AuthenticateFor(c, user)
 	switch {
 	case err != nil:
 		return p.refuse(c, rid, ws, authFailed(err))

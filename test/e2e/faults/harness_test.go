@@ -139,10 +139,9 @@ func (s *system) load(o testenv.LoadOptions) *testenv.Load {
 }
 
 // sessionsLost counts users whose session cookie no longer gets them
-// their sandbox through the front within 30 s. A session created during a
-// NATS node loss can be unknown to another edge until that edge's watch
-// resumes (seconds); that is logged, and only a session that never works
-// again counts as lost.
+// their sandbox through the front: one refusal of the cookie (401) is a
+// lost session, whichever edge answered; any other failure (a sandbox
+// still waking) is asked again for up to 30 s before it counts.
 func (s *system) sessionsLost() int {
 	lost := 0
 	for u, c := range s.users {
@@ -152,7 +151,7 @@ func (s *system) sessionsLost() int {
 				break
 			}
 			s.t.Logf("session of %s: %d %.200s", u, r.StatusCode, r.Body)
-			if time.Now().After(deadline) {
+			if r.StatusCode == http.StatusUnauthorized || time.Now().After(deadline) {
 				lost++
 				break
 			}
