@@ -12,6 +12,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/aaas-project/aaas/internal/accounts"
+	"github.com/aaas-project/aaas/internal/admin"
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
@@ -90,12 +91,12 @@ func run(p *process.Process, cfg config.Edge) error {
 	}
 	authn := auth.New(auth.Options{
 		Store: store, Limiter: limiter, Users: users, Publisher: pub,
-		CookieName: cfg.CookieName, SSO: sso, Metrics: p.Metrics,
+		CookieName: cfg.CookieName, SSO: sso, Admins: cfg.AdminUsers, AdminGroups: cfg.AdminGroups, Metrics: p.Metrics,
 	})
 	acct := accounts.New(accounts.Options{
 		Auth: authn, Actions: actions, Publisher: pub, Users: users, Sandboxes: boxes, Requests: requests,
 		InFlight: slots, CookieSecure: cfg.CookieSecure, CookieMaxAge: cfg.Buckets.SessionTTL,
-		InviteCode: cfg.InviteCode, MaxUsers: cfg.MaxUsers, SSO: sso.NameHeader != "", WakeTimeout: cfg.WakeTimeout,
+		InviteCode: cfg.InviteCode, MaxUsers: cfg.MaxUsers, Admins: cfg.AdminUsers, SSO: sso.NameHeader != "", WakeTimeout: cfg.WakeTimeout,
 		WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Log: p.Log,
 	})
 	prx := proxy.New(proxy.Options{
@@ -107,6 +108,12 @@ func run(p *process.Process, cfg config.Edge) error {
 		IdentityHeaders: []string{sso.NameHeader, sso.IDHeader, sso.GroupsHeader}, BeaconInterval: cfg.BeaconInterval, BeaconTTL: cfg.BeaconTTL,
 		ReadTimeout: cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Changes: changes,
 		Log: p.Log, Metrics: p.Metrics,
+	})
+
+	activity := admin.NewActivity()
+	go activity.Follow(ctx, p.JS, p.Log)
+	adm := admin.New(admin.Options{
+		Auth: authn, Accounts: acct, Users: users, Sandboxes: boxes, Activity: activity, Publisher: pub, Log: p.Log,
 	})
 
 	var draining atomic.Bool
@@ -143,6 +150,7 @@ func run(p *process.Process, cfg config.Edge) error {
 	app.Get("/healthz", health(func() bool { return true }))
 	app.Get("/readyz", health(ready))
 	acct.Register(app)
+	adm.Register(app)
 	prx.Register(app)
 	go prx.Run(ctx)
 

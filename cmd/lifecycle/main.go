@@ -1,11 +1,22 @@
 // Command lifecycle executes the gateway's commands against Kubernetes and
 // mirrors Kubernetes state into NATS KV; see the README for its
-// configuration.
+// configuration. `lifecycle adopt` instead migrates the seed gateway's
+// claims once and exits (README, "Migrating from the seed gateway").
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	extclient "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned"
 
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
@@ -19,6 +30,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "adopt" {
+		os.Exit(adopt(os.Args[2:]))
+	}
 	cfg, err := config.LoadLifecycle(config.FromOS())
 	process.Main(natsauth.Lifecycle, cfg.Common, err, func(p *process.Process) error { return run(p, cfg) })
 }
@@ -68,4 +82,61 @@ func kubeConfig(path string) (*rest.Config, error) {
 		return clientcmd.BuildConfigFromFlags("", path)
 	}
 	return rest.InClusterConfig()
+}
+
+// adopt runs `lifecycle adopt` (lifecycle.Adopt): 0 when done, 1 when
+// Kubernetes refused something, 2 for bad flags or configuration.
+func adopt(args []string) int {
+	fs := flag.NewFlagSet("lifecycle adopt", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: lifecycle adopt [--apply] [--user NAME ...] [--owner-annotation key=value] [--token-annotation KEY]")
+		fmt.Fprintln(fs.Output(), "Adopts the seed gateway's SandboxClaims in NAMESPACE; a dry run unless --apply.")
+		fs.PrintDefaults()
+	}
+	o := lifecycle.AdoptOptions{}
+	fs.BoolVar(&o.Apply, "apply", false, "patch the claims (without it, only report what would change)")
+	fs.Func("user", "also adopt dsh-`NAME`, which lacks the seed's marker (repeatable)", func(s string) error {
+		o.Users = append(o.Users, strings.TrimSpace(s))
+		return nil
+	})
+	fs.StringVar(&o.Owner, "owner-annotation", lifecycle.SeedOwner, "the seed's `key=value` marker, as annotation or label")
+	fs.StringVar(&o.TokenAnnotation, "token-annotation", sandbox.TokenHashAnnotation, "the annotation `KEY` holding the seed's token hash")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "lifecycle adopt: unexpected argument %q (flags only)\n", fs.Arg(0))
+		return 2
+	}
+	cfg, err := config.LoadAdopt(config.FromOS())
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "lifecycle adopt: configuration:\n%v\n", err)
+		return 2
+	}
+	o.Namespace, o.ManagedKey, o.ManagedValue = cfg.Namespace, cfg.ManagedKey, cfg.ManagedValue
+	if err := o.Validate(); err != nil {
+		fmt.Fprintf(os.Stderr, "lifecycle adopt:\n%v\n", err)
+		return 2
+	}
+	rc, err := kubeConfig(cfg.Kubeconfig)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "lifecycle adopt: kubernetes configuration: %v\n", err)
+		return 2
+	}
+	rc.QPS, rc.Burst, rc.Timeout = cfg.KubeQPS, cfg.KubeBurst, cfg.KubeCallTimeout
+	ext, err := extclient.NewForConfig(rc)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "lifecycle adopt: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if _, err := lifecycle.Adopt(ctx, ext.ExtensionsV1beta1().SandboxClaims(cfg.Namespace), o, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "lifecycle adopt: %v\n", err)
+		return 1
+	}
+	return 0
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -54,7 +55,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	if httpguard.ForeignOrigin(c) {
 		return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 	}
-	f, status, msg := s.form(c, "user", "invite")
+	f, status, msg := ReadForm(c, "user", "invite")
 	if status != 0 {
 		return s.fail(c, status, msg)
 	}
@@ -72,6 +73,9 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	user := f["user"]
 	if err := auth.ValidateUser(user); err != nil {
 		return s.fail(c, fiber.StatusBadRequest, err.Error())
+	}
+	if s.o.InviteCode == "" && slices.Contains(s.o.Admins, user) {
+		return s.fail(c, fiber.StatusForbidden, "that name is reserved for an administrator; administrators' accounts are created while signup needs an invite code")
 	}
 	if _, ok := s.o.Users.Get(user); ok {
 		s.o.Auth.Counter().WithLabelValues("signup", "conflict").Inc()
@@ -139,7 +143,7 @@ func (s *Service) login(c *fiber.Ctx) error {
 	if h := c.Get(fiber.HeaderAuthorization); h != "" {
 		token, _ = cutBearer(h)
 	} else {
-		f, status, msg := s.form(c, "token")
+		f, status, msg := ReadForm(c, "token")
 		if status != 0 {
 			return s.fail(c, status, msg)
 		}
@@ -262,23 +266,46 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 	return c.Redirect("/", fiber.StatusSeeOther)
 }
 
-// accountAction runs a recreate or deletion of user's account and
-// returns its answer. At most one runs per user: requests made while a
-// recreate is under way get 429, and requests made at the same moment are
-// the same command (its id and its answer's key derive from the account
-// record's revision), so they all wait for the one answer; on one edge
-// they also share one rate-limit entry and one publish. Actions are limited
-// per user (RECREATE_RATE_LIMIT in AUTH_RATE_WINDOW): each costs a pod and
-// a volume. ok=false means a refusal has been written; otherwise err is
-// the command's failure, if any.
+// accountAction runs a recreate or deletion of user's account (Act) and
+// returns its answer. ok=false means a refusal has been written;
+// otherwise err is the command's failure, if any.
 func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb) (state.Result, bool, error) {
+	res, err := s.Act(user, verb)
+	var r *Refusal
+	if errors.As(err, &r) {
+		if r.RetryAfter > 0 {
+			c.Set(fiber.HeaderRetryAfter, strconv.Itoa(int(r.RetryAfter.Seconds())+1))
+		}
+		return state.Result{}, false, s.fail(c, r.Status, r.Message)
+	}
+	return res, true, err
+}
+
+// Refusal is an account action refused before it was asked for: no such
+// account, one already under way, the rate limit, or no bus.
+type Refusal struct {
+	Status     int
+	Message    string
+	RetryAfter time.Duration
+}
+
+func (r *Refusal) Error() string { return r.Message }
+
+// Act runs a recreate or deletion of user's account and returns its
+// answer, or a *Refusal. At most one runs per user: requests made while a
+// recreate is under way are refused (429), and requests made at the same
+// moment are the same command (its id and its answer's key derive from
+// the account record's revision), so they all wait for the one answer; on
+// one edge they also share one rate-limit entry and one publish. Actions
+// are limited per user (RECREATE_RATE_LIMIT in AUTH_RATE_WINDOW): each
+// costs a pod and a volume. Any other error is the command's failure.
+func (s *Service) Act(user string, verb events.Verb) (state.Result, error) {
 	acct, found := s.o.Users.Get(user)
 	if !found {
-		return state.Result{}, false, s.fail(c, fiber.StatusNotFound, "no such account")
+		return state.Result{}, &Refusal{Status: fiber.StatusNotFound, Message: "no such account"}
 	}
 	if !acct.Value.RecreatingSince.IsZero() {
-		c.Set(fiber.HeaderRetryAfter, "10")
-		return state.Result{}, false, s.fail(c, fiber.StatusTooManyRequests, "your sandbox is being recreated; try again when it is ready")
+		return state.Result{}, &Refusal{Status: fiber.StatusTooManyRequests, Message: "the sandbox is being recreated; try again when it is ready", RetryAfter: 9 * time.Second}
 	}
 	requestID := fmt.Sprintf("%s-%s-%d", verb, user, acct.Revision)
 	cmd := events.NewRecreate(user, requestID)
@@ -306,12 +333,11 @@ func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb) (st
 	o, _ := v.(outcome)
 	switch {
 	case v == nil:
-		return state.Result{}, false, s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
+		return state.Result{}, &Refusal{Status: fiber.StatusServiceUnavailable, Message: auth.ErrUnavailable.Error()}
 	case o.limited:
-		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(int(o.retry.Seconds())+1))
-		return state.Result{}, false, s.fail(c, fiber.StatusTooManyRequests, "too many recreates or deletions of this account; wait and try again")
+		return state.Result{}, &Refusal{Status: fiber.StatusTooManyRequests, Message: "too many recreates or deletions of this account; wait and try again", RetryAfter: o.retry}
 	}
-	return o.res, true, err
+	return o.res, err
 }
 
 type statusBody struct {

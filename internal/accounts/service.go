@@ -54,6 +54,8 @@ type Options struct {
 	// MaxUsers caps the accounts (0: no cap); the count is the users
 	// bucket's, so every edge applies the same one.
 	MaxUsers int
+	// Admins (ADMIN_USERS) cannot be signed up under while signup is open.
+	Admins []string
 	// SSO is on: accounts come from the authenticating proxy, not forms.
 	SSO         bool
 	WakeTimeout time.Duration
@@ -256,9 +258,10 @@ func (s *Service) limit(c *fiber.Ctx, endpoint string) (bool, error) {
 	return true, nil
 }
 
-// form reads a small urlencoded or JSON body into fields, refusing
-// oversize bodies, other content types and unknown JSON fields.
-func (s *Service) form(c *fiber.Ctx, fields ...string) (map[string]string, int, string) {
+// ReadForm reads a small urlencoded or JSON body into fields, refusing
+// oversize bodies, other content types and unknown fields; a refusal is a
+// status and its message.
+func ReadForm(c *fiber.Ctx, fields ...string) (map[string]string, int, string) {
 	if n := c.Request().Header.ContentLength(); n > formLimit {
 		return nil, fiber.StatusRequestEntityTooLarge, "request body too large"
 	}

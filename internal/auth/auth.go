@@ -13,6 +13,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
+	"slices"
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
@@ -34,7 +35,11 @@ type Options struct {
 	// CookieName is the session cookie's name (COOKIE_NAME).
 	CookieName string
 	SSO        SSO
-	Metrics    prometheus.Registerer
+	// Admins (ADMIN_USERS) are the accounts that may administer the
+	// gateway; AdminGroups (ADMIN_GROUPS) the SSO groups whose members may.
+	Admins      []string
+	AdminGroups []string
+	Metrics     prometheus.Registerer
 }
 
 // Authenticator resolves requests' identities.
@@ -130,6 +135,9 @@ type Identity struct {
 	sum [32]byte
 	// bound is the account's token hash when authenticated (bearer, SSO).
 	bound string
+	// Admin: the account is in ADMIN_USERS, or an SSO user of a group in
+	// ADMIN_GROUPS.
+	Admin bool
 }
 
 // authError is an authentication failure with the status it answers.
@@ -184,6 +192,19 @@ func (a *Authenticator) Authenticate(c *fiber.Ctx) (Identity, error) { return a.
 // not know yet is looked up in the bucket under that user (Store.Fetch),
 // so a session created on another edge a moment ago works here too.
 func (a *Authenticator) AuthenticateFor(c *fiber.Ctx, user string) (Identity, error) {
+	id, err := a.identify(c, user)
+	if err != nil {
+		return id, err
+	}
+	id.Admin = slices.Contains(a.o.Admins, id.User)
+	if id.Method == MethodSSO && !id.Admin {
+		groups := c.Get(a.o.SSO.GroupsHeader)
+		id.Admin = slices.ContainsFunc(a.o.AdminGroups, func(g string) bool { return inGroups(groups, g) })
+	}
+	return id, nil
+}
+
+func (a *Authenticator) identify(c *fiber.Ctx, user string) (Identity, error) {
 	if a.o.SSO.NameHeader != "" {
 		if login := c.Get(a.o.SSO.NameHeader); login != "" {
 			return a.ssoIdentity(c, login)
@@ -285,14 +306,23 @@ func (a *Authenticator) ssoIdentity(c *fiber.Ctx, login string) (Identity, error
 func (a *Authenticator) ssoAllowed(login, groups string) bool {
 	for _, a := range a.o.SSO.Allow {
 		if g, ok := strings.CutPrefix(a, "group:"); ok {
-			for _, have := range strings.Split(groups, ",") {
-				if strings.EqualFold(strings.TrimSpace(have), g) {
-					return true
-				}
+			if inGroups(groups, g) {
+				return true
 			}
 			continue
 		}
 		if a == "*" || strings.EqualFold(a, strings.TrimSpace(login)) {
+			return true
+		}
+	}
+	return false
+}
+
+// inGroups reports whether a comma-separated group list (the SSO proxy's
+// header) holds g, in any case.
+func inGroups(groups, g string) bool {
+	for _, have := range strings.Split(groups, ",") {
+		if strings.EqualFold(strings.TrimSpace(have), g) {
 			return true
 		}
 	}

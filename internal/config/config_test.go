@@ -182,6 +182,10 @@ func TestEdgeTrustBoundary(t *testing.T) {
 		{"a proxy by name", map[string]string{"TRUSTED_PROXIES": "ingress.example"}, "TRUSTED_PROXIES"},
 		{"SSO without an allow list", map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User"}, "AUTH_PROXY_ALLOW"},
 		{"SSO with an allow list", map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User", "AUTH_PROXY_ALLOW": "alice,group:acme:devs"}, ""},
+		{"admins", map[string]string{"ADMIN_USERS": "boss, ops-1"}, ""},
+		{"an admin name no account can have", map[string]string{"ADMIN_USERS": "boss,Root"}, "ADMIN_USERS"},
+		{"admin groups without SSO", map[string]string{"ADMIN_GROUPS": "ops"}, "ADMIN_GROUPS"},
+		{"admin groups with SSO", map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User", "AUTH_PROXY_ALLOW": "*", "ADMIN_GROUPS": "acme:ops"}, ""},
 		{"bad id header", map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User", "AUTH_PROXY_ALLOW": "*", "AUTH_PROXY_ID_HEADER": "X Email"}, "AUTH_PROXY_ID_HEADER"},
 		{"session cap", map[string]string{"MAX_SESSIONS_PER_USER": "0"}, "MAX_SESSIONS_PER_USER"},
 	} {

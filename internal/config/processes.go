@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/httpguard"
@@ -84,6 +85,13 @@ type Edge struct {
 	// MaxUsers is MAX_USERS: the most accounts the gateway creates (0: no
 	// limit); signups beyond it answer 403.
 	MaxUsers int
+	// AdminUsers is ADMIN_USERS: the account names that may use /_/admin.
+	// On open signup (no SIGNUP_INVITE_CODE) nobody can sign up under
+	// them, so the first comer cannot take an admin's name.
+	AdminUsers []string
+	// AdminGroups is ADMIN_GROUPS: with SSO, the groups (from
+	// AUTH_PROXY_GROUPS_HEADER) whose members may use /_/admin.
+	AdminGroups []string
 	// BeaconInterval is BEACON_INTERVAL: heartbeat period while busy.
 	BeaconInterval time.Duration
 	// BeaconTTL is BEACON_TTL: how long a beacon reporting work in flight
@@ -124,6 +132,8 @@ func LoadEdge(e *Env) (Edge, error) {
 		BeaconInterval:     e.Duration("BEACON_INTERVAL", 5*time.Second, 100*time.Millisecond, 5*time.Minute),
 		BeaconTTL:          e.Duration("BEACON_TTL", 2*time.Minute, time.Second, events.MaxBeaconTTL),
 		MaxUsers:           e.Int("MAX_USERS", 0, 0, 10_000_000),
+		AdminUsers:         e.List("ADMIN_USERS", nil),
+		AdminGroups:        e.List("ADMIN_GROUPS", nil),
 		ShutdownTimeout:    e.Duration("SHUTDOWN_TIMEOUT", 25*time.Second, 0, 10*time.Minute),
 	}
 	if c.BeaconTTL < 2*c.BeaconInterval {
@@ -152,6 +162,14 @@ func LoadEdge(e *Env) (Edge, error) {
 	}
 	if c.AuthProxyHeader != "" && len(c.AuthProxyAllow) == 0 {
 		e.Fail("AUTH_PROXY_ALLOW", "required with AUTH_PROXY_HEADER: the logins and group:<name> entries SSO admits (or * for everyone the SSO proxy admits)")
+	}
+	for _, u := range c.AdminUsers {
+		if err := auth.ValidateUser(u); err != nil {
+			e.Fail("ADMIN_USERS", "%q: %v", u, err)
+		}
+	}
+	if len(c.AdminGroups) > 0 && c.AuthProxyHeader == "" {
+		e.Fail("ADMIN_GROUPS", "needs SSO (AUTH_PROXY_HEADER): groups come from the SSO proxy")
 	}
 	c.PublicHosts = publicHosts(e)
 	for _, s := range e.List("TRUSTED_PROXIES", nil) {

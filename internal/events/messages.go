@@ -104,6 +104,10 @@ type SuspendArgs struct {
 	// sweeper had seen when it decided.
 	ActivitySeq uint64    `json:"activity_seq"`
 	IdleSince   time.Time `json:"idle_since"`
+	// By names the administrator who asked; such a suspend is carried out
+	// however recently the sandbox was used. (A worker that predates the
+	// field sees no evidence and cancels it if there was any activity.)
+	By string `json:"by,omitempty"`
 }
 
 // HandshakeArgs says which pod and which browser Host the DSH auth cookie is
@@ -178,6 +182,14 @@ func NewSuspend(user string, activitySeq, stateRev uint64, idleSince time.Time) 
 	return c
 }
 
+// NewAdminSuspend is an administrator's suspend of user's sandbox as of
+// its state revision stateRev: administrators asking at once ask once.
+func NewAdminSuspend(user string, stateRev uint64, by string) Command {
+	c := newCommand(VerbSuspend, user, strconv.FormatUint(stateRev, 10)+".admin")
+	c.Suspend = &SuspendArgs{By: by}
+	return c
+}
+
 // NewHandshake asks for a DSH auth cookie for (user, pod, host).
 func NewHandshake(user string, a HandshakeArgs) Command {
 	c := newCommand(VerbHandshake, user, a.PodUID+"."+state.HostKey(a.Host)+"."+strconv.FormatUint(a.StaleRevision, 10))
@@ -242,6 +254,7 @@ const (
 	AuditSSORefused      AuditKind = "sso_refused"
 	AuditStateChange     AuditKind = "state"
 	AuditCommandFailed   AuditKind = "command_failed"
+	AuditAdmin           AuditKind = "admin"
 )
 
 // AuditEvent is one audit record. Detail is free text for humans and must

@@ -113,7 +113,7 @@ func (w *Worker) suspend(ctx context.Context, c events.Command) (string, error) 
 	if err != nil {
 		return "", err
 	}
-	if seq > c.Suspend.ActivitySeq {
+	if c.Suspend.By == "" && seq > c.Suspend.ActivitySeq {
 		w.pub.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: c.User, Outcome: "cancelled",
 			Detail: fmt.Sprintf("activity %d is newer than the decision's %d", seq, c.Suspend.ActivitySeq)})
 		return "cancelled", nil
@@ -127,8 +127,11 @@ func (w *Worker) suspend(ctx context.Context, c events.Command) (string, error) 
 	if _, err := w.handshakes.PurgePrefix(ctx, c.User); err != nil {
 		return "", err
 	}
-	w.pub.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: c.User, Outcome: "suspended",
-		Detail: fmt.Sprintf("sandbox %s idle since %s", st.Sandbox.Name, c.Suspend.IdleSince.Format(time.RFC3339))})
+	detail := fmt.Sprintf("sandbox %s idle since %s", st.Sandbox.Name, c.Suspend.IdleSince.Format(time.RFC3339))
+	if c.Suspend.By != "" {
+		detail = fmt.Sprintf("sandbox %s suspended by administrator %s", st.Sandbox.Name, c.Suspend.By)
+	}
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: c.User, Outcome: "suspended", Detail: detail})
 	return "suspended", nil
 }
 

@@ -10,8 +10,13 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	extclient "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/lifecycle"
+	"github.com/aaas-project/aaas/internal/sandbox"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
@@ -75,6 +80,10 @@ func TestLifecycleRoleIsMinimal(t *testing.T) {
 				}
 				return errors.New("no refused pod deletion for po in the log")
 			})
+		},
+		// Adopting the seed gateway's claims (lifecycle adopt) patches them.
+		"sandboxclaims/patch": func(t *testing.T, _ string) {
+			f.adoptRefused(t)
 		},
 		"pods/log/get": func(t *testing.T, _ string) {
 			_, failure := f.handshake("mo", "localhost", f.handshakeRev("mo"))
@@ -158,6 +167,45 @@ func (f *fixture) notReady(t *testing.T, verb string) {
 		if p.IsReady() {
 			t.Fatalf("lifecycle became ready without %s", verb)
 		}
+	}
+}
+
+// adoptRefused creates a claim as the seed gateway did and expects
+// `lifecycle adopt --apply`, run as the lifecycle ServiceAccount, to be
+// refused and to say why, leaving the claim as it was.
+func (f *fixture) adoptRefused(t *testing.T) {
+	_, admin, err := pkg.Cluster.SandboxClients()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := &extv1beta1.SandboxClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: sandbox.ClaimName("seedling"), Annotations: map[string]string{
+			"aaas.example.com/managed-by": "dsh-gateway", sandbox.TokenHashAnnotation: tokenHash(),
+		}},
+		Spec: extv1beta1.SandboxClaimSpec{WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: "dsh-pool"}},
+	}
+	if _, err := admin.ExtensionsV1beta1().SandboxClaims(f.NS.Name).Create(ctx(t), seed, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", f.NS.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asLifecycle, err := extclient.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	_, err = lifecycle.Adopt(ctx(t), asLifecycle.ExtensionsV1beta1().SandboxClaims(f.NS.Name), lifecycle.AdoptOptions{
+		ManagedKey: "aaas.example.com/managed-by", ManagedValue: "dsh-gateway",
+		Owner: lifecycle.SeedOwner, TokenAnnotation: sandbox.TokenHashAnnotation, Apply: true,
+	}, &out)
+	if err == nil || !strings.Contains(out.String(), "failed: forbidden: the lifecycle Role needs patch on sandboxclaims") {
+		t.Fatalf("adopt without patch: err %v\n%s", err, out.String())
+	}
+	got, err := admin.ExtensionsV1beta1().SandboxClaims(f.NS.Name).Get(ctx(t), seed.Name, metav1.GetOptions{})
+	if err != nil || len(got.Labels) != 0 {
+		t.Fatalf("claim after a refused adoption: %v, labels %v", err, got.Labels)
 	}
 }
 

@@ -72,13 +72,14 @@ type durable struct{ stream, name string }
 var grants = map[Role]grant{
 	// Signup, login and logout write sessions and the shared rate limit's
 	// log. Accounts, sandboxes and DSH cookies are read only: lifecycle
-	// alone writes them. Commands for everything but suspend, beacons and
-	// audit events.
+	// alone writes them. Every command (suspend for the admin view), beacons
+	// and audit events; every edge's beacons for the admin view.
 	Edge: {
 		writes: []string{state.BucketSessions, state.BucketRateLimit},
 		reads:  []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests},
-		publishes: append(commandSubjects(events.VerbClaim, events.VerbWake, events.VerbHandshake, events.VerbDelete, events.VerbRecreate),
+		publishes: append(commandSubjects(events.VerbClaim, events.VerbWake, events.VerbHandshake, events.VerbSuspend, events.VerbDelete, events.VerbRecreate),
 			events.ActivitySubject("*", "*"), events.AuditSubjectsAll),
+		consumes: []string{events.StreamActivity},
 	},
 	// The commands' durable consumer (pull and acknowledge only), every
 	// record, and the newest beacon of a user for compare-and-suspend.

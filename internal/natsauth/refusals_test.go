@@ -174,8 +174,6 @@ func TestEachIdentityIsRefusedWhatIsNotItsJob(t *testing.T) {
 	edge.refused(t, "edge deletes the audit stream", regexp.QuoteMeta("$JS.API.STREAM.DELETE."+events.StreamAudit), func(ctx context.Context) error {
 		return edge.js.DeleteStream(ctx, events.StreamAudit)
 	})
-	edge.refused(t, "edge publishes a suspend", regexp.QuoteMeta(events.CommandSubject(events.VerbSuspend, "ann")),
-		publish(edge.js, events.CommandSubject(events.VerbSuspend, "ann"), map[string]string{}))
 	edge.refused(t, "edge reads another identity's replies", regexp.QuoteMeta("_INBOX_lifecycle.>"), func(ctx context.Context) error {
 		nc := edge.js.Conn()
 		sub, err := nc.SubscribeSync("_INBOX_lifecycle.>")

@@ -110,47 +110,15 @@ func (s *Sweeper) Ready() bool {
 	return s.synced.Load() && s.boxes.IsSynced() && s.users.IsSynced()
 }
 
-// Follow reads the activity stream into the clocks until ctx ends: first
-// the newest beacon of every (user, edge), then each new one. An ordered
-// consumer resumes by itself after a disconnect or a server restart, from
-// the last sequence it delivered, so no beacon is missed or counted twice.
+// Follow reads the activity stream into the clocks until ctx ends
+// (events.FollowActivity): first the newest beacon of every (user, edge),
+// then each new one.
 func (s *Sweeper) Follow(ctx context.Context) error {
-	cons, err := s.o.JS.OrderedConsumer(ctx, events.StreamActivity, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{events.ActivitySubjectsAll},
-		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
-	})
-	if err != nil {
-		return fmt.Errorf("follow activity: %w", err)
-	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("follow activity: %w", err)
-	}
-	if info.NumPending == 0 {
-		s.synced.Store(true)
-	}
 	start := time.Now()
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		meta, err := m.Metadata()
-		if err != nil {
-			return
-		}
-		b, err := events.Decode[events.Beacon](m.Data())
-		if err != nil {
-			s.o.Log.Warn("undecodable beacon ignored", "subject", m.Subject(), "err", err)
-		} else {
-			s.clocks.observe(b, meta.Sequence.Stream, meta.Timestamp)
-		}
-		if meta.NumPending == 0 && !s.synced.Swap(true) {
-			s.o.Log.Info("idle clocks rebuilt", "users", s.clocks.len(), "took", time.Since(start).String())
-		}
+	return events.FollowActivity(ctx, s.o.JS, s.o.Log, s.clocks.observe, func() {
+		s.synced.Store(true)
+		s.o.Log.Info("idle clocks rebuilt", "users", s.clocks.len(), "took", time.Since(start).String())
 	})
-	if err != nil {
-		return fmt.Errorf("follow activity: %w", err)
-	}
-	<-ctx.Done()
-	cc.Stop()
-	return nil
 }
 
 // Lead sweeps until ctx ends; the lease runs it on one replica.

@@ -1,6 +1,6 @@
 // Package web holds the edge's own pages: the landing page (sign up, sign
 // in, your sandbox), the "starting your sandbox" page shown while a
-// sandbox wakes, and error pages. Templates and assets are embedded; the
+// sandbox wakes, the admin view, and error pages. Templates and assets are embedded; the
 // pages work without JavaScript and use a little of it to follow state
 // live.
 package web
@@ -54,6 +54,40 @@ type Problem struct {
 	Detail string
 	// SignIn offers a link to the landing page.
 	SignIn bool
+}
+
+// Admin is the data of the admin page.
+type Admin struct {
+	// Admin is who is looking.
+	Admin string
+	Rows  []AdminRow
+	// Query and Phase are the filters shown; Next links the next page.
+	Query, Phase string
+	Phases       []string
+	Actions      []string
+	Total        int
+	Next         string
+	Notice       string
+}
+
+// AdminRow is one user on the admin page.
+type AdminRow struct {
+	User, Phase, Reason, Pod string
+	Managed                  bool
+	Age, LastActive          string
+	Sessions                 int
+	InFlight                 string
+}
+
+// AdminConfirm asks an administrator to confirm an action.
+type AdminConfirm struct{ User, Action string }
+
+// RenderAdmin writes the admin page.
+func RenderAdmin(w io.Writer, d Admin) error { return pages.ExecuteTemplate(w, "admin.html", d) }
+
+// RenderAdminConfirm writes the page that confirms an admin action.
+func RenderAdminConfirm(w io.Writer, d AdminConfirm) error {
+	return pages.ExecuteTemplate(w, "admin_confirm.html", d)
 }
 
 // RenderLanding writes the landing page.

@@ -1,0 +1,382 @@
+// Package admin serves the operators' view at the edge: /_/admin, a page
+// listing every user (sandbox phase and pod, account age, sessions, last
+// activity and work in flight per edge, managed or not) with the actions
+// suspend, wake, delete, recreate and revoke sessions, each confirmed and
+// audited; and the same as a JSON API for bearer tokens. Administrators
+// are named by ADMIN_USERS and ADMIN_GROUPS (auth.Identity.Admin); to
+// everyone else, signed in or not, these paths do not exist (404). The
+// list is read from the edge's caches, a page at a time.
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/aaas-project/aaas/internal/accounts"
+	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
+	"github.com/aaas-project/aaas/internal/web"
+)
+
+// Page sizes of the list: the default, and the most one request may ask.
+const (
+	DefaultLimit = 100
+	MaxLimit     = 500
+)
+
+// Options wires a Service.
+type Options struct {
+	Auth      *auth.Authenticator
+	Accounts  *accounts.Service
+	Users     *kv.Cache[state.User]
+	Sandboxes *kv.Cache[state.Sandbox]
+	Activity  *Activity
+	Publisher *events.Publisher
+	Log       *slog.Logger
+}
+
+// Service serves the admin view and API.
+type Service struct {
+	o Options
+
+	mu       sync.Mutex
+	sorted   []string
+	sortedAt [2]uint64
+}
+
+// New returns a Service.
+func New(o Options) *Service { return &Service{o: o} }
+
+// Register mounts the admin routes.
+func (s *Service) Register(app *fiber.App) {
+	app.Get("/_/admin", s.page)
+	app.Get("/_/admin/users", s.list)
+	app.Post("/_/admin/users/:user/:action", s.act)
+}
+
+// Row is one user as the admin view shows it.
+type Row struct {
+	User    string `json:"user"`
+	Phase   string `json:"phase"`
+	Reason  string `json:"reason,omitempty"`
+	Managed bool   `json:"managed"`
+	Pod     string `json:"pod,omitempty"`
+	// Created is when the account was made (zero for a sandbox without
+	// an account, such as a claim applied by hand).
+	Created    time.Time `json:"created,omitzero"`
+	ReadySince time.Time `json:"ready_since,omitzero"`
+	LastActive time.Time `json:"last_active,omitzero"`
+	Sessions   int       `json:"sessions"`
+	// InFlight is the work (requests and WebSockets) open on each edge
+	// that has reported it within its beacon's TTL.
+	InFlight []EdgeLoad `json:"in_flight,omitempty"`
+}
+
+// Query selects a page of the list: users after After (by name), whose
+// name starts with Prefix and whose phase is Phase (each optional).
+type Query struct {
+	After, Prefix, Phase string
+	Limit                int
+}
+
+// Page is a page of the list; Next is the After of the next page ("" on
+// the last).
+type Page struct {
+	Users []Row  `json:"users"`
+	Next  string `json:"next,omitempty"`
+	Total int    `json:"total"`
+}
+
+// parseQuery reads a Query from the request, refusing what it cannot use.
+func parseQuery(c *fiber.Ctx) (Query, error) {
+	q := Query{After: c.Query("after"), Prefix: c.Query("q"), Phase: c.Query("phase"), Limit: DefaultLimit}
+	if v := c.Query("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxLimit {
+			return q, fmt.Errorf("limit must be a number from 1 to %d", MaxLimit)
+		}
+		q.Limit = n
+	}
+	if q.Phase != "" && !slices.Contains(state.Phases, state.Phase(q.Phase)) {
+		return q, fmt.Errorf("phase must be one of %v", state.Phases)
+	}
+	if len(q.After) > auth.MaxUserLen || len(q.Prefix) > auth.MaxUserLen {
+		return q, errors.New("after and q are user names or their beginnings")
+	}
+	return q, nil
+}
+
+// names are every user the caches know, by name: accounts, and sandboxes
+// without one. The sorted list is kept until either cache changes, so
+// paging through 10k users does not sort them for every page.
+func (s *Service) names() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at := [2]uint64{s.o.Users.Updates(), s.o.Sandboxes.Updates()}
+	if s.sorted == nil || at != s.sortedAt {
+		names := append(s.o.Users.Keys(), s.o.Sandboxes.Keys()...)
+		slices.Sort(names)
+		s.sorted, s.sortedAt = slices.Compact(names), at
+	}
+	return s.sorted
+}
+
+// Page is the page of the list q selects, from the caches.
+func (s *Service) Page(q Query, now time.Time) Page {
+	names := s.names()
+	start, _ := slices.BinarySearch(names, q.After)
+	if start < len(names) && names[start] == q.After {
+		start++
+	}
+	if q.Prefix != "" {
+		p, _ := slices.BinarySearch(names, q.Prefix)
+		start = max(start, p)
+	}
+	page := Page{Users: []Row{}}
+	for _, name := range names[start:] {
+		if !strings.HasPrefix(name, q.Prefix) {
+			break
+		}
+		r := s.row(name, now)
+		if q.Phase != "" && r.Phase != q.Phase {
+			continue
+		}
+		if len(page.Users) == q.Limit {
+			page.Next = page.Users[len(page.Users)-1].User
+			break
+		}
+		page.Users = append(page.Users, r)
+	}
+	page.Total = len(names)
+	return page
+}
+
+func (s *Service) row(name string, now time.Time) Row {
+	r := Row{User: name, Phase: "Unknown", Sessions: s.o.Auth.Store().Count(name)}
+	if u, ok := s.o.Users.Get(name); ok {
+		r.Managed, r.Created = u.Value.Managed, u.Value.Created
+	}
+	if b, ok := s.o.Sandboxes.Get(name); ok {
+		r.Phase, r.Reason, r.Pod, r.ReadySince = string(b.Value.Phase), b.Value.Reason, b.Value.PodName, b.Value.ReadySince
+		r.Managed = r.Managed || b.Value.Managed
+	}
+	r.LastActive, r.InFlight = s.o.Activity.Of(name, now)
+	return r
+}
+
+// admin authenticates the request as an administrator; false means the
+// 404 has been written.
+func (s *Service) admin(c *fiber.Ctx) (auth.Identity, bool, error) {
+	id, err := s.o.Auth.Authenticate(c)
+	if err != nil || !id.Admin {
+		return id, false, web.WriteProblem(c, web.Problem{Status: fiber.StatusNotFound, Title: "Not available", Detail: "Cannot " + c.Method() + " " + c.Path()})
+	}
+	return id, true, nil
+}
+
+func (s *Service) list(c *fiber.Ctx) error {
+	if _, ok, err := s.admin(c); !ok {
+		return err
+	}
+	q, err := parseQuery(c)
+	if err != nil {
+		return s.fail(c, fiber.StatusBadRequest, err.Error())
+	}
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	return c.JSON(s.Page(q, time.Now()))
+}
+
+func (s *Service) page(c *fiber.Ctx) error {
+	id, ok, err := s.admin(c)
+	if !ok {
+		return err
+	}
+	q, err := parseQuery(c)
+	if err != nil {
+		return s.fail(c, fiber.StatusBadRequest, err.Error())
+	}
+	p := s.Page(q, time.Now())
+	d := web.Admin{Admin: id.User, Query: q.Prefix, Phase: q.Phase, Phases: phaseNames(), Total: p.Total, Actions: actions}
+	// The notice is rebuilt from what is valid, so a crafted link cannot
+	// put words on this page.
+	if did := c.Query("did"); slices.Contains(actions, did) && auth.ValidateUser(q.Prefix) == nil {
+		d.Notice = did + " of " + q.Prefix + " carried out or requested"
+	}
+	for _, r := range p.Users {
+		d.Rows = append(d.Rows, web.AdminRow{
+			User: r.User, Phase: r.Phase, Reason: r.Reason, Managed: r.Managed, Pod: r.Pod,
+			Age: since(r.Created, time.Now()), LastActive: since(r.LastActive, time.Now()), Sessions: r.Sessions,
+			InFlight: inFlightText(r.InFlight),
+		})
+	}
+	if p.Next != "" {
+		d.Next = "/_/admin?" + url.Values{"after": {p.Next}, "q": {q.Prefix}, "phase": {q.Phase}}.Encode()
+	}
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	c.Type("html")
+	return web.RenderAdmin(c, d)
+}
+
+func phaseNames() []string {
+	out := make([]string, len(state.Phases))
+	for i, p := range state.Phases {
+		out[i] = string(p)
+	}
+	return out
+}
+
+// since is a coarse age ("3m", "2h", "5d"), "—" for a zero time.
+func since(t, now time.Time) string {
+	if t.IsZero() {
+		return "—"
+	}
+	d := max(now.Sub(t), 0)
+	switch {
+	case d < time.Minute:
+		return strconv.Itoa(int(d.Seconds())) + "s"
+	case d < time.Hour:
+		return strconv.Itoa(int(d.Minutes())) + "m"
+	case d < 48*time.Hour:
+		return strconv.Itoa(int(d.Hours())) + "h"
+	}
+	return strconv.Itoa(int(d.Hours()/24)) + "d"
+}
+
+func inFlightText(load []EdgeLoad) string {
+	parts := make([]string, len(load))
+	for i, l := range load {
+		parts[i] = fmt.Sprintf("%s: %d", l.Edge, l.InFlight)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Actions an administrator can take on a user.
+var actions = []string{"suspend", "wake", "delete", "recreate", "revoke"}
+
+// act runs an action on a user. It must be confirmed: the form or JSON
+// body names the user again in "confirm" (the page asks on a page of its
+// own first). A cookie-authenticated request must come from our own
+// origin.
+func (s *Service) act(c *fiber.Ctx) error {
+	id, ok, err := s.admin(c)
+	if !ok {
+		return err
+	}
+	user, action := c.Params("user"), c.Params("action")
+	if !slices.Contains(actions, action) {
+		return s.fail(c, fiber.StatusNotFound, fmt.Sprintf("no action %q; actions are %s", action, strings.Join(actions, ", ")))
+	}
+	if auth.ValidateUser(user) != nil {
+		return s.fail(c, fiber.StatusNotFound, "no such user")
+	}
+	if id.Ambient() && !httpguard.SameOrigin(c) {
+		return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
+	}
+	f, status, msg := accounts.ReadForm(c, "confirm")
+	if status != 0 && c.Request().Header.ContentLength() != 0 {
+		return s.fail(c, status, msg)
+	}
+	if f["confirm"] != user {
+		if web.WantsHTML(c) {
+			c.Set(fiber.HeaderCacheControl, "no-store")
+			c.Type("html")
+			return web.RenderAdminConfirm(c, web.AdminConfirm{User: user, Action: action})
+		}
+		return s.fail(c, fiber.StatusBadRequest, fmt.Sprintf(`confirm the %s by sending {"confirm": %q}`, action, user))
+	}
+	outcome, status, err := s.run(user, action, id.User)
+	audit := events.AuditEvent{Kind: events.AuditAdmin, User: user, Outcome: action + ": " + outcome, Client: auth.ClientTag(c), Detail: "by " + id.User}
+	if err != nil {
+		audit.Outcome, audit.Detail = action+": refused", audit.Detail+": "+err.Error()
+		s.o.Publisher.Audit(audit)
+		return s.fail(c, status, err.Error())
+	}
+	s.o.Publisher.Audit(audit)
+	s.o.Log.Info("admin action", "admin", id.User, "user", user, "action", action, "outcome", outcome)
+	if web.WantsHTML(c) {
+		return c.Redirect("/_/admin?"+url.Values{"q": {user}, "did": {action}}.Encode(), fiber.StatusSeeOther)
+	}
+	return c.Status(status).JSON(fiber.Map{"user": user, "action": action, "outcome": outcome})
+}
+
+// run carries an action out; it returns what happened and the status to
+// answer with, or why it could not be done.
+func (s *Service) run(user, action, by string) (string, int, error) {
+	box, boxed := s.o.Sandboxes.Get(user)
+	_, account := s.o.Users.Get(user)
+	if !boxed && !account {
+		return "", fiber.StatusNotFound, errors.New("no such user")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	switch action {
+	case "suspend", "wake":
+		want, done := state.PhaseReady, "suspended"
+		cmd := events.NewAdminSuspend(user, box.Revision, by)
+		if action == "wake" {
+			want, done, cmd = state.PhaseSuspended, "woken", events.NewWake(user, box.Revision)
+		}
+		if !box.Value.Managed {
+			return "", fiber.StatusConflict, errors.New("this sandbox is not managed by the gateway")
+		}
+		if box.Value.Phase != want {
+			return "", fiber.StatusConflict, fmt.Errorf("the sandbox is %s; only a %s one can be %s", phaseOr(box.Value.Phase), want, done)
+		}
+		if _, err := s.o.Publisher.Command(ctx, cmd); err != nil {
+			return "", fiber.StatusServiceUnavailable, auth.ErrUnavailable
+		}
+		return "requested", fiber.StatusAccepted, nil
+	case "revoke":
+		n := s.o.Auth.Store().Count(user)
+		if err := s.o.Auth.Store().RevokeAll(ctx, user); err != nil {
+			return "", fiber.StatusServiceUnavailable, auth.ErrUnavailable
+		}
+		return fmt.Sprintf("%d sessions ended", n), fiber.StatusOK, nil
+	}
+	verb, want := events.VerbDelete, state.OutcomeDeleted
+	if action == "recreate" {
+		verb, want = events.VerbRecreate, state.OutcomeRecreated
+	}
+	res, err := s.o.Accounts.Act(user, verb)
+	var r *accounts.Refusal
+	switch {
+	case errors.As(err, &r):
+		return "", r.Status, r
+	case err != nil:
+		return "", fiber.StatusServiceUnavailable, err
+	case res.Outcome != want:
+		return "", fiber.StatusConflict, fmt.Errorf("lifecycle answered %s: %s", res.Outcome, res.Error)
+	}
+	return res.Outcome, fiber.StatusOK, nil
+}
+
+func phaseOr(p state.Phase) string {
+	if p == "" {
+		return "unknown"
+	}
+	return string(p)
+}
+
+func (s *Service) fail(c *fiber.Ctx, status int, msg string) error {
+	if status == fiber.StatusServiceUnavailable {
+		c.Set(fiber.HeaderRetryAfter, "2")
+	}
+	title := "Not possible"
+	if status == fiber.StatusServiceUnavailable {
+		title = "Try again shortly"
+	}
+	return web.WriteProblem(c, web.Problem{Status: status, Title: title, Detail: msg})
+}

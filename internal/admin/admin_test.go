@@ -1,0 +1,214 @@
+package admin
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
+	"github.com/aaas-project/aaas/internal/testutil"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// service is a Service over a real NATS server holding n accounts
+// (u00000…), every tenth one's sandbox Suspended and the rest Ready, plus
+// one sandbox without an account (a claim applied by hand).
+func service(t testing.TB, n int) *Service {
+	t.Helper()
+	s := natstest.Start(t)
+	_, js := natstest.Connect(t, s.URL())
+	ctx := natstest.Context(t, 5*time.Minute)
+	if err := state.EnsureBuckets(ctx, js, state.DefaultBucketsConfig()); err != nil {
+		t.Fatal(err)
+	}
+	users := open[state.User](t, js, state.BucketUsers)
+	boxes := open[state.Sandbox](t, js, state.BucketSandboxes)
+	for i := range n {
+		name := fmt.Sprintf("u%05d", i)
+		phase := state.PhaseReady
+		if i%10 == 0 {
+			phase = state.PhaseSuspended
+		}
+		if _, err := users.Put(ctx, name, state.User{Name: name, Managed: true, Created: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := boxes.Put(ctx, name, state.Sandbox{User: name, Phase: phase, Managed: true, PodName: "dsh-" + name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := boxes.Put(ctx, "zed", state.Sandbox{User: "zed", Phase: state.PhaseReady}); err != nil {
+		t.Fatal(err)
+	}
+	uc := cache(t, users)
+	bc := cache(t, boxes)
+	store, err := auth.NewStore(context.Background(), js, auth.StoreOptions{TTL: time.Hour, MaxPerUser: 10, Log: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, time.Minute, func() error {
+		if uc.Len() != n || bc.Len() != n+1 || !store.Synced() {
+			return fmt.Errorf("caches hold %d users, %d sandboxes", uc.Len(), bc.Len())
+		}
+		return nil
+	})
+	a := auth.New(auth.Options{Store: store, Users: uc, Metrics: prometheus.NewRegistry()})
+	return New(Options{Auth: a, Users: uc, Sandboxes: bc, Activity: NewActivity(), Log: quiet})
+}
+
+func open[T any](t testing.TB, js jetstream.JetStream, bucket string) *kv.Bucket[T] {
+	b, err := kv.Open[T](context.Background(), js, bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func cache[T any](t testing.TB, b *kv.Bucket[T]) *kv.Cache[T] {
+	c, err := kv.NewCache(context.Background(), b, ">", quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Walking the pages visits every user once, in order, whatever the
+// filters; a sandbox without an account is listed too.
+func TestPagesCoverEveryUserOnce(t *testing.T) {
+	s := service(t, 1234)
+	for _, tc := range []struct {
+		name  string
+		q     Query
+		want  int
+		first string
+	}{
+		{"everyone", Query{Limit: 100}, 1235, "u00000"},
+		{"a page of the most", Query{Limit: MaxLimit}, 1235, "u00000"},
+		{"by phase", Query{Limit: 7, Phase: string(state.PhaseSuspended)}, 124, "u00000"},
+		{"by prefix", Query{Limit: 3, Prefix: "u012"}, 34, "u01200"},
+		{"after a name", Query{Limit: 50, After: "u01199"}, 35, "u01200"},
+		{"after the last", Query{Limit: 50, After: "zed"}, 0, ""},
+		{"prefix that matches nothing", Query{Limit: 50, Prefix: "nobody"}, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q, seen, prev := tc.q, 0, ""
+			for page := 0; ; page++ {
+				p := s.Page(q, time.Now())
+				if p.Total != 1235 {
+					t.Fatalf("total %d", p.Total)
+				}
+				if len(p.Users) > q.Limit {
+					t.Fatalf("page of %d over the limit %d", len(p.Users), q.Limit)
+				}
+				for _, r := range p.Users {
+					if seen == 0 && r.User != tc.first {
+						t.Fatalf("first user %s, want %s", r.User, tc.first)
+					}
+					if r.User <= prev {
+						t.Fatalf("%s after %s: out of order or twice", r.User, prev)
+					}
+					if tc.q.Phase != "" && r.Phase != tc.q.Phase {
+						t.Fatalf("%s is %s", r.User, r.Phase)
+					}
+					prev = r.User
+					seen++
+				}
+				if p.Next == "" {
+					break
+				}
+				if p.Next != prev {
+					t.Fatalf("next %q, last listed %q", p.Next, prev)
+				}
+				q.After = p.Next
+			}
+			if seen != tc.want {
+				t.Fatalf("listed %d users, want %d", seen, tc.want)
+			}
+		})
+	}
+	zed := s.Page(Query{Limit: 1, Prefix: "zed"}, time.Now()).Users[0]
+	if zed.Managed || !zed.Created.IsZero() || zed.Phase != string(state.PhaseReady) {
+		t.Fatalf("a sandbox without an account: %+v", zed)
+	}
+}
+
+// The admin view's activity table: per edge the newest beacon, its time
+// taken from the stream (an edge's clock 30 s off changes nothing), and
+// work in flight only while its beacon's TTL runs.
+func TestActivity(t *testing.T) {
+	a := NewActivity()
+	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	skew := 30 * time.Second
+	beacon := func(edge string, inFlight int, idle time.Duration, clockOff time.Duration) events.Beacon {
+		sent := t0.Add(clockOff)
+		return events.Beacon{User: "ann", Edge: edge, InFlight: inFlight, LastActive: sent.Add(-idle), SentAt: sent, TTL: 10 * time.Second}
+	}
+	a.observe(beacon("edge-a", 2, 0, skew), 1, t0)
+	a.observe(beacon("edge-b", 0, time.Minute, -skew), 2, t0)
+	a.observe(beacon("edge-a", 0, time.Hour, 0), 3, t0.Add(-time.Second)) // older, delivered late
+
+	for _, tc := range []struct {
+		at   time.Time
+		load []EdgeLoad
+	}{
+		{t0.Add(5 * time.Second), []EdgeLoad{{Edge: "edge-a", InFlight: 2, At: t0}}},
+		{t0.Add(11 * time.Second), nil},
+	} {
+		last, load := a.Of("ann", tc.at)
+		if !last.Equal(t0) {
+			t.Errorf("at %s: last active %s, want the stream's %s", tc.at, last, t0)
+		}
+		if fmt.Sprint(load) != fmt.Sprint(tc.load) {
+			t.Errorf("at %s: in flight %v, want %v", tc.at, load, tc.load)
+		}
+	}
+	if last, load := a.Of("nobody", t0); !last.IsZero() || load != nil {
+		t.Errorf("unknown user: %v %v", last, load)
+	}
+}
+
+func TestSince(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		ago  time.Duration
+		want string
+	}{
+		{-time.Minute, "0s"}, {0, "0s"}, {59 * time.Second, "59s"}, {90 * time.Second, "1m"},
+		{3 * time.Hour, "3h"}, {47 * time.Hour, "47h"}, {72 * time.Hour, "3d"},
+	} {
+		if got := since(now.Add(-tc.ago), now); got != tc.want {
+			t.Errorf("since(%s ago) = %q, want %q", tc.ago, got, tc.want)
+		}
+	}
+	if got := since(time.Time{}, now); got != "—" {
+		t.Errorf("zero time: %q", got)
+	}
+}
+
+// BenchmarkPage10k is one page of the list at 10k users, as an admin's
+// browser asks for it, with the caches unchanged since the last page
+// (the usual case) and right after a change (the name list sorted again).
+func BenchmarkPage10k(b *testing.B) {
+	s := service(b, 10_000)
+	q := Query{Limit: DefaultLimit, After: "u05000"}
+	b.Run("page", func(b *testing.B) {
+		for b.Loop() {
+			s.Page(q, time.Now())
+		}
+	})
+	b.Run("page-after-a-change", func(b *testing.B) {
+		for b.Loop() {
+			s.sorted = nil
+			s.Page(q, time.Now())
+		}
+	})
+}
