@@ -14,6 +14,7 @@ import (
 	"github.com/aaas-project/aaas/internal/accounts"
 	"github.com/aaas-project/aaas/internal/admin"
 	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/capacity"
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
@@ -77,6 +78,11 @@ func run(p *process.Process, cfg config.Edge) error {
 	if err != nil {
 		return err
 	}
+	queued, err := cache[state.Queued](ctx, p, state.BucketQueue)
+	if err != nil {
+		return err
+	}
+	queue := capacity.Queue{Cache: queued}
 
 	clients, err := httpguard.NewPolicy(httpguard.Options{
 		TrustedProxies: cfg.TrustedProxies, PublicHosts: cfg.PublicHosts, Unchecked: []string{"/healthz", "/readyz"},
@@ -94,7 +100,7 @@ func run(p *process.Process, cfg config.Edge) error {
 		CookieName: cfg.CookieName, SSO: sso, Admins: cfg.AdminUsers, AdminGroups: cfg.AdminGroups, Metrics: p.Metrics,
 	})
 	acct := accounts.New(accounts.Options{
-		Auth: authn, Actions: actions, Publisher: pub, Users: users, Sandboxes: boxes, Requests: requests,
+		Auth: authn, Actions: actions, Publisher: pub, Users: users, Sandboxes: boxes, Requests: requests, Queue: queue,
 		InFlight: slots, CookieSecure: cfg.CookieSecure, CookieMaxAge: cfg.Buckets.SessionTTL,
 		InviteCode: cfg.InviteCode, MaxUsers: cfg.MaxUsers, Admins: cfg.AdminUsers, SSO: sso.NameHeader != "", WakeTimeout: cfg.WakeTimeout,
 		WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Log: p.Log,
@@ -102,7 +108,7 @@ func run(p *process.Process, cfg config.Edge) error {
 	prx := proxy.New(proxy.Options{
 		Auth:      authn,
 		ValidUser: func(u string) bool { return auth.ValidateUser(u) == nil },
-		Sandboxes: boxes, Handshakes: handshakes, Publisher: pub, Sealer: sealer, Edge: cfg.InstanceID, Slots: slots,
+		Sandboxes: boxes, Queue: queue, Handshakes: handshakes, Publisher: pub, Sealer: sealer, Edge: cfg.InstanceID, Slots: slots,
 		WakeTimeout: cfg.WakeTimeout, HandshakeTimeout: cfg.HandshakeTimeout,
 		MaxBody: cfg.MaxBodyBytes, WSMaxMessage: cfg.WSMaxMessageBytes, HeaderAllowlist: cfg.HeaderAllowlist,
 		IdentityHeaders: []string{sso.NameHeader, sso.IDHeader, sso.GroupsHeader}, BeaconInterval: cfg.BeaconInterval, BeaconTTL: cfg.BeaconTTL,
@@ -117,7 +123,7 @@ func run(p *process.Process, cfg config.Edge) error {
 	})
 
 	var draining atomic.Bool
-	ready := func() bool { return !draining.Load() && acct.Ready() && handshakes.IsSynced() }
+	ready := func() bool { return !draining.Load() && acct.Ready() && handshakes.IsSynced() && queued.IsSynced() }
 
 	app := fiber.New(fiber.Config{
 		AppName:                      "aaas-edge",

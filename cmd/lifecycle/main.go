@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	extclient "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned"
 
+	"github.com/aaas-project/aaas/internal/capacity"
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
@@ -58,7 +59,8 @@ func run(p *process.Process, cfg config.Lifecycle) error {
 	w, err := lifecycle.New(p.Ctx, lifecycle.Options{
 		Cluster: cluster, JS: p.JS, Publisher: events.NewPublisher(p.JS, cfg.InstanceID, p.Log), Sealer: sealer,
 		LogTailLines: cfg.LogTailLines, HandshakeTTL: cfg.Buckets.HandshakeTTL, RecreateTimeout: cfg.RecreateTimeout,
-		Log: p.Log, Metrics: p.Metrics,
+		Limits: capacity.Limits{MaxRunning: cfg.MaxRunning, MaxStarts: cfg.MaxStarts},
+		Log:    p.Log, Metrics: p.Metrics,
 	})
 	if err != nil {
 		return err

@@ -23,6 +23,7 @@ func run(p *process.Process, cfg config.Sweeper) error {
 	s, err := sweeper.New(p.Ctx, sweeper.Options{
 		JS: p.JS, Publisher: events.NewPublisher(p.JS, cfg.InstanceID, p.Log),
 		IdleTimeout: cfg.IdleTimeout, Interval: cfg.Interval, PruneInterval: cfg.PruneInterval,
+		IdleEvict: cfg.IdleEvict, MaxRunning: cfg.MaxRunning,
 		Log: p.Log, Metrics: p.Metrics,
 	})
 	if err != nil {

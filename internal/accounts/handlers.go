@@ -33,13 +33,14 @@ func (s *Service) landing(c *fiber.Ctx) error {
 	return web.RenderLanding(c, d)
 }
 
-// state is the user's sandbox record, or Claiming before the first one.
+// state is the user's sandbox record as they should see it (Queued while
+// their wake waits for a place), or Claiming before the first one.
 func (s *Service) state(user string) state.Sandbox {
 	e, ok := s.o.Sandboxes.Get(user)
 	if !ok {
 		return state.Sandbox{User: user, Phase: state.PhaseClaiming}
 	}
-	return e.Value
+	return s.o.Queue.Describe(e.Value)
 }
 
 // signup: rate limit, origin, size, type, invite and name checks come
@@ -389,18 +390,20 @@ func (s *Service) statusStream(c *fiber.Ctx) error {
 			return err == nil && w.Flush() == nil
 		}
 		var last uint64
-		sent := false
+		var said string
 		quiet := time.Now()
 		// Until the credentials are revoked or the browser leaves (its
-		// slot must not wait for the next write to find out).
+		// slot must not wait for the next write to find out). What is
+		// said changes with the sandbox's record or the user's place in
+		// the queue.
 		for s.o.Auth.Valid(id) && !httpguard.Gone(conn) {
 			e, _ := s.o.Sandboxes.Get(user)
-			if !sent || e.Revision != last {
-				b, _ := json.Marshal(s.statusOf(user))
+			last = e.Revision
+			if b, _ := json.Marshal(s.statusOf(user)); string(b) != said {
 				if !send("event: state\ndata: " + string(b) + "\n\n") {
 					return
 				}
-				last, sent, quiet = e.Revision, true, time.Now()
+				said, quiet = string(b), time.Now()
 			}
 			wctx, cancel := context.WithTimeout(context.Background(), s.o.Revalidate)
 			_, _, _ = s.o.Sandboxes.Wait(wctx, user, func(e kv.Entry[state.Sandbox], _ bool) bool { return e.Revision != last })

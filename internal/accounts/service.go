@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/capacity"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/kv"
@@ -44,6 +45,8 @@ type Options struct {
 	Users     *kv.Cache[state.User]
 	Sandboxes *kv.Cache[state.Sandbox]
 	Requests  *kv.Cache[state.Result]
+	// Queue shows a waiting user their place.
+	Queue capacity.Queue
 	// InFlight is the per-user cap the proxy's requests count against;
 	// status streams count too.
 	InFlight Slots

@@ -244,6 +244,9 @@ type Lifecycle struct {
 	// LogLimitBytes is DSH_LOG_LIMIT_BYTES: how much of the pod log one
 	// handshake reads at most (the tenant writes the log).
 	LogLimitBytes int64
+	// MaxRunning is MAX_RUNNING_SANDBOXES and MaxStarts is
+	// MAX_CONCURRENT_STARTS (0: no cap); wakes beyond them queue.
+	MaxRunning, MaxStarts int
 }
 
 // LoadLifecycle reads and validates the lifecycle worker's variables.
@@ -265,6 +268,8 @@ func LoadLifecycle(e *Env) (Lifecycle, error) {
 		KubeBurst:       e.Int("KUBE_API_BURST", 100, 1, 20_000),
 		KubeCallTimeout: e.Duration("KUBE_API_TIMEOUT", 30*time.Second, time.Second, 10*time.Minute),
 		LogLimitBytes:   int64(e.Int("DSH_LOG_LIMIT_BYTES", 256<<10, 4<<10, 1<<20)),
+		MaxRunning:      maxRunning(e),
+		MaxStarts:       e.Int("MAX_CONCURRENT_STARTS", 0, 0, 100_000),
 	}
 	c.ManagedKey, c.ManagedValue = managedLabel(e)
 	if !dns1123.MatchString(c.Namespace) {
@@ -363,7 +368,15 @@ type Sweeper struct {
 	LeaseTTL time.Duration
 	// PruneInterval is PRUNE_INTERVAL, for orphaned sessions.
 	PruneInterval time.Duration
+	// MaxRunning is MAX_RUNNING_SANDBOXES; with IdleEvict (IDLE_EVICT)
+	// the sweeper suspends the longest-idle sandboxes while wakes wait.
+	MaxRunning int
+	IdleEvict  bool
 }
+
+// maxRunning is MAX_RUNNING_SANDBOXES, read by lifecycle (which admits)
+// and the sweeper (which evicts).
+func maxRunning(e *Env) int { return e.Int("MAX_RUNNING_SANDBOXES", 0, 0, 10_000_000) }
 
 // LoadSweeper reads and validates the sweeper's variables.
 func LoadSweeper(e *Env) (Sweeper, error) {
@@ -372,6 +385,11 @@ func LoadSweeper(e *Env) (Sweeper, error) {
 		IdleTimeout:   e.Duration("IDLE_TIMEOUT", 15*time.Minute, time.Second, 30*24*time.Hour),
 		LeaseTTL:      e.Duration("LEASE_TTL", 10*time.Second, time.Second, 5*time.Minute),
 		PruneInterval: e.Duration("PRUNE_INTERVAL", time.Minute, time.Second, 24*time.Hour),
+		MaxRunning:    maxRunning(e),
+		IdleEvict:     e.Bool("IDLE_EVICT", false),
+	}
+	if c.IdleEvict && c.MaxRunning == 0 {
+		e.Fail("IDLE_EVICT", "needs MAX_RUNNING_SANDBOXES: eviction makes room under that cap")
 	}
 	c.Interval = e.Duration("SWEEP_INTERVAL", min(max(c.IdleTimeout/10, 100*time.Millisecond), 30*time.Second), 50*time.Millisecond, time.Hour)
 	return c, e.Err()

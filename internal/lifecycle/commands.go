@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -85,20 +86,36 @@ func (w *Worker) conflict(ctx context.Context, c events.Command, why string) (st
 	return state.OutcomeConflict, nil
 }
 
-// wake sets the sandbox Running. The patch is idempotent, so it is sent
-// even when the cache already says Running: the cache may lag a suspend.
+// wake sets the sandbox Running, or, when capacity is capped, puts the
+// user in the queue the lease holder admits from (admit).
 func (w *Worker) wake(ctx context.Context, c events.Command) (string, error) {
 	st := w.k8s.Lookup(c.User)
 	if st.Sandbox == nil {
 		return "skipped", nil // no claim, or still claiming: it will run on its own
 	}
-	if err := w.k8s.SetMode(ctx, st.Sandbox.Name, sandboxv1beta1.SandboxOperatingModeRunning); err != nil {
-		return "", permanentKube(w.kubeErr("wake", err))
+	if w.o.Limits.On() {
+		if st.Sandbox.Spec.OperatingMode == sandboxv1beta1.SandboxOperatingModeRunning {
+			return "running", nil
+		}
+		_, err := w.queue.Create(ctx, c.User, state.Queued{User: c.User, Since: time.Now().UTC()})
+		if err != nil && !errors.Is(err, kv.ErrExists) {
+			return "", err
+		}
+		return "queued", nil
 	}
-	if st.Sandbox.Spec.OperatingMode != sandboxv1beta1.SandboxOperatingModeRunning {
-		w.pub.Audit(events.AuditEvent{Kind: events.AuditWake, User: c.User, Outcome: "woken", Detail: "sandbox " + st.Sandbox.Name})
+	return "woken", w.start(ctx, c.User, st.Sandbox, "")
+}
+
+// start sets a sandbox Running. The patch is idempotent, so it is sent
+// even when the cache already says Running: the cache may lag a suspend.
+func (w *Worker) start(ctx context.Context, user string, sb *sandboxv1beta1.Sandbox, detail string) error {
+	if err := w.k8s.SetMode(ctx, sb.Name, sandboxv1beta1.SandboxOperatingModeRunning); err != nil {
+		return permanentKube(w.kubeErr("wake", err))
 	}
-	return "woken", nil
+	if sb.Spec.OperatingMode != sandboxv1beta1.SandboxOperatingModeRunning {
+		w.pub.Audit(events.AuditEvent{Kind: events.AuditWake, User: user, Outcome: "woken", Detail: strings.TrimSpace("sandbox " + sb.Name + " " + detail)})
+	}
+	return nil
 }
 
 // suspend is compare-and-suspend: it refuses when the user has any

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/aaas-project/aaas/internal/capacity"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
@@ -34,8 +35,11 @@ type Options struct {
 	LogTailLines    int
 	HandshakeTTL    time.Duration
 	RecreateTimeout time.Duration
-	Log             *slog.Logger
-	Metrics         prometheus.Registerer
+	// Limits cap running sandboxes and concurrent starts; wakes beyond
+	// them wait in the queue, which the lease holder admits from.
+	Limits  capacity.Limits
+	Log     *slog.Logger
+	Metrics prometheus.Registerer
 }
 
 // Worker handles commands and, while it holds the lease, runs the mirror.
@@ -53,8 +57,10 @@ type Worker struct {
 	sessions   *kv.Bucket[state.Session]
 	handshakes *kv.Bucket[state.Handshake]
 	requests   *kv.Bucket[state.Result]
+	queue      *kv.Bucket[state.Queued]
 	userCache  *kv.Cache[state.User]
 	boxCache   *kv.Cache[state.Sandbox]
+	queueCache *kv.Cache[state.Queued]
 
 	locks  keyedMutex
 	mirror *mirror
@@ -88,6 +94,12 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 	if w.boxCache, err = kv.NewCache(ctx, w.sandboxes, ">", o.Log); err != nil {
 		return nil, err
 	}
+	if w.queue, err = kv.Open[state.Queued](ctx, o.JS, state.BucketQueue); err != nil {
+		return nil, err
+	}
+	if w.queueCache, err = kv.NewCache(ctx, w.queue, ">", o.Log); err != nil {
+		return nil, err
+	}
 	w.mirror = newMirror(w)
 	if err := o.Cluster.OnChange(w.mirror.enqueue); err != nil {
 		return nil, err
@@ -96,7 +108,9 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 		Name: "aaas_lifecycle_command_backlog", Help: "Commands waiting for a worker (the consumer's pending count; -1 when NATS cannot say).",
 	}, func() float64 { return w.backlog(ctx) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "aaas_lifecycle_warm_pool_ready", Help: "Ready spare sandboxes in the warm pool: what the next signups adopt at once.",
-	}, func() float64 { return float64(o.Cluster.Spares()) }))
+	}, func() float64 { return float64(o.Cluster.Spares()) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "aaas_lifecycle_wake_queue", Help: "Wakes waiting for a free place (MAX_RUNNING_SANDBOXES, MAX_CONCURRENT_STARTS).",
+	}, func() float64 { return float64(w.queueCache.Len()) }))
 	return w, nil
 }
 
@@ -115,7 +129,7 @@ func (w *Worker) backlog(ctx context.Context) float64 {
 
 // Ready reports whether the caches the handlers read are complete.
 func (w *Worker) Ready() bool {
-	return w.k8s.Healthy() && w.userCache.IsSynced() && w.boxCache.IsSynced()
+	return w.k8s.Healthy() && w.userCache.IsSynced() && w.boxCache.IsSynced() && w.queueCache.IsSynced()
 }
 
 // Handle is the events.Handler for the command stream.

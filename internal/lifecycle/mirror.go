@@ -85,6 +85,9 @@ func (w *Worker) Lead(ctx context.Context) {
 	w.m.leading.Set(1)
 	defer w.m.leading.Set(0)
 	w.log.Info("mirroring kubernetes into kv")
+	if w.o.Limits.On() {
+		go w.admit(ctx)
+	}
 	for _, u := range w.k8s.Users() {
 		m.enqueue(u)
 	}

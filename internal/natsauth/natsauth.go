@@ -76,7 +76,7 @@ var grants = map[Role]grant{
 	// and audit events; every edge's beacons for the admin view.
 	Edge: {
 		writes: []string{state.BucketSessions, state.BucketRateLimit},
-		reads:  []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests},
+		reads:  []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketQueue},
 		publishes: append(commandSubjects(events.VerbClaim, events.VerbWake, events.VerbHandshake, events.VerbSuspend, events.VerbDelete, events.VerbRecreate),
 			events.ActivitySubject("*", "*"), events.AuditSubjectsAll),
 		consumes: []string{events.StreamActivity},
@@ -84,7 +84,7 @@ var grants = map[Role]grant{
 	// The commands' durable consumer (pull and acknowledge only), every
 	// record, and the newest beacon of a user for compare-and-suspend.
 	Lifecycle: {
-		writes:    []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketSessions, state.BucketLocks},
+		writes:    []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketSessions, state.BucketLocks, state.BucketQueue},
 		publishes: []string{events.AuditSubjectsAll},
 		gets:      []string{events.StreamActivity},
 		durable:   &durable{events.StreamCommands, events.CommandConsumer},
@@ -93,7 +93,7 @@ var grants = map[Role]grant{
 	// lease, and pruning the sessions of deleted accounts.
 	Sweeper: {
 		writes:    []string{state.BucketSessions, state.BucketLocks},
-		reads:     []string{state.BucketSandboxes, state.BucketUsers},
+		reads:     []string{state.BucketSandboxes, state.BucketUsers, state.BucketQueue},
 		publishes: append(commandSubjects(events.VerbSuspend), events.AuditSubjectsAll),
 		consumes:  []string{events.StreamActivity},
 	},

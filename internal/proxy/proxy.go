@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/capacity"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/httpguard"
@@ -49,9 +50,11 @@ type Options struct {
 	ValidUser  ValidUser
 	Sandboxes  *kv.Cache[state.Sandbox]
 	Handshakes *kv.Cache[state.Handshake]
-	Publisher  *events.Publisher
-	Sealer     *handshake.Sealer
-	Edge       string
+	// Queue shows a user whose wake waits for a place their position.
+	Queue     capacity.Queue
+	Publisher *events.Publisher
+	Sealer    *handshake.Sealer
+	Edge      string
 
 	// Slots is the per-user in-flight cap, shared with the status streams.
 	Slots            *Slots
@@ -104,7 +107,7 @@ func New(o Options) *Proxy {
 		m:       m,
 		headers: newHeaderPolicy(o.HeaderAllowlist, o.IdentityHeaders),
 		resolver: &Resolver{
-			Sandboxes: o.Sandboxes, Handshakes: o.Handshakes, Commands: o.Publisher, Sealer: o.Sealer,
+			Sandboxes: o.Sandboxes, Queue: o.Queue, Handshakes: o.Handshakes, Commands: o.Publisher, Sealer: o.Sealer,
 			WakeTimeout: o.WakeTimeout, HandshakeTimeout: o.HandshakeTimeout, m: m,
 		},
 		upstream: up,

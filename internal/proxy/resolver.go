@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/capacity"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
@@ -51,6 +53,7 @@ func (e *sandboxStarting) Error() string { return "sandbox " + string(e.Phase) }
 // handshake, is two cache reads and one decryption.
 type Resolver struct {
 	Sandboxes        *kv.Cache[state.Sandbox]
+	Queue            capacity.Queue
 	Handshakes       *kv.Cache[state.Handshake]
 	Commands         Commander
 	Sealer           *handshake.Sealer
@@ -132,7 +135,8 @@ func (r *Resolver) ready(ctx context.Context, user string, wait bool) (state.San
 			}
 		}
 		if !wait {
-			return state.Sandbox{}, &sandboxStarting{User: user, Phase: e.Value.Phase, Reason: e.Value.Reason}
+			shown := r.Queue.Describe(e.Value)
+			return state.Sandbox{}, &sandboxStarting{User: user, Phase: shown.Phase, Reason: shown.Reason}
 		}
 		rev := e.Revision
 		var err error
@@ -140,8 +144,9 @@ func (r *Resolver) ready(ctx context.Context, user string, wait bool) (state.San
 		switch {
 		case errors.Is(err, context.DeadlineExceeded):
 			r.m.wakes.WithLabelValues("timeout").Inc()
+			shown := r.Queue.Describe(e.Value)
 			return state.Sandbox{}, &proxyError{Status: http.StatusGatewayTimeout, Title: "Sandbox not ready",
-				Detail: "Your sandbox did not become ready within " + r.WakeTimeout.String() + " (it is " + string(e.Value.Phase) + "). Try again in a moment."}
+				Detail: strings.TrimSpace("Your sandbox did not become ready within "+r.WakeTimeout.String()+" (it is "+string(shown.Phase)+"). "+shown.Reason) + " Try again in a moment."}
 		case err != nil:
 			r.m.wakes.WithLabelValues("abandoned").Inc()
 			return state.Sandbox{}, err

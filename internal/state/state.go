@@ -27,6 +27,7 @@ const (
 	BucketRequests   = "requests"
 	BucketRateLimit  = "ratelimit"
 	BucketLocks      = "locks"
+	BucketQueue      = "queue"
 )
 
 // BucketsConfig sizes the buckets for an environment.
@@ -70,6 +71,7 @@ func BucketConfigs(c BucketsConfig) []jetstream.KeyValueConfig {
 		{Bucket: BucketRequests, Description: "outcomes of commands a requester waits for", TTL: c.RequestTTL, MaxBytes: 256 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
 		{Bucket: BucketRateLimit, Description: "auth attempts per client per window", TTL: 2 * c.RateWindow, LimitMarkerTTL: markerTTL, MaxBytes: 256 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
 		{Bucket: BucketLocks, Description: "leases for one-active-replica roles", LimitMarkerTTL: markerTTL, MaxBytes: 16 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketQueue, Description: "wakes waiting for a free place (MAX_RUNNING_SANDBOXES, MAX_CONCURRENT_STARTS), admitted oldest first", MaxBytes: 16 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
 	}
 }
 
@@ -130,6 +132,24 @@ const (
 	PhaseDeleting   Phase = "Deleting"
 	PhaseFailed     Phase = "Failed"
 )
+
+// Running reports whether a sandbox in phase p holds a pod or is getting
+// one: what MAX_RUNNING_SANDBOXES counts.
+func (p Phase) Running() bool {
+	switch p {
+	case PhaseClaiming, PhaseWaking, PhaseReady, PhaseSuspending:
+		return true
+	}
+	return false
+}
+
+// Queued is a wake waiting for a free place; its key is the user. Only
+// lifecycle writes the queue; edges read it to show each waiting user's
+// position.
+type Queued struct {
+	User  string    `json:"user"`
+	Since time.Time `json:"since"`
+}
 
 // Phases are all the phases, for metrics that report each (zero too).
 var Phases = []Phase{PhaseClaiming, PhaseWaking, PhaseReady, PhaseSuspending, PhaseSuspended, PhaseDeleting, PhaseFailed}

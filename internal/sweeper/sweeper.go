@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/aaas-project/aaas/internal/capacity"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
@@ -28,8 +29,12 @@ type Options struct {
 	Interval time.Duration
 	// PruneInterval is how often orphaned sessions are removed.
 	PruneInterval time.Duration
-	Log           *slog.Logger
-	Metrics       prometheus.Registerer
+	// IdleEvict suspends the longest-idle sandboxes while wakes wait for
+	// a place under MaxRunning (MAX_RUNNING_SANDBOXES).
+	IdleEvict  bool
+	MaxRunning int
+	Log        *slog.Logger
+	Metrics    prometheus.Registerer
 }
 
 // Sweeper keeps idle clocks on every replica, so a standby that takes the
@@ -40,6 +45,7 @@ type Sweeper struct {
 	clocks   *clocks
 	boxes    *kv.Cache[state.Sandbox]
 	users    *kv.Cache[state.User]
+	queue    *kv.Cache[state.Queued]
 	sessions *kv.Bucket[state.Session]
 	synced   atomic.Bool
 
@@ -68,6 +74,13 @@ func New(ctx context.Context, o Options) (*Sweeper, error) {
 		return nil, err
 	}
 	if s.users, err = kv.NewCache(ctx, users, ">", o.Log); err != nil {
+		return nil, err
+	}
+	queue, err := kv.Open[state.Queued](ctx, o.JS, state.BucketQueue)
+	if err != nil {
+		return nil, err
+	}
+	if s.queue, err = kv.NewCache(ctx, queue, ">", o.Log); err != nil {
 		return nil, err
 	}
 	o.Metrics.MustRegister(s.inventory())
@@ -107,7 +120,7 @@ func (i *inventory) Collect(ch chan<- prometheus.Metric) {
 
 // Ready reports whether the clocks and caches are complete.
 func (s *Sweeper) Ready() bool {
-	return s.synced.Load() && s.boxes.IsSynced() && s.users.IsSynced()
+	return s.synced.Load() && s.boxes.IsSynced() && s.users.IsSynced() && s.queue.IsSynced()
 }
 
 // Follow reads the activity stream into the clocks until ctx ends
@@ -165,22 +178,47 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 		}
 		return true
 	})
-	idle := 0
+	idle, freeing := 0, 0
 	var asks []ask
+	var evictable []capacity.Candidate
+	seen := map[string]ask{}
 	for _, c := range cands {
 		v := s.clocks.view(c.user, now)
 		last := v.last
 		if c.readySince.After(last) {
 			last = c.readySince
 		}
+		a := ask{candidate: c, seq: v.seq, last: last}
+		if s.issued[c.user] == (issue{c.rev, v.seq}) {
+			freeing++ // asked already; lifecycle is on it
+			if !v.busy && now.Sub(last) >= s.o.IdleTimeout {
+				idle++
+			}
+			continue
+		}
 		if v.busy || now.Sub(last) < s.o.IdleTimeout {
+			evictable = append(evictable, capacity.Candidate{User: c.user, Last: last, Busy: v.busy})
+			seen[c.user] = a
 			continue
 		}
 		idle++
-		if s.issued[c.user] == (issue{c.rev, v.seq}) {
-			continue // asked already; lifecycle is on it
+		asks = append(asks, a)
+	}
+	// Wakes waiting for a place: make room by suspending the longest-idle
+	// sandboxes too (IDLE_EVICT), beyond the places already being freed.
+	if s.o.IdleEvict && s.queue.Len() > 0 {
+		use := capacity.Count(s.boxes)
+		s.boxes.Range(func(e kv.Entry[state.Sandbox]) bool {
+			if e.Value.Managed && e.Value.Phase == state.PhaseSuspending {
+				freeing++
+			}
+			return true
+		})
+		for _, u := range capacity.Evict(s.queue.Len(), use, capacity.Limits{MaxRunning: s.o.MaxRunning}, freeing+len(asks), evictable) {
+			a := seen[u]
+			a.evict = true
+			asks = append(asks, a)
 		}
-		asks = append(asks, ask{candidate: c, seq: v.seq, last: last})
 	}
 	s.publish(ctx, asks)
 	for _, a := range asks {
@@ -192,10 +230,14 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 		case a.dup:
 			s.m.suspends.WithLabelValues("duplicate").Inc()
 		default:
+			why := "idle"
+			if a.evict {
+				why = "evicted"
+			}
 			s.m.suspends.WithLabelValues("requested").Inc()
 			s.o.Publisher.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: a.user, Outcome: "requested",
-				Detail: fmt.Sprintf("idle since %s (%s)", a.last.UTC().Format(time.RFC3339), now.Sub(a.last).Round(time.Second))})
-			s.o.Log.Info("suspend requested", "user", a.user, "idle", now.Sub(a.last).Round(time.Second).String())
+				Detail: fmt.Sprintf("%s since %s (%s)", why, a.last.UTC().Format(time.RFC3339), now.Sub(a.last).Round(time.Second))})
+			s.o.Log.Info("suspend requested", "user", a.user, "idle", now.Sub(a.last).Round(time.Second).String(), "evicted", a.evict)
 		}
 		s.issued[a.user] = issue{a.rev, a.seq}
 	}
@@ -209,8 +251,11 @@ type ask struct {
 	candidate
 	seq  uint64
 	last time.Time
-	dup  bool
-	err  error
+	// evict: not idle for IDLE_TIMEOUT, but the longest idle while wakes
+	// wait for a place (IDLE_EVICT).
+	evict bool
+	dup   bool
+	err   error
 }
 
 // publishers bounds the suspend commands in flight at once: a takeover, or

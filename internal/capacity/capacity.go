@@ -1,0 +1,153 @@
+// Package capacity decides who may start a sandbox when the platform is
+// capped: MAX_RUNNING_SANDBOXES (sandboxes holding a pod, cluster-wide)
+// and MAX_CONCURRENT_STARTS (sandboxes starting at once). A wake beyond
+// either waits in the queue bucket; lifecycle's lease holder admits the
+// oldest first as places free up (Admit), edges show each waiting user
+// their position (Queue), and with IDLE_EVICT the sweeper suspends the
+// longest-idle sandboxes to make room (Evict). Every count comes from the
+// KV caches, so every replica sees the same numbers.
+package capacity
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
+)
+
+// Limits are the caps; 0 means none.
+type Limits struct {
+	MaxRunning, MaxStarts int
+}
+
+// On reports whether any cap is set: only then do wakes queue.
+func (l Limits) On() bool { return l.MaxRunning > 0 || l.MaxStarts > 0 }
+
+// Usage is how many managed sandboxes hold a pod (Running) and how many
+// of those are starting (Waking).
+type Usage struct{ Running, Starting int }
+
+// Count is the usage the sandboxes cache shows. Claims applied by hand
+// (not managed) are not the gateway's to count.
+func Count(boxes *kv.Cache[state.Sandbox]) Usage {
+	var u Usage
+	boxes.Range(func(e kv.Entry[state.Sandbox]) bool {
+		if e.Value.Managed && e.Value.Phase.Running() {
+			u.Running++
+			if e.Value.Phase == state.PhaseWaking {
+				u.Starting++
+			}
+		}
+		return true
+	})
+	return u
+}
+
+// free is how many more sandboxes may start now under l.
+func (l Limits) free(u Usage) int {
+	n := -1 // no cap
+	if l.MaxRunning > 0 {
+		n = max(l.MaxRunning-u.Running, 0)
+	}
+	if l.MaxStarts > 0 {
+		s := max(l.MaxStarts-u.Starting, 0)
+		if n < 0 || s < n {
+			n = s
+		}
+	}
+	return n
+}
+
+// Order is the queue's order, oldest first (ties by name): the order of
+// admission and of the positions shown.
+func Order(a, b state.Queued) int {
+	return cmp.Or(a.Since.Compare(b.Since), cmp.Compare(a.User, b.User))
+}
+
+// Admit is who of the queue may start now, under l and with u in use:
+// the oldest, as many as there are free places.
+func Admit(queue []state.Queued, u Usage, l Limits) []string {
+	free := l.free(u)
+	if free < 0 {
+		free = len(queue)
+	}
+	queue = slices.SortedFunc(slices.Values(queue), Order)
+	var out []string
+	for _, q := range queue[:min(free, len(queue))] {
+		out = append(out, q.User)
+	}
+	return out
+}
+
+// Candidate is a Ready sandbox the sweeper could suspend to make room.
+type Candidate struct {
+	User string
+	// Last is when it was last used; Busy says work is in flight on some
+	// edge (it is never evicted).
+	Last time.Time
+	Busy bool
+}
+
+// Evict is whom to suspend so that the waiting users can start: the
+// longest-idle sandboxes with nothing in flight, one per waiting user
+// beyond the free places, less those already being freed (suspends asked
+// for this tick or still under way).
+func Evict(waiting int, u Usage, l Limits, freeing int, cands []Candidate) []string {
+	if l.MaxRunning <= 0 {
+		return nil
+	}
+	need := waiting - max(l.MaxRunning-u.Running, 0) - freeing
+	if need <= 0 {
+		return nil
+	}
+	idle := slices.DeleteFunc(slices.Clone(cands), func(c Candidate) bool { return c.Busy })
+	slices.SortFunc(idle, func(a, b Candidate) int { return cmp.Or(a.Last.Compare(b.Last), cmp.Compare(a.User, b.User)) })
+	var out []string
+	for _, c := range idle[:min(need, len(idle))] {
+		out = append(out, c.User)
+	}
+	return out
+}
+
+// Queue is the edge's view of the queue: whether and where a user waits.
+type Queue struct{ Cache *kv.Cache[state.Queued] }
+
+// Position is user's place in the queue (1 is next) and the queue's
+// length; 0 when user does not wait.
+func (q Queue) Position(user string) (pos, of int) {
+	if q.Cache == nil {
+		return 0, 0
+	}
+	mine, ok := q.Cache.Get(user)
+	if !ok {
+		return 0, 0
+	}
+	q.Cache.Range(func(e kv.Entry[state.Queued]) bool {
+		of++
+		if Order(e.Value, mine.Value) <= 0 {
+			pos++
+		}
+		return true
+	})
+	return pos, of
+}
+
+// Describe is box as a waiting user should see it: while they wait in the
+// queue, phase Queued and their position. (Queued is only ever shown, never
+// stored: the sandbox itself is still Suspended.)
+func (q Queue) Describe(box state.Sandbox) state.Sandbox {
+	if box.Phase != state.PhaseSuspended && box.Phase != state.PhaseSuspending {
+		return box
+	}
+	if pos, of := q.Position(box.User); pos > 0 {
+		box.Phase = PhaseQueued
+		box.Reason = fmt.Sprintf("waiting for a free place: number %d of %d in the queue", pos, of)
+	}
+	return box
+}
+
+// PhaseQueued is the phase shown to a user whose wake waits for a place.
+const PhaseQueued state.Phase = "Queued"

@@ -1,0 +1,79 @@
+package capacity
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/aaas-project/aaas/internal/state"
+)
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func TestAdmit(t *testing.T) {
+	// Listed out of order on purpose: admission goes by Since.
+	q := []state.Queued{{User: "cy", Since: t0.Add(2 * time.Second)}, {User: "ann", Since: t0}, {User: "bo", Since: t0.Add(time.Second)}}
+	tied := []state.Queued{{User: "zed", Since: t0}, {User: "al", Since: t0}}
+	for _, tc := range []struct {
+		name  string
+		queue []state.Queued
+		use   Usage
+		lim   Limits
+		want  string
+	}{
+		{"no caps: everyone", q, Usage{100, 50}, Limits{}, "[ann bo cy]"},
+		{"one place left: the oldest", q, Usage{Running: 9}, Limits{MaxRunning: 10}, "[ann]"},
+		{"full", q, Usage{Running: 10}, Limits{MaxRunning: 10}, "[]"},
+		{"over the cap (lowered at run time)", q, Usage{Running: 12}, Limits{MaxRunning: 10}, "[]"},
+		{"starts cap the batch", q, Usage{Running: 1, Starting: 1}, Limits{MaxStarts: 3}, "[ann bo]"},
+		{"the tighter cap wins", q, Usage{Running: 5, Starting: 0}, Limits{MaxRunning: 7, MaxStarts: 1}, "[ann]"},
+		{"ties go by name", tied, Usage{}, Limits{MaxRunning: 1}, "[al]"},
+		{"empty queue", nil, Usage{}, Limits{MaxRunning: 1}, "[]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := fmt.Sprint(Admit(tc.queue, tc.use, tc.lim)); got != tc.want {
+				t.Fatalf("Admit = %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestEvict(t *testing.T) {
+	cands := []Candidate{
+		{User: "busy-oldest", Last: t0.Add(-time.Hour), Busy: true},
+		{User: "old", Last: t0.Add(-30 * time.Minute)},
+		{User: "recent", Last: t0.Add(-time.Minute)},
+		{User: "older", Last: t0.Add(-40 * time.Minute)},
+	}
+	for _, tc := range []struct {
+		name    string
+		waiting int
+		use     Usage
+		lim     Limits
+		freeing int
+		want    string
+	}{
+		{"nobody waits", 0, Usage{Running: 10}, Limits{MaxRunning: 10}, 0, "[]"},
+		{"a place is free", 1, Usage{Running: 9}, Limits{MaxRunning: 10}, 0, "[]"},
+		{"one waits: the longest idle, never a busy one", 1, Usage{Running: 10}, Limits{MaxRunning: 10}, 0, "[older]"},
+		{"two wait, one place free", 2, Usage{Running: 9}, Limits{MaxRunning: 10}, 0, "[older]"},
+		{"suspends already under way count", 2, Usage{Running: 10}, Limits{MaxRunning: 10}, 1, "[older]"},
+		{"more wait than can be evicted", 9, Usage{Running: 10}, Limits{MaxRunning: 10}, 0, "[older old recent]"},
+		{"no running cap: nothing to make room for", 3, Usage{Running: 10, Starting: 5}, Limits{MaxStarts: 5}, 0, "[]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := fmt.Sprint(Evict(tc.waiting, tc.use, tc.lim, tc.freeing, cands)); got != tc.want {
+				t.Fatalf("Evict = %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPhasesThatCount(t *testing.T) {
+	want := map[state.Phase]bool{state.PhaseClaiming: true, state.PhaseWaking: true, state.PhaseReady: true, state.PhaseSuspending: true}
+	for _, p := range state.Phases {
+		if p.Running() != want[p] {
+			t.Errorf("%s.Running() = %v", p, p.Running())
+		}
+	}
+}

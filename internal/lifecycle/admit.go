@@ -1,0 +1,79 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+
+	"github.com/aaas-project/aaas/internal/capacity"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
+)
+
+// admitEvery is how often the lease holder looks at the queue: a place
+// freed is taken within it.
+const admitEvery = 250 * time.Millisecond
+
+// admitted remembers the sandboxes admit has started until their KV
+// record says so itself (the mirror writes it a moment after the patch):
+// meanwhile they count as starting, or one place could be given twice.
+type admitted map[string]time.Time
+
+// admitLag bounds how long an admitted sandbox counts without its record.
+const admitLag = 30 * time.Second
+
+// admit starts queued sandboxes, oldest first, as MAX_RUNNING_SANDBOXES
+// and MAX_CONCURRENT_STARTS allow, until ctx ends. Only the lease holder
+// runs it, so two replicas never give away the same last place; a new
+// holder starts from the queue in KV.
+func (w *Worker) admit(ctx context.Context) {
+	t := time.NewTicker(admitEvery)
+	defer t.Stop()
+	pending := admitted{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := w.admitOnce(ctx, pending, time.Now()); err != nil && ctx.Err() == nil {
+				w.log.Warn("queue not admitted from", "err", err)
+			}
+		}
+	}
+}
+
+func (w *Worker) admitOnce(ctx context.Context, pending admitted, now time.Time) error {
+	var queue []state.Queued
+	w.queueCache.Range(func(e kv.Entry[state.Queued]) bool {
+		queue = append(queue, e.Value)
+		return true
+	})
+	use := capacity.Count(w.boxCache)
+	for user, at := range pending {
+		if b, ok := w.boxCache.Get(user); (ok && b.Value.Phase != state.PhaseSuspended) || now.Sub(at) > admitLag {
+			delete(pending, user)
+			continue
+		}
+		use.Running++
+		use.Starting++
+	}
+	if len(queue) == 0 {
+		return nil
+	}
+	for _, user := range capacity.Admit(queue, use, w.o.Limits) {
+		q, _ := w.queueCache.Get(user)
+		if st := w.k8s.Lookup(user); st.Sandbox != nil && st.Sandbox.Spec.OperatingMode != sandboxv1beta1.SandboxOperatingModeRunning {
+			if err := w.start(ctx, user, st.Sandbox, fmt.Sprintf("after %s in the queue", now.Sub(q.Value.Since).Round(time.Second))); err != nil {
+				return fmt.Errorf("start %s: %w", user, err)
+			}
+			pending[user] = now
+		}
+		// Started, or nothing left to start (deleted, or running already).
+		if err := w.queue.Purge(ctx, user); err != nil {
+			return err
+		}
+	}
+	return nil
+}
