@@ -25,6 +25,10 @@ EXPOSE 3080
 ENTRYPOINT ["/usr/local/bin/dshsim"]
 
 FROM gcr.io/distroless/static-debian12:nonroot
+ARG VERSION=dev
+LABEL org.opencontainers.image.title="aaas" \
+      org.opencontainers.image.source="https://github.com/aaas-project/aaas" \
+      org.opencontainers.image.version="${VERSION}"
 COPY --from=build /out/edge /out/lifecycle /out/sweeper /out/setup /usr/local/bin/
 USER 65532:65532
 EXPOSE 8080 9090

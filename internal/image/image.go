@@ -49,6 +49,8 @@ type Spec struct {
 	// Env is the image's environment; PATH is the directory of the
 	// entrypoint unless set.
 	Env []string
+	// Labels are the image's OCI annotations.
+	Labels map[string]string
 }
 
 // AAASBinaries are the commands of the aaas image, in the Dockerfile's order.
@@ -57,11 +59,30 @@ var AAASBinaries = []string{"edge", "lifecycle", "sweeper", "setup"}
 // AAAS is the image the Dockerfile builds: the aaas processes and the
 // setup step in /usr/local/bin, the edge by default, running as NonRoot.
 func AAAS(binDir, ref string) Spec {
-	s := Spec{Ref: ref, Files: map[string]string{}, Entrypoint: []string{"/usr/local/bin/edge"}, User: NonRoot}
+	s := Spec{Ref: ref, Files: map[string]string{}, Entrypoint: []string{"/usr/local/bin/edge"}, User: NonRoot, Labels: Labels(tagOf(ref))}
 	for _, b := range AAASBinaries {
 		s.Files["/usr/local/bin/"+b] = filepath.Join(binDir, b)
 	}
 	return s
+}
+
+// Labels are the OCI labels of the aaas image (the Dockerfile's LABEL):
+// what it is, where it comes from, and the release it carries.
+func Labels(version string) map[string]string {
+	return map[string]string{
+		"org.opencontainers.image.title":   "aaas",
+		"org.opencontainers.image.source":  "https://github.com/aaas-project/aaas",
+		"org.opencontainers.image.version": version,
+	}
+}
+
+// tagOf is a reference's tag ("" for none or a digest).
+func tagOf(ref string) string {
+	name := ref[strings.LastIndex(ref, "/")+1:]
+	if _, tag, ok := strings.Cut(name, ":"); ok && !strings.Contains(name, "@") {
+		return tag
+	}
+	return ""
 }
 
 // DSHSim is the DSH Web stand-in as the Dockerfile's dshsim target builds
@@ -159,6 +180,7 @@ func (s Spec) Image() (v1.Image, error) {
 	cf.Config.User = s.User
 	cf.Config.Entrypoint = s.Entrypoint
 	cf.Config.Env = s.Env
+	cf.Config.Labels = s.Labels
 	if len(cf.Config.Env) == 0 && len(s.Entrypoint) > 0 {
 		cf.Config.Env = []string{"PATH=" + path.Dir(s.Entrypoint[0])}
 	}

@@ -358,7 +358,7 @@ func TestRefusedLoginsAddOneAuditEventPerClient(t *testing.T) {
 // login renamed and registered again by someone else opens nothing.
 func TestSSOAdmitsOnlyWhomItShould(t *testing.T) {
 	w := newStack(t)
-	sso := w.Edge("edge-sso", map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User", "AUTH_PROXY_ALLOW": "AliceSmith,gus,group:acme:devs"})
+	sso := w.Edge("edge-sso", map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User", "AUTH_PROXY_ALLOW": "AliceSmith,gus,group:acme:devs", "ADMIN_GROUPS": "acme:ops"})
 	plain := w.Edge("edge-plain", nil)
 	status := func(headers ...string) *testenv.Response {
 		return testenv.NewClient(t, sso.URL).Do("GET", "/_/status", nil, headers...)
@@ -415,6 +415,16 @@ func TestSSOAdmitsOnlyWhomItShould(t *testing.T) {
 		}
 	}
 	expect(t, testenv.NewClient(t, sso.URL).Do("GET", "/u/alicesmith/api/echo", nil, "X-Forwarded-User", "gus", "X-Forwarded-Email", "gus@old.example"), http.StatusForbidden, "gus at alice's sandbox")
+
+	// ADMIN_GROUPS: gus administers while the SSO proxy says he is in the
+	// group (any case), not otherwise; nobody else does.
+	admin := func(headers ...string) *testenv.Response {
+		return testenv.NewClient(t, sso.URL).Do("GET", "/_/admin/users", nil, headers...)
+	}
+	expect(t, admin("X-Forwarded-User", "gus", "X-Forwarded-Email", "gus@old.example", "X-Forwarded-Groups", "acme:devs, ACME:OPS"), http.StatusOK, "a member of ADMIN_GROUPS")
+	expect(t, admin("X-Forwarded-User", "gus", "X-Forwarded-Email", "gus@old.example", "X-Forwarded-Groups", "acme:devs"), http.StatusNotFound, "gus outside the admin group")
+	expect(t, admin("X-Forwarded-User", "Carol.Jones", "X-Forwarded-Email", "carol@acme.example", "X-Forwarded-Groups", "acme:devs,acme:opsx"), http.StatusNotFound, "a member of other groups")
+	expect(t, testenv.NewClient(t, plain.URL).Do("GET", "/_/admin/users", nil, "X-Forwarded-User", "gus", "X-Forwarded-Groups", "acme:ops"), http.StatusNotFound, "the headers at an edge without SSO")
 
 	expect(t, testenv.NewClient(t, plain.URL).Do("GET", "/_/status", nil, "X-Forwarded-User", "gus"), http.StatusUnauthorized, "header without AUTH_PROXY_HEADER")
 	expect(t, testenv.NewClient(t, sso.URL).Form("/users", "user", "hal", "invite", invite), http.StatusForbidden, "signup form in SSO mode")

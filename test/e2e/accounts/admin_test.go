@@ -55,7 +55,8 @@ func row(t *testing.T, c *testenv.Client, token, user string) map[string]any {
 // audited; the list shows each edge's work in flight.
 func TestAdminAPIAcrossTwoEdges(t *testing.T) {
 	w, a, b := adminStack(t)
-	bossToken := testenv.NewClient(t, a.URL).Signup("boss", invite)
+	bossCookie := testenv.NewClient(t, a.URL)
+	bossToken := bossCookie.Signup("boss", invite)
 	boss := testenv.NewClient(t, b.URL)
 	bearer := func(method, path, body string) *testenv.Response {
 		return boss.Do(method, path, strings.NewReader(body), "Authorization", "Bearer "+bossToken, "Accept", "application/json", "Content-Type", "application/json")
@@ -110,6 +111,9 @@ func TestAdminAPIAcrossTwoEdges(t *testing.T) {
 	expect(t, bearer(http.MethodPost, "/_/admin/users/ann/suspend", `{"confirm":"cy"}`), http.StatusBadRequest, "suspend confirming another user")
 	expect(t, bearer(http.MethodPost, "/_/admin/users/ann/explode", `{"confirm":"ann"}`), http.StatusNotFound, "unknown action")
 	expect(t, bearer(http.MethodPost, "/_/admin/users/nobody/suspend", `{"confirm":"nobody"}`), http.StatusNotFound, "unknown user")
+	expect(t, bearer(http.MethodPost, "/_/admin/users/Ann/suspend", `{"confirm":"Ann"}`), http.StatusNotFound, "a name no account can have")
+	expect(t, bossCookie.Do(http.MethodPost, "/_/admin/users/ann/suspend", strings.NewReader(`{"confirm":"ann"}`), "Content-Type", "application/json", "Accept", "application/json", "Origin", "https://evil.example"),
+		http.StatusForbidden, "the administrator's cookie from another site")
 	expect(t, bearer(http.MethodPost, "/_/admin/users/ann/wake", `{"confirm":"ann"}`), http.StatusConflict, "wake a Ready sandbox")
 	expect(t, bearer(http.MethodPost, "/_/admin/users/ann/suspend", `{"confirm":"ann","force":true}`), http.StatusBadRequest, "unknown field")
 	if p := w.Box("ann").Phase; p != state.PhaseReady {

@@ -369,6 +369,7 @@ type dockerStage struct {
 	files      []string
 	user       string
 	entrypoint []string
+	labels     map[string]string
 }
 
 // dockerStages reads the stages of a Dockerfile by name (the last one also
@@ -377,7 +378,8 @@ func dockerStages(t *testing.T, df string) map[string]*dockerStage {
 	t.Helper()
 	stages := map[string]*dockerStage{}
 	var cur *dockerStage
-	for _, line := range strings.Split(df, "\n") {
+	labels := regexp.MustCompile(`([\w.-]+)="([^"]*)"`)
+	for _, line := range strings.Split(strings.ReplaceAll(df, "\\\n", " "), "\n") {
 		f := strings.Fields(line)
 		switch {
 		case len(f) == 0:
@@ -398,6 +400,11 @@ func dockerStages(t *testing.T, df string) map[string]*dockerStage {
 			}
 		case f[0] == "USER":
 			cur.user = f[1]
+		case f[0] == "LABEL":
+			cur.labels = map[string]string{}
+			for _, m := range labels.FindAllStringSubmatch(line, -1) {
+				cur.labels[m[1]] = m[2]
+			}
 		case f[0] == "ENTRYPOINT":
 			if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "ENTRYPOINT ")), &cur.entrypoint); err != nil {
 				t.Fatalf("ENTRYPOINT %q: %v", line, err)
@@ -437,6 +444,14 @@ func TestDockerfile(t *testing.T) {
 		}
 		slices.Sort(want)
 		slices.Sort(st.files)
+		for k := range spec.Labels {
+			if _, ok := st.labels[k]; !ok {
+				t.Errorf("stage %q: hack/image labels the image %s, the Dockerfile does not", name, k)
+			}
+		}
+		if len(st.labels) != len(spec.Labels) {
+			t.Errorf("stage %q: Dockerfile labels %v, hack/image %v", name, st.labels, spec.Labels)
+		}
 		if !slices.Equal(st.files, want) || st.user != spec.User || !slices.Equal(st.entrypoint, spec.Entrypoint) {
 			t.Errorf("stage %q: Dockerfile has files %v, user %q, entrypoint %v; hack/image builds %v, %q, %v",
 				name, st.files, st.user, st.entrypoint, want, spec.User, spec.Entrypoint)

@@ -1,6 +1,7 @@
 package idle_test
 
 import (
+	"encoding/json"
 	"io/fs"
 	"net/http"
 	"regexp"
@@ -11,14 +12,20 @@ import (
 	"sigs.k8s.io/yaml"
 
 	aaas "github.com/aaas-project/aaas"
+	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/testenv"
 )
 
 // TestEveryAlertMetricIsExported reads manifests/monitoring's
 // PrometheusRule and scrapes a running edge, lifecycle and sweeper: every
 // aaas_ metric an alert names must be there, so no alert watches a metric
-// that does not exist. (The nats_ ones come from prometheus-nats-exporter,
-// which is not run here.)
+// that does not exist. The nats_varz_ ones come from
+// prometheus-nats-exporter beside each NATS node, which is not run here
+// (its module is not served): its collector names a varz metric
+// <prefix>_varz_ and the path of the value in /varz's JSON joined by "_"
+// (collector.fqName, v0.17.3), so each must be the path of a number in a
+// real JetStream server's varz, and the sidecar must run with -varz and
+// -prefix=nats.
 func TestEveryAlertMetricIsExported(t *testing.T) {
 	w := newStack(t, time.Hour)
 	sw := w.Sweeper("sw-a", nil)
@@ -68,5 +75,52 @@ func TestEveryAlertMetricIsExported(t *testing.T) {
 	}
 	if checked < 5 {
 		t.Fatalf("only %d metric names found in the rules", checked)
+	}
+
+	sidecar, err := fs.ReadFile(aaas.Manifests, "manifests/monitoring/nats-exporter.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, flag := range []string{`"-varz"`, `"-prefix=nats"`} {
+		if !strings.Contains(string(sidecar), flag) {
+			t.Errorf("the exporter sidecar runs without %s", flag)
+		}
+	}
+	v, err := natstest.Start(t).Varz(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(v)
+	var varz map[string]any
+	if err := json.Unmarshal(raw, &varz); err != nil {
+		t.Fatal(err)
+	}
+	numbers := map[string]bool{}
+	var walk func(prefix string, m map[string]any)
+	walk = func(prefix string, m map[string]any) {
+		for k, v := range m {
+			switch v := v.(type) {
+			case map[string]any:
+				walk(prefix+k+"_", v)
+			case float64:
+				numbers[prefix+k] = true
+			}
+		}
+	}
+	walk("", varz)
+	natsNames := regexp.MustCompile(`\bnats_varz_[a-z_]+`)
+	checked = 0
+	for _, g := range rule.Spec.Groups {
+		for _, r := range g.Rules {
+			for _, name := range natsNames.FindAllString(r.Expr, -1) {
+				checked++
+				if !numbers[strings.TrimPrefix(name, "nats_varz_")] {
+					t.Errorf("alert %s uses %s, which the exporter does not make of a server's varz", r.Alert, name)
+				}
+			}
+		}
+	}
+	if checked < 2 {
+		t.Fatalf("only %d nats_varz_ names found in the rules", checked)
 	}
 }
