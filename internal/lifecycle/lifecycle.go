@@ -88,10 +88,15 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 	if w.activity, err = o.JS.Stream(ctx, events.StreamActivity); err != nil {
 		return nil, fmt.Errorf("activity stream: %w", err)
 	}
-	if w.userCache, err = kv.NewCache(ctx, w.users, ">", o.Log); err != nil {
+	// The mirror is level-based on both sides: a change to a record it
+	// compares against (another replica's write, or its own that a lagging
+	// watch brings late) is a reason to look at that user again, or a
+	// decision taken on the stale record ("unchanged") would stand.
+	w.mirror = newMirror(w)
+	if w.userCache, err = kv.NewCache(ctx, w.users, ">", o.Log, kv.OnChange(func(user string, _ kv.Entry[state.User], _ bool) { w.mirror.enqueue(user) })); err != nil {
 		return nil, err
 	}
-	if w.boxCache, err = kv.NewCache(ctx, w.sandboxes, ">", o.Log); err != nil {
+	if w.boxCache, err = kv.NewCache(ctx, w.sandboxes, ">", o.Log, kv.OnChange(func(user string, _ kv.Entry[state.Sandbox], _ bool) { w.mirror.enqueue(user) })); err != nil {
 		return nil, err
 	}
 	if w.queue, err = kv.Open[state.Queued](ctx, o.JS, state.BucketQueue); err != nil {
@@ -100,7 +105,6 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 	if w.queueCache, err = kv.NewCache(ctx, w.queue, ">", o.Log); err != nil {
 		return nil, err
 	}
-	w.mirror = newMirror(w)
 	if err := o.Cluster.OnChange(w.mirror.enqueue); err != nil {
 		return nil, err
 	}

@@ -161,9 +161,13 @@ func (m *mirror) reconcile(ctx context.Context, user string) error {
 	if sameRecord(prev.Value, next) {
 		return nil
 	}
-	if _, err := w.sandboxes.Put(ctx, user, next); err != nil {
+	rev, err := w.sandboxes.Put(ctx, user, next)
+	if err != nil {
 		return err
 	}
+	// The next decision compares against this write, even while the
+	// watch has not brought it yet.
+	w.boxCache.Note(user, next, rev)
 	w.m.mirrorWrites.WithLabelValues(state.BucketSandboxes).Inc()
 	if prev.Value.PodUID != "" && prev.Value.PodUID != next.PodUID {
 		// The cookie of a pod that is gone can never work again.
@@ -198,11 +202,14 @@ func (m *mirror) syncUser(ctx context.Context, user string, st sandbox.State) er
 	if ok && !cur.Value.RecreatingSince.IsZero() {
 		return nil // the recreate command owns the record until it is done
 	}
-	_, err := w.users.Put(ctx, user, state.User{Name: user, TokenHash: hash, Claim: st.Claim.Name, ClaimUID: string(st.Claim.UID), Managed: true, Created: st.Claim.CreationTimestamp.UTC()})
-	if err == nil {
-		w.m.mirrorWrites.WithLabelValues(state.BucketUsers).Inc()
+	rec := state.User{Name: user, TokenHash: hash, Claim: st.Claim.Name, ClaimUID: string(st.Claim.UID), Managed: true, Created: st.Claim.CreationTimestamp.UTC()}
+	rev, err := w.users.Put(ctx, user, rec)
+	if err != nil {
+		return err
 	}
-	return err
+	w.userCache.Note(user, rec, rev)
+	w.m.mirrorWrites.WithLabelValues(state.BucketUsers).Inc()
+	return nil
 }
 
 // claimGone removes a user whose claim was deleted outside the gateway
