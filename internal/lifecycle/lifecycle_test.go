@@ -627,3 +627,33 @@ func TestMirrorFailsOverToAnotherReplica(t *testing.T) {
 	})
 	f.signup("lena") // Ready in KV means b mirrors
 }
+
+// The mirror is level-based on the KV side too: a record that changes
+// while nothing changes in Kubernetes (another writer, or the mirror's own
+// write brought late by a watch that lagged after a NATS node loss) is
+// derived again and set right, not left standing until the next event of
+// the user's objects — which for a suspended sandbox may never come.
+func TestMirrorSetsRightARecordChangedBehindItsBack(t *testing.T) {
+	f := setup(t, nil)
+	f.lifecycle("lc-a")
+	f.signup("rita")
+	ready, _ := f.boxes.Get("rita")
+	f.command(events.NewSuspend("rita", f.lastActivitySeq("rita"), ready.Revision, time.Now()))
+	suspended := f.waitPhase("rita", state.PhaseSuspended)
+	time.Sleep(2 * time.Second) // the pod's last events are over
+	wrong := ready.Value
+	wrong.Phase = state.PhaseSuspending
+	rev, err := f.sandboxes.Put(ctx(t), "rita", wrong)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, _, err := f.boxes.Wait(testenv.Context(t, 30*time.Second), "rita", func(e kv.Entry[state.Sandbox], ok bool) bool {
+		return ok && e.Revision > rev
+	})
+	if err != nil {
+		t.Fatalf("the record written behind the mirror's back stood: %+v", e.Value)
+	}
+	if e.Value.Phase != state.PhaseSuspended || e.Value.PodUID != "" || e.Value.Sandbox != suspended.Sandbox {
+		t.Fatalf("set right to %+v, want it as before: %+v", e.Value, suspended)
+	}
+}
