@@ -197,7 +197,7 @@ func (a *Authenticator) AuthenticateFor(c *fiber.Ctx, user string) (Identity, er
 		return id, err
 	}
 	id.Admin = slices.Contains(a.o.Admins, id.User)
-	if id.Method == MethodSSO && !id.Admin {
+	if id.Method == MethodSSO && !id.Admin && len(a.o.AdminGroups) > 0 {
 		groups := c.Get(a.o.SSO.GroupsHeader)
 		id.Admin = slices.ContainsFunc(a.o.AdminGroups, func(g string) bool { return inGroups(groups, g) })
 	}
