@@ -57,11 +57,11 @@ func (a *Activity) Follow(ctx context.Context, js jetstream.JetStream, log *slog
 	}
 }
 
-// observe keeps the newest beacon per (user, edge). An edge's LastActive
-// counts as an age at sending, back from the stream's time stamp, so an
-// edge whose clock is off shows right.
+// observe keeps the newest beacon per (user, edge), read by the stream's
+// clock (events.Beacon.At), so an edge whose clock is off shows right.
 func (a *Activity) observe(b events.Beacon, _ uint64, stamped time.Time) {
-	next := seen{inFlight: max(b.InFlight, 0), lastActive: stamped.Add(-max(b.SentAt.Sub(b.LastActive), 0)), sentAt: stamped, ttl: min(max(b.TTL, 0), events.MaxBeaconTTL)}
+	last, ttl := b.At(stamped)
+	next := seen{inFlight: max(b.InFlight, 0), lastActive: last, sentAt: stamped, ttl: ttl}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	edges := a.users[b.User]

@@ -189,11 +189,12 @@ func (s *Store) LookupSum(sum [32]byte) (state.Session, bool) {
 	return e.Value, true
 }
 
-// Fetch is LookupSum for a session this edge's cache does not hold (yet),
-// read from the bucket under the user the request names (keys are
-// <user>.<hash>). A session created on another edge a moment ago reaches
-// this cache through the watch, which can lag for seconds after a NATS
-// node loss; its browser must not be signed out meanwhile. What is found
+// Fetch is LookupSum, after it missed, for a session this edge's cache
+// does not hold (yet): read from the bucket under the user the request
+// names (keys are <user>.<hash>). A session created on another edge a
+// moment ago reaches this cache through the watch, which can lag for
+// seconds after a NATS node loss; its browser must not be signed out
+// meanwhile. What is found
 // is noted in the cache, which keeps it only while the watch is behind
 // it, so a revocation the watch has already applied is never undone.
 // Reads are rate limited per edge and misses remembered for missTTL:
@@ -201,9 +202,6 @@ func (s *Store) LookupSum(sum [32]byte) (state.Session, bool) {
 // not be read (or the read budget is spent), not that there is no such
 // session.
 func (s *Store) Fetch(ctx context.Context, user string, sum [32]byte) (state.Session, bool, error) {
-	if sess, ok := s.LookupSum(sum); ok {
-		return sess, true, nil
-	}
 	if ValidateUser(user) != nil {
 		return state.Session{}, false, nil
 	}

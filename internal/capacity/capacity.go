@@ -26,9 +26,10 @@ type Limits struct {
 // On reports whether any cap is set: only then do wakes queue.
 func (l Limits) On() bool { return l.MaxRunning > 0 || l.MaxStarts > 0 }
 
-// Usage is how many managed sandboxes hold a pod (Running) and how many
-// of those are starting (Waking).
-type Usage struct{ Running, Starting int }
+// Usage is how many managed sandboxes hold a pod (Running), and of those
+// how many are starting (Waking) and how many are giving theirs up
+// (Suspending: places about to be free).
+type Usage struct{ Running, Starting, Stopping int }
 
 // Count is the usage the sandboxes cache shows. Claims applied by hand
 // (not managed) are not the gateway's to count.
@@ -37,8 +38,11 @@ func Count(boxes *kv.Cache[state.Sandbox]) Usage {
 	boxes.Range(func(e kv.Entry[state.Sandbox]) bool {
 		if e.Value.Managed && e.Value.Phase.Running() {
 			u.Running++
-			if e.Value.Phase == state.PhaseWaking {
+			switch e.Value.Phase {
+			case state.PhaseWaking:
 				u.Starting++
+			case state.PhaseSuspending:
+				u.Stopping++
 			}
 		}
 		return true

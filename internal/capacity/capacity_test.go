@@ -21,7 +21,7 @@ func TestAdmit(t *testing.T) {
 		lim   Limits
 		want  string
 	}{
-		{"no caps: everyone", q, Usage{100, 50}, Limits{}, "[ann bo cy]"},
+		{"no caps: everyone", q, Usage{Running: 100, Starting: 50}, Limits{}, "[ann bo cy]"},
 		{"one place left: the oldest", q, Usage{Running: 9}, Limits{MaxRunning: 10}, "[ann]"},
 		{"full", q, Usage{Running: 10}, Limits{MaxRunning: 10}, "[]"},
 		{"over the cap (lowered at run time)", q, Usage{Running: 12}, Limits{MaxRunning: 10}, "[]"},

@@ -209,14 +209,9 @@ var cookieNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // Lifecycle is the configuration of cmd/lifecycle.
 type Lifecycle struct {
 	Common
-	// Kubeconfig is KUBECONFIG; empty means in-cluster credentials.
-	Kubeconfig string
-	// Namespace is NAMESPACE, where claims, sandboxes and pods live.
-	Namespace string
+	Kube
 	// WarmPool is WARM_POOL, the SandboxWarmPool new claims draw from.
 	WarmPool string
-	// ManagedKey and ManagedValue come from MANAGED_BY_LABEL (key=value).
-	ManagedKey, ManagedValue string
 	// LogTailLines is DSH_LOG_TAIL_LINES, how much of the pod log is
 	// searched for the launch token.
 	LogTailLines int
@@ -235,12 +230,6 @@ type Lifecycle struct {
 	// RecreateTimeout is RECREATE_TIMEOUT, how long /recreate waits for
 	// the old sandbox to be gone.
 	RecreateTimeout time.Duration
-	// KubeQPS and KubeBurst are KUBE_API_QPS and KUBE_API_BURST, the API
-	// client's rate (every handshake reads a pod log); KubeCallTimeout is
-	// KUBE_API_TIMEOUT, the bound on one API call.
-	KubeQPS         float32
-	KubeBurst       int
-	KubeCallTimeout time.Duration
 	// LogLimitBytes is DSH_LOG_LIMIT_BYTES: how much of the pod log one
 	// handshake reads at most (the tenant writes the log).
 	LogLimitBytes int64
@@ -253,8 +242,7 @@ type Lifecycle struct {
 func LoadLifecycle(e *Env) (Lifecycle, error) {
 	c := Lifecycle{
 		Common:          LoadCommon(e, ":9091"),
-		Kubeconfig:      e.String("KUBECONFIG", ""),
-		Namespace:       e.String("NAMESPACE", "dsh-demo"),
+		Kube:            loadKube(e),
 		WarmPool:        e.String("WARM_POOL", "dsh-pool"),
 		LogTailLines:    e.Int("DSH_LOG_TAIL_LINES", 1000, 1, 100000),
 		Container:       e.String("DSH_CONTAINER", ""),
@@ -264,18 +252,43 @@ func LoadLifecycle(e *Env) (Lifecycle, error) {
 		Commands:        loadCommands(e),
 		LeaseTTL:        e.Duration("LEASE_TTL", 10*time.Second, time.Second, 5*time.Minute),
 		RecreateTimeout: e.Duration("RECREATE_TIMEOUT", 2*time.Minute, 5*time.Second, time.Hour),
-		KubeQPS:         float32(e.Int("KUBE_API_QPS", 50, 1, 10_000)),
-		KubeBurst:       e.Int("KUBE_API_BURST", 100, 1, 20_000),
-		KubeCallTimeout: e.Duration("KUBE_API_TIMEOUT", 30*time.Second, time.Second, 10*time.Minute),
 		LogLimitBytes:   int64(e.Int("DSH_LOG_LIMIT_BYTES", 256<<10, 4<<10, 1<<20)),
 		MaxRunning:      maxRunning(e),
 		MaxStarts:       e.Int("MAX_CONCURRENT_STARTS", 0, 0, 100_000),
+	}
+	return c, e.Err()
+}
+
+// Kube is how lifecycle (and `lifecycle adopt`) reaches Kubernetes and
+// which claims are the gateway's.
+type Kube struct {
+	// Kubeconfig is KUBECONFIG; empty means in-cluster credentials.
+	Kubeconfig string
+	// Namespace is NAMESPACE, where claims, sandboxes and pods live.
+	Namespace string
+	// ManagedKey and ManagedValue come from MANAGED_BY_LABEL (key=value).
+	ManagedKey, ManagedValue string
+	// KubeQPS and KubeBurst are KUBE_API_QPS and KUBE_API_BURST, the API
+	// client's rate (every handshake reads a pod log); KubeCallTimeout is
+	// KUBE_API_TIMEOUT, the bound on one API call.
+	KubeQPS         float32
+	KubeBurst       int
+	KubeCallTimeout time.Duration
+}
+
+func loadKube(e *Env) Kube {
+	c := Kube{
+		Kubeconfig:      e.String("KUBECONFIG", ""),
+		Namespace:       e.String("NAMESPACE", "dsh-demo"),
+		KubeQPS:         float32(e.Int("KUBE_API_QPS", 50, 1, 10_000)),
+		KubeBurst:       e.Int("KUBE_API_BURST", 100, 1, 20_000),
+		KubeCallTimeout: e.Duration("KUBE_API_TIMEOUT", 30*time.Second, time.Second, 10*time.Minute),
 	}
 	c.ManagedKey, c.ManagedValue = managedLabel(e)
 	if !dns1123.MatchString(c.Namespace) {
 		e.Fail("NAMESPACE", "%q is not a valid namespace name", c.Namespace)
 	}
-	return c, e.Err()
+	return c
 }
 
 // Commands is how lifecycle consumes the command stream; setup creates the

@@ -234,6 +234,15 @@ const MaxBeaconTTL = 5 * time.Minute
 // Subject is where the beacon is published.
 func (b Beacon) Subject() string { return ActivitySubject(b.User, b.Edge) }
 
+// At reads the beacon by the stream's clock, stamped being when the stream
+// stored it: the edge's LastActive counts as an age at sending (SentAt -
+// LastActive) back from stamped, so an edge whose clock is off by any
+// amount changes nothing; the TTL is bounded by MaxBeaconTTL, whatever
+// the sender claims.
+func (b Beacon) At(stamped time.Time) (lastActive time.Time, ttl time.Duration) {
+	return stamped.Add(-max(b.SentAt.Sub(b.LastActive), 0)), min(max(b.TTL, 0), MaxBeaconTTL)
+}
+
 // AuditKind names an audit event.
 type AuditKind string
 

@@ -35,8 +35,7 @@ type beacon struct {
 func newClocks() *clocks { return &clocks{users: map[string]*clock{}} }
 
 // observe records a beacon the stream stored at sequence seq, time
-// stamped. Times are the stream's, not the edge's: the edge's LastActive
-// counts as an age at sending (SentAt - LastActive) back from stamped, so an
+// stamped. Times are the stream's, not the edge's (events.Beacon.At), so an
 // edge whose clock is off by any amount changes nothing. Per edge the clock
 // only moves forward, so a beacon claiming less than was already seen (a
 // forgery under another edge's name: edges share one NATS identity) can
@@ -49,7 +48,8 @@ func (c *clocks) observe(b events.Beacon, seq uint64, stamped time.Time) {
 		u = &clock{edges: map[string]beacon{}}
 		c.users[b.User] = u
 	}
-	next := beacon{inFlight: b.InFlight, lastActive: stamped.Add(-max(b.SentAt.Sub(b.LastActive), 0)), sentAt: stamped, ttl: min(max(b.TTL, 0), events.MaxBeaconTTL)}
+	last, ttl := b.At(stamped)
+	next := beacon{inFlight: b.InFlight, lastActive: last, sentAt: stamped, ttl: ttl}
 	if prev, ok := u.edges[b.Edge]; ok {
 		if prev.sentAt.After(stamped) {
 			return // an older beacon, delivered late

@@ -208,13 +208,7 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 	// sandboxes too (IDLE_EVICT), beyond the places already being freed.
 	if s.o.IdleEvict && s.queue.Len() > 0 {
 		use := capacity.Count(s.boxes)
-		s.boxes.Range(func(e kv.Entry[state.Sandbox]) bool {
-			if e.Value.Managed && e.Value.Phase == state.PhaseSuspending {
-				freeing++
-			}
-			return true
-		})
-		for _, u := range capacity.Evict(s.queue.Len(), use, capacity.Limits{MaxRunning: s.o.MaxRunning}, freeing+len(asks), evictable) {
+		for _, u := range capacity.Evict(s.queue.Len(), use, capacity.Limits{MaxRunning: s.o.MaxRunning}, freeing+use.Stopping+len(asks), evictable) {
 			a := seen[u]
 			a.evict = true
 			asks = append(asks, a)
