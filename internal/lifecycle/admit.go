@@ -46,10 +46,25 @@ func (w *Worker) admit(ctx context.Context) {
 
 func (w *Worker) admitOnce(ctx context.Context, pending admitted, now time.Time) error {
 	var queue []state.Queued
+	var settled []string
 	w.queueCache.Range(func(e kv.Entry[state.Queued]) bool {
+		if st := w.k8s.Lookup(e.Value.User); st.Sandbox == nil || st.Sandbox.Spec.OperatingMode == sandboxv1beta1.SandboxOperatingModeRunning {
+			// Running already, or gone: it waits for nothing, and left in
+			// the queue it would hold a place in line (and push everyone
+			// behind it down) until a place freed. A wake that read the
+			// informer just before it saw admission's patch leaves such an
+			// entry behind.
+			settled = append(settled, e.Value.User)
+			return true
+		}
 		queue = append(queue, e.Value)
 		return true
 	})
+	for _, user := range settled {
+		if err := w.queue.Purge(ctx, user); err != nil {
+			return err
+		}
+	}
 	use := capacity.Count(w.boxCache)
 	for user, at := range pending {
 		if b, ok := w.boxCache.Get(user); (ok && b.Value.Phase != state.PhaseSuspended) || now.Sub(at) > admitLag {
@@ -64,13 +79,11 @@ func (w *Worker) admitOnce(ctx context.Context, pending admitted, now time.Time)
 	}
 	for _, user := range capacity.Admit(queue, use, w.o.Limits) {
 		q, _ := w.queueCache.Get(user)
-		if st := w.k8s.Lookup(user); st.Sandbox != nil && st.Sandbox.Spec.OperatingMode != sandboxv1beta1.SandboxOperatingModeRunning {
-			if err := w.start(ctx, user, st.Sandbox, fmt.Sprintf("after %s in the queue", now.Sub(q.Value.Since).Round(time.Second))); err != nil {
-				return fmt.Errorf("start %s: %w", user, err)
-			}
-			pending[user] = now
+		st := w.k8s.Lookup(user)
+		if err := w.start(ctx, user, st.Sandbox, fmt.Sprintf("after %s in the queue", now.Sub(q.Value.Since).Round(time.Second))); err != nil {
+			return fmt.Errorf("start %s: %w", user, err)
 		}
-		// Started, or nothing left to start (deleted, or running already).
+		pending[user] = now
 		if err := w.queue.Purge(ctx, user); err != nil {
 			return err
 		}

@@ -79,10 +79,23 @@ func startingPage(t *testing.T, c *testenv.Client, user, want string) {
 	testutil.Eventually(t, 30*time.Second, func() error {
 		r := c.Do(http.MethodGet, "/u/"+user+"/", nil, "Accept", "text/html")
 		if r.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(r.Body), want) {
-			return fmt.Errorf("%s's page: %d, want 503 saying %q: %.400s", user, r.StatusCode, want, r.Body)
+			return fmt.Errorf("%s's page: %d, want 503 saying %q: %s", user, r.StatusCode, want, shownState(r.Body))
 		}
 		return nil
 	})
+}
+
+// shownState is the state line of a starting page (or the start of any
+// other body), for failure messages.
+func shownState(body []byte) string {
+	s := string(body)
+	if i := strings.Index(s, `id="phase"`); i >= 0 {
+		s = s[i:]
+		if j := strings.Index(s, "</p>"); j >= 0 {
+			s = s[:j]
+		}
+	}
+	return fmt.Sprintf("%.400s", s)
 }
 
 // With MAX_RUNNING_SANDBOXES=2 and MAX_CONCURRENT_STARTS=1, on two edges:
