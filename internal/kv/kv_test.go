@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
+	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
 
@@ -459,5 +461,78 @@ func BenchmarkCachedSessionLookup(b *testing.B) {
 		if _, ok := cache.GetBytes(sum[:]); !ok {
 			b.Fatal("miss")
 		}
+	}
+}
+
+// A holder cut off from NATS without noticing (a blackholed connection)
+// stops leading before its key can expire, so the standby that takes the
+// key then never leads beside it: within a TTL of sending the last renewal
+// the server acknowledged (its Holder.Since), less the margin.
+func TestLeaseHolderStepsDownBeforeItsKeyCanExpire(t *testing.T) {
+	url, js := setup(t)
+	ctx := natstest.Context(t, 30*time.Second)
+	faults := testenv.NewFaults(t)
+	_, cutJS := natstest.Connect(t, faults.Links("a", []string{strings.TrimPrefix(url, "nats://")}))
+	const ttl = 2 * time.Second
+	a := kv.NewLease(open[kv.Holder](t, cutJS, state.BucketLocks), "role", "a", ttl, quiet)
+
+	// Everything a's writes put in the key, as another client sees it.
+	locks := open[kv.Holder](t, js, state.BucketLocks)
+	var mu sync.Mutex
+	var lastSince, expired time.Time
+	if _, err := kv.NewCache(ctx, locks, "role", quiet, kv.OnChange(func(_ string, e kv.Entry[kv.Holder], deleted bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case deleted && expired.IsZero():
+			expired = time.Now()
+		case !deleted && e.Value.ID == "a":
+			lastSince = e.Value.Since
+		}
+	})); err != nil {
+		t.Fatal(err)
+	}
+
+	leading, stopped := make(chan struct{}), make(chan time.Time, 1)
+	actx, stopA := context.WithCancel(ctx)
+	defer stopA()
+	go a.Run(actx, func(lctx context.Context) {
+		select {
+		case <-leading:
+		default:
+			close(leading)
+		}
+		<-lctx.Done()
+		select {
+		case stopped <- time.Now():
+		default:
+		}
+	})
+	<-leading
+	time.Sleep(ttl) // a few renewals
+	faults.Blackhole("a")
+	cut := time.Now()
+
+	var stepDown time.Time
+	select {
+	case stepDown = <-stopped:
+	case <-time.After(5 * ttl):
+		t.Fatal("a kept leading, cut off from NATS")
+	}
+	testutil.Eventually(t, 5*ttl, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if expired.IsZero() {
+			return errors.New("a's key has not expired")
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("last renewal sent %s before the cut; a stepped down %s after it, the key expired %s after it",
+		cut.Sub(lastSince).Round(time.Millisecond), stepDown.Sub(lastSince).Round(time.Millisecond), expired.Sub(lastSince).Round(time.Millisecond))
+	if !stepDown.Before(expired) || stepDown.After(lastSince.Add(ttl)) {
+		t.Fatalf("a led until %s after its last acknowledged renewal was sent, the key expired at %s: two leaders could overlap",
+			stepDown.Sub(lastSince), expired.Sub(lastSince))
 	}
 }

@@ -24,6 +24,10 @@ type Lease struct {
 	log *slog.Logger
 
 	rev atomic.Uint64 // revision of our holder record; 0 when not held
+	// sent is when the last holder record the server acknowledged was
+	// sent (Unix nanoseconds): the server stored it later, so the key
+	// expires no sooner than a TTL after it.
+	sent atomic.Int64
 }
 
 // NewLease describes lease key held as id with the given TTL.
@@ -40,9 +44,11 @@ func (l *Lease) Held() bool { return l.rev.Load() != 0 }
 // TryAcquire takes the lease if it is free, or adopts it if it was handed
 // over to this candidate. It reports whether the lease is now held.
 func (l *Lease) TryAcquire(ctx context.Context) (bool, error) {
-	rev, err := l.b.Create(ctx, l.key, Holder{ID: l.id, Since: time.Now().UTC()}, WithTTL(l.ttl))
+	sent := time.Now()
+	rev, err := l.b.Create(ctx, l.key, Holder{ID: l.id, Since: sent.UTC()}, WithTTL(l.ttl))
 	if err == nil {
 		l.rev.Store(rev)
+		l.sent.Store(sent.UnixNano())
 		return true, nil
 	}
 	if !errors.Is(err, ErrExists) {
@@ -71,7 +77,8 @@ func (l *Lease) Renew(ctx context.Context) error {
 	if l.rev.Load() == 0 {
 		return ErrLeaseLost
 	}
-	rev, err := l.b.Update(ctx, l.key, Holder{ID: l.id, Since: time.Now().UTC()}, l.rev.Load(), WithTTL(l.ttl))
+	sent := time.Now()
+	rev, err := l.b.Update(ctx, l.key, Holder{ID: l.id, Since: sent.UTC()}, l.rev.Load(), WithTTL(l.ttl))
 	if err != nil {
 		if errors.Is(err, ErrConflict) {
 			l.rev.Store(0)
@@ -80,7 +87,19 @@ func (l *Lease) Renew(ctx context.Context) error {
 		return fmt.Errorf("renew lease %s: %w", l.key, err)
 	}
 	l.rev.Store(rev)
+	l.sent.Store(sent.UnixNano())
 	return nil
+}
+
+// stepDownMargin is how long before its key could expire an unconfirmed
+// holder stops leading: time for the lead function to notice and stop.
+func (l *Lease) stepDownMargin() time.Duration { return l.ttl / 10 }
+
+// confirmedUntil is the latest moment this holder may still lead: the
+// server expires the key a TTL after storing the last acknowledged
+// renewal, which it did after that renewal was sent.
+func (l *Lease) confirmedUntil() time.Time {
+	return time.Unix(0, l.sent.Load()).Add(l.ttl - l.stepDownMargin())
 }
 
 // Release gives the lease up so a standby takes it at once.
@@ -126,9 +145,12 @@ func (l *Lease) Holder(ctx context.Context) (string, error) {
 }
 
 // Run campaigns for the lease until ctx ends. While it holds the lease it
-// runs lead with a context that is cancelled when the lease is lost, and
-// renews at a third of the TTL. On return it releases the lease so a
-// standby does not wait for the TTL.
+// runs lead with a context that is cancelled when the lease is lost or
+// could have expired unnoticed (no renewal acknowledged within a TTL of
+// sending it, less a margin: a standby may take the key the moment it
+// expires, so two replicas never lead at once), and renews at a third of
+// the TTL. On return it releases the lease so a standby does not wait for
+// the TTL.
 func (l *Lease) Run(ctx context.Context, lead func(ctx context.Context)) {
 	retry := l.ttl / 4
 	for ctx.Err() == nil {
@@ -156,25 +178,31 @@ func (l *Lease) lead(ctx context.Context, lead func(ctx context.Context)) {
 
 	t := time.NewTicker(l.ttl / 3)
 	defer t.Stop()
-	renewed := time.Now()
+	expiry := time.NewTimer(time.Until(l.confirmedUntil()))
+	defer expiry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-expiry.C:
+			// Unconfirmed for a whole TTL: the key may expire any moment
+			// and a standby take it. (If it is still ours after all, the
+			// next TryAcquire adopts it again.)
+			l.log.Warn("lease not renewed within its TTL; stepping down")
+			l.rev.Store(0)
+			return
 		case <-t.C:
-			rctx, rcancel := context.WithTimeout(ctx, l.ttl/3)
+			// A third of the TTL per try, so a request lost with a NATS
+			// node is tried again on the next, but never past the point
+			// of stepping down.
+			rctx, rcancel := context.WithDeadline(ctx, earliest(time.Now().Add(l.ttl/3), l.confirmedUntil()))
 			err := l.Renew(rctx)
 			rcancel()
 			switch {
 			case err == nil:
-				renewed = time.Now()
+				expiry.Reset(time.Until(l.confirmedUntil()))
 			case errors.Is(err, ErrLeaseLost):
 				l.log.Warn("lease lost", "holder", l.id)
-				return
-			case time.Since(renewed) >= l.ttl:
-				// Unconfirmed for a whole TTL: someone else may hold it now.
-				l.log.Warn("lease not renewed within its TTL; stepping down", "err", err)
-				l.rev.Store(0)
 				return
 			default:
 				// NATS may be briefly away; the lease survives until its TTL.
@@ -182,6 +210,13 @@ func (l *Lease) lead(ctx context.Context, lead func(ctx context.Context)) {
 			}
 		}
 	}
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // Holder is the value of a lease key.
