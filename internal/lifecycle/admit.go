@@ -47,8 +47,16 @@ func (w *Worker) admit(ctx context.Context) {
 func (w *Worker) admitOnce(ctx context.Context, pending admitted, now time.Time) error {
 	var queue []state.Queued
 	var settled []string
+	// Each waiting user's entry and sandbox as this round read them: the
+	// informer and the cache may move on before the round admits them.
+	type waiter struct {
+		since time.Time
+		sb    *sandboxv1beta1.Sandbox
+	}
+	waiting := map[string]waiter{}
 	w.queueCache.Range(func(e kv.Entry[state.Queued]) bool {
-		if st := w.k8s.Lookup(e.Value.User); st.Sandbox == nil || st.Sandbox.Spec.OperatingMode == sandboxv1beta1.SandboxOperatingModeRunning {
+		st := w.k8s.Lookup(e.Value.User)
+		if st.Sandbox == nil || st.Sandbox.Spec.OperatingMode == sandboxv1beta1.SandboxOperatingModeRunning {
 			// Running already, or gone: it waits for nothing, and left in
 			// the queue it would hold a place in line (and push everyone
 			// behind it down) until a place freed. A wake that read the
@@ -58,6 +66,7 @@ func (w *Worker) admitOnce(ctx context.Context, pending admitted, now time.Time)
 			return true
 		}
 		queue = append(queue, e.Value)
+		waiting[e.Value.User] = waiter{e.Value.Since, st.Sandbox}
 		return true
 	})
 	for _, user := range settled {
@@ -78,9 +87,8 @@ func (w *Worker) admitOnce(ctx context.Context, pending admitted, now time.Time)
 		return nil
 	}
 	for _, user := range capacity.Admit(queue, use, w.o.Limits) {
-		q, _ := w.queueCache.Get(user)
-		st := w.k8s.Lookup(user)
-		if err := w.start(ctx, user, st.Sandbox, fmt.Sprintf("after %s in the queue", now.Sub(q.Value.Since).Round(time.Second))); err != nil {
+		wt := waiting[user]
+		if err := w.start(ctx, user, wt.sb, fmt.Sprintf("after %s in the queue", now.Sub(wt.since).Round(time.Second))); err != nil {
 			return fmt.Errorf("start %s: %w", user, err)
 		}
 		pending[user] = now
