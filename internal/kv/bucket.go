@@ -117,9 +117,9 @@ func writeOptions(opts []WriteOption) writeOpts {
 	return o
 }
 
-// Writes go through the JetStream handle the bucket was opened with (not
-// the KV client's own), so a handle that rides through leader elections
-// (natsconn's) covers them.
+// Writes, deletes and purges go through the JetStream handle the bucket
+// was opened with (not the KV client's own), so a handle that rides
+// through leader elections (natsconn's) covers them.
 
 // Put writes key unconditionally.
 func (b *Bucket[T]) Put(ctx context.Context, key string, v T, opts ...WriteOption) (uint64, error) {
@@ -188,12 +188,12 @@ func (b *Bucket[T]) publish(ctx context.Context, key string, v T, expect int64, 
 // Delete removes key, leaving a delete marker that watchers see. With
 // rev > 0 it only deletes if the key is still at that revision.
 func (b *Bucket[T]) Delete(ctx context.Context, key string, rev uint64) error {
-	var opts []jetstream.KVDeleteOpt
+	var opts []jetstream.PublishOpt
 	if rev > 0 {
-		opts = append(opts, jetstream.LastRevision(rev))
+		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(rev))
 	}
-	if err := b.kv.Delete(ctx, key, opts...); err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) || isWrongLastSeq(err) {
+	if err := b.mark(ctx, key, opDelete, opts...); err != nil {
+		if isWrongLastSeq(err) {
 			return fmt.Errorf("delete %s/%s at revision %d: %w", b.name, key, rev, ErrConflict)
 		}
 		return fmt.Errorf("delete %s/%s: %w", b.name, key, err)
@@ -203,10 +203,31 @@ func (b *Bucket[T]) Delete(ctx context.Context, key string, rev uint64) error {
 
 // Purge removes key and its history; watchers see the purge.
 func (b *Bucket[T]) Purge(ctx context.Context, key string) error {
-	if err := b.kv.Purge(ctx, key); err != nil {
+	if err := b.mark(ctx, key, opPurge); err != nil {
 		return fmt.Errorf("purge %s/%s: %w", b.name, key, err)
 	}
 	return nil
+}
+
+// The KV protocol's markers: a message with this header on the key's
+// subject (a purge also rolls the subject up, dropping its history).
+const (
+	kvOperation = "KV-Operation"
+	opDelete    = "DEL"
+	opPurge     = "PURGE"
+)
+
+// mark writes a delete or purge marker as the KV client does, but through
+// the bucket's JetStream handle like every other write, so that it too
+// rides through a leader election.
+func (b *Bucket[T]) mark(ctx context.Context, key, op string, opts ...jetstream.PublishOpt) error {
+	m := nats.NewMsg("$KV." + b.name + "." + key)
+	m.Header.Set(kvOperation, op)
+	if op == opPurge {
+		m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+	}
+	_, err := b.js.PublishMsg(ctx, m, opts...)
+	return err
 }
 
 // PurgePrefix purges every key that starts with prefix + "." (for example

@@ -10,9 +10,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/aaas-project/aaas/internal/embednats"
@@ -80,6 +82,76 @@ func TestCreateUpdateDelete(t *testing.T) {
 	// A deleted key can be created again.
 	if _, err := users.Create(ctx, "bob", state.User{Name: "bob"}); err != nil {
 		t.Fatalf("create after delete: %v", err)
+	}
+}
+
+// counting is a JetStream handle that counts the publishes made through
+// it (natsconn's failover handle is one such wrapper).
+type counting struct {
+	jetstream.JetStream
+	n atomic.Int32
+}
+
+func (c *counting) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	c.n.Add(1)
+	return c.JetStream.PublishMsg(ctx, m, opts...)
+}
+
+// Deletes and purges are writes like the others: they go through the
+// handle the bucket was opened with (so a failover handle covers them),
+// and keep the KV protocol's meaning: each leaves its own marker, which
+// the KV client reads as gone.
+func TestDeleteAndPurgeGoThroughTheBucketsHandle(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 10*time.Second)
+	h := &counting{JetStream: js}
+	users, err := kv.Open[state.User](ctx, h, state.BucketUsers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"del", "pur"} {
+		for range 2 {
+			if _, err := users.Put(ctx, k, state.User{Name: k}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := users.Delete(ctx, "del", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := users.Purge(ctx, "pur"); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.n.Load(); n != 6 {
+		t.Fatalf("%d publishes through the bucket's handle, want 6 (4 puts, a delete, a purge)", n)
+	}
+	for _, k := range []string{"del", "pur"} {
+		if _, err := users.Get(ctx, k); !errors.Is(err, kv.ErrNotFound) {
+			t.Fatalf("get %s: %v, want ErrNotFound", k, err)
+		}
+	}
+	if keys, err := users.Keys(ctx, ">"); err != nil || len(keys) != 0 {
+		t.Fatalf("keys left: %v %v", keys, err)
+	}
+	raw, err := js.KeyValue(ctx, state.BucketUsers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string][]jetstream.KeyValueOp{
+		"del": {jetstream.KeyValueDelete}, // the bucket keeps one revision
+		"pur": {jetstream.KeyValuePurge},
+	} {
+		hist, err := raw.History(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []jetstream.KeyValueOp
+		for _, e := range hist {
+			got = append(got, e.Operation())
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("history of %s: %v, want %v", k, got, want)
+		}
 	}
 }
 
