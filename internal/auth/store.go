@@ -194,9 +194,9 @@ func (s *Store) LookupSum(sum [32]byte) (state.Session, bool) {
 // names (keys are <user>.<hash>). A session created on another edge a
 // moment ago reaches this cache through the watch, which can lag for
 // seconds after a NATS node loss; its browser must not be signed out
-// meanwhile. What is found
-// is noted in the cache, which keeps it only while the watch is behind
-// it, so a revocation the watch has already applied is never undone.
+// meanwhile. What is found is noted in the cache, which keeps it only
+// while the watch is behind it, so a revocation the watch has already
+// applied is never undone.
 // Reads are rate limited per edge and misses remembered for missTTL:
 // random cookies cost the bus little. An error means the bucket could
 // not be read (or the read budget is spent), not that there is no such

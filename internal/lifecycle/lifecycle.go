@@ -93,10 +93,10 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 	// watch brings late) is a reason to look at that user again, or a
 	// decision taken on the stale record ("unchanged") would stand.
 	w.mirror = newMirror(w)
-	if w.userCache, err = kv.NewCache(ctx, w.users, ">", o.Log, kv.OnChange(func(user string, _ kv.Entry[state.User], _ bool) { w.mirror.enqueue(user) })); err != nil {
+	if w.userCache, err = kv.NewCache(ctx, w.users, ">", o.Log, requeue[state.User](w.mirror)); err != nil {
 		return nil, err
 	}
-	if w.boxCache, err = kv.NewCache(ctx, w.sandboxes, ">", o.Log, kv.OnChange(func(user string, _ kv.Entry[state.Sandbox], _ bool) { w.mirror.enqueue(user) })); err != nil {
+	if w.boxCache, err = kv.NewCache(ctx, w.sandboxes, ">", o.Log, requeue[state.Sandbox](w.mirror)); err != nil {
 		return nil, err
 	}
 	if w.queue, err = kv.Open[state.Queued](ctx, o.JS, state.BucketQueue); err != nil {
@@ -129,6 +129,11 @@ func (w *Worker) backlog(ctx context.Context) float64 {
 		return -1
 	}
 	return float64(c.CachedInfo().NumPending)
+}
+
+// requeue has the mirror look again at the user whose record changed.
+func requeue[T any](m *mirror) kv.CacheOption[T] {
+	return kv.OnChange(func(user string, _ kv.Entry[T], _ bool) { m.enqueue(user) })
 }
 
 // Ready reports whether the caches the handlers read are complete.

@@ -33,9 +33,8 @@ import (
 
 // Authenticator is what the proxy needs of authentication
 // (auth.Authenticator): who a request for a user's sandbox is, and
-// whether that still holds. An
-// error with an HTTPStatus() int method answers with that status, any
-// other with 401.
+// whether that still holds. An error with an HTTPStatus() int method
+// answers with that status, any other with 401.
 type Authenticator interface {
 	AuthenticateFor(c *fiber.Ctx, user string) (auth.Identity, error)
 	Valid(id auth.Identity) bool
