@@ -6,17 +6,17 @@ include versions.env
 TOOLS_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/aaas/tools
 STATICCHECK := $(TOOLS_CACHE)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 BIN := bin
-CMDS := edge lifecycle sweeper setup dshsim devstack
+CMDS := edge lifecycle sweeper broker setup dshsim providersim devstack
 # The race-enabled processes of the integration tests (internal/testenv).
 RACE_BIN := $(BIN)/race
-RACE_CMDS := edge lifecycle sweeper setup
+RACE_CMDS := edge lifecycle sweeper broker setup
 GOTEST_FLAGS ?=
 # The release the binaries report (aaas_build_info, the "started" log line).
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/aaas-project/aaas/internal/telemetry.Version=$(VERSION)
 export AAAS_TOOLS_CACHE := $(TOOLS_CACHE)
 
-.PHONY: all build test lint bench reliability soak run tools clean kind-up compose-up
+.PHONY: all build test unit fuzz lint bench reliability soak run tools clean kind-up compose-up
 
 all: build
 
@@ -30,10 +30,35 @@ tools:
 	@hack/tools.sh all
 
 ## test: every package, race detector on, integration tests included; the aaas processes the
-## integration tests start are race-enabled too, built once here for every package
+## integration tests start are race-enabled too, built once here for every package, and the
+## integration packages share one control plane (hack/testcluster), each test in its own namespace
 test: tools build lint
 	CGO_ENABLED=1 go build -race -ldflags '$(LDFLAGS)' -o $(RACE_BIN)/ $(addprefix ./cmd/,$(RACE_CMDS))
-	AAAS_RACE_BIN=$(CURDIR)/$(RACE_BIN) go test -race -count=1 -timeout 40m $(GOTEST_FLAGS) ./...
+	go build -o $(BIN)/testcluster ./hack/testcluster
+	AAAS_RACE_BIN=$(CURDIR)/$(RACE_BIN) $(BIN)/testcluster go test -race -count=1 -timeout 40m $(GOTEST_FLAGS) ./...
+
+## unit: the fast loop: every test that needs neither root nor a control plane, race detector on.
+## -short makes the TestMains that start a devcluster (devclustertest.Main, testenv.Main) or a real
+## node start nothing; their tests that need one skip, the rest run, and every other package runs
+## whole, so a new package is in without being listed. The fuzz targets' seeds run as tests.
+unit:
+	@command -v node >/dev/null || { echo "make unit needs Node.js (the proxy's fuzz tests ask its URL parser where a browser goes): make tools installs it"; exit 1; }
+	go test -race -short -count=1 -timeout 15m $(GOTEST_FLAGS) ./...
+
+## fuzz: each fuzz target (every func FuzzX in a _test.go file) for FUZZTIME (default 30s), one at a
+## time, as go test -fuzz runs one per invocation; FUZZFLAGS passes more (-parallel 1 on a shared
+## machine). An input that fails lands in the package's testdata/fuzz/FuzzX/: commit it with the fix.
+FUZZTIME ?= 30s
+FUZZFLAGS ?=
+fuzz:
+	@failed=""; \
+	for f in $$(git ls-files '*_test.go' | xargs grep -l '^func Fuzz'); do \
+	  for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+	    echo "fuzz: $$target (./$$(dirname $$f)) for $(FUZZTIME)"; \
+	    go test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 10s $(FUZZFLAGS) ./$$(dirname $$f)/ || failed="$$failed $$target"; \
+	  done; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed"; exit 1; fi
 
 ## lint: go vet, gofmt, staticcheck
 lint: tools

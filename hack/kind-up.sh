@@ -20,7 +20,6 @@ kubectl --context "kind-$cluster" -n agent-sandbox-system rollout status deploy 
 docker build -t aaas:dev .
 docker build --target dshsim -t dshsim:dev .
 kind load docker-image aaas:dev dshsim:dev --name "$cluster"
-kubectl --context "kind-$cluster" create namespace dsh-demo --dry-run=client -o yaml | kubectl --context "kind-$cluster" apply -f -
 kubectl --context "kind-$cluster" apply -k manifests/dev/kind
 
 mkdir -p .kind

@@ -6,8 +6,9 @@
 #           containerd, runc, the CNI plugins, iptables, ipset, conntrack;
 #           nginx (the pooling front of the proxy tests) and Node.js where
 #           the machine has none; via apt-get when missing;
-#   go:     kube-apiserver, kube-controller-manager, and the real node's
-#           kubelet, kube-proxy and kube-scheduler from k8s.io/kubernetes;
+#   go:     kube-apiserver, kube-controller-manager, the real node's
+#           kubelet, kube-proxy and kube-scheduler, and kubectl (the
+#           deployment tier runs README's commands) from k8s.io/kubernetes;
 #           agent-sandbox-controller, kube-router, CoreDNS (its plugins the
 #           node uses only), staticcheck; built from Go modules.
 #   chp:    configurable-http-proxy (JupyterHub's proxy, a peer in
@@ -68,6 +69,9 @@ gotools() {
   LDFLAGS="-X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor%%.*}" \
     build "$CACHE/kubernetes-node-$KUBERNETES_VERSION" hack/tools/kubernetes \
     k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kube-scheduler
+  # kubectl, which the deployment tier runs README's install commands with.
+  LDFLAGS="-X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor%%.*}" \
+    build "$CACHE/kubectl-$KUBERNETES_VERSION" hack/tools/kubernetes k8s.io/kubernetes/cmd/kubectl
   build "$CACHE/kube-router-$KUBE_ROUTER_VERSION" hack/tools/kube-router \
     github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
   build "$CACHE/coredns-$COREDNS_VERSION" hack/tools/coredns .

@@ -26,6 +26,7 @@ func main() {
 	edgePorts := flag.String("edge-ports", "8080,8081", "comma-separated edge ports, one replica each")
 	metricsPort := flag.Int("metrics-port", 9090, "first metrics port (0: free ports)")
 	node := flag.String("node", "sim", "sim: the simulated node; real: a real kubelet with containerd (needs root)")
+	pathMode := flag.Bool("path-mode", false, "serve sandboxes under /u/<user>/ on the edges' hosts instead of each on <user>.localhost:<port>")
 	flag.Parse()
 
 	var ports []int
@@ -50,6 +51,7 @@ func main() {
 		EdgePorts:   ports,
 		MetricsPort: *metricsPort,
 		Node:        devcluster.NodeKind(*node),
+		PathMode:    *pathMode,
 		BinDir:      filepath.Dir(exe),
 		Out:         os.Stdout,
 		Log:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),

@@ -442,8 +442,10 @@ func TestSlowStart(t *testing.T) {
 	}
 }
 
-// SIGTERM with a live SSE stream still exits 0, without waiting out the
-// shutdown timeout.
+// SIGTERM with a live SSE stream still exits 0: the server ended the
+// stream itself. Had the stream held shutdown until its timeout, the
+// shutdown would have failed, and the process would exit 1 — the exit
+// code says it, no wall-clock margin needed.
 func TestSIGTERMWithOpenStream(t *testing.T) {
 	t.Parallel()
 	s := start(t, newDirs(t), nil)
@@ -465,13 +467,9 @@ func TestSIGTERMWithOpenStream(t *testing.T) {
 		t.Fatalf("first line = %q, %v", first, err)
 	}
 
-	begin := time.Now()
 	s.signal(syscall.SIGTERM)
 	if code := s.wait(); code != 0 {
-		t.Errorf("exit code = %d, want 0", code)
-	}
-	if elapsed := time.Since(begin); elapsed > 4*time.Second {
-		t.Errorf("exit took %s with an open stream", elapsed)
+		t.Errorf("exit code = %d, want 0 (1 is a shutdown that timed out waiting for the stream)", code)
 	}
 	if _, err := io.ReadAll(resp.Body); err != nil {
 		t.Errorf("stream after exit: %v, want a clean end", err)

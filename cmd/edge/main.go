@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"sync/atomic"
 
 	"github.com/gofiber/fiber/v2"
@@ -23,6 +24,7 @@ import (
 	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/process"
 	"github.com/aaas-project/aaas/internal/proxy"
+	"github.com/aaas-project/aaas/internal/spend"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/web"
 )
@@ -83,9 +85,15 @@ func run(p *process.Process, cfg config.Edge) error {
 		return err
 	}
 	queue := capacity.Queue{Cache: queued}
+	book, recorder, err := spending(ctx, p, cfg)
+	if err != nil {
+		return err
+	}
 
+	validUser := func(u string) bool { return auth.ValidateUser(u) == nil }
 	clients, err := httpguard.NewPolicy(httpguard.Options{
-		TrustedProxies: cfg.TrustedProxies, PublicHosts: cfg.PublicHosts, Unchecked: []string{"/healthz", "/readyz"},
+		TrustedProxies: cfg.TrustedProxies, PublicHosts: append(slices.Clone(cfg.PublicHosts), cfg.AdminHosts...), Unchecked: []string{"/healthz", "/readyz"},
+		SandboxDomain: cfg.SandboxDomain, ValidUser: validUser,
 	})
 	if err != nil {
 		return err
@@ -95,21 +103,51 @@ func run(p *process.Process, cfg config.Edge) error {
 	if cfg.AuthProxyHeader != "" {
 		sso = auth.SSO{NameHeader: cfg.AuthProxyHeader, IDHeader: cfg.AuthProxyIDHeader, GroupsHeader: cfg.AuthProxyGroupsHeader, Allow: cfg.AuthProxyAllow}
 	}
+	origins := auth.Origins{Domain: cfg.SandboxDomain, CodeTTL: cfg.Buckets.SigninCodeTTL, CookieName: auth.SandboxCookie(cfg.CookieSecure), Secure: cfg.CookieSecure,
+		// One's own origins, and with PREVIEW_ACCESS=users any user's
+		// listed previews (the proxy admits the same).
+		MayOpen: func(id auth.Identity, user string, port int) bool {
+			return id.User == user || port != 0 && cfg.Preview.Users && cfg.Preview.Allows(port)
+		},
+	}
+	if cfg.SandboxDomain != "" {
+		if origins.Codes, err = kv.Open[state.SigninCode](ctx, p.JS, state.BucketSigninCodes); err != nil {
+			return err
+		}
+	}
 	authn := auth.New(auth.Options{
-		Store: store, Limiter: limiter, Users: users, Publisher: pub,
-		CookieName: cfg.CookieName, SSO: sso, Admins: cfg.AdminUsers, AdminGroups: cfg.AdminGroups, Metrics: p.Metrics,
+		Store: store, Limiter: limiter, Users: users, Publisher: pub, RefusalAuditLimit: cfg.RefusalAuditLimit,
+		CookieName: cfg.CookieName, SSO: sso, Admins: cfg.AdminUsers, AdminGroups: cfg.AdminGroups, Metrics: p.Metrics, Origins: origins,
+		SeenGroups: recorder.Seen,
 	})
+	var byok *accounts.BYOK
+	if cfg.BYOK {
+		creds, err := kv.Open[state.Credential](ctx, p.JS, state.BucketCredentials)
+		if err != nil {
+			return err
+		}
+		byok = &accounts.BYOK{Credentials: creds, PublicKey: cfg.CredentialsPublicKey}
+		for _, pr := range cfg.Providers {
+			byok.Providers = append(byok.Providers, pr.Name)
+		}
+	}
+	budgets, err := kv.Open[state.Budget](ctx, p.JS, state.BucketBudgets)
+	if err != nil {
+		return err
+	}
 	acct := accounts.New(accounts.Options{
 		Auth: authn, Actions: actions, Publisher: pub, Users: users, Sandboxes: boxes, Requests: requests, Queue: queue,
 		InFlight: slots, CookieSecure: cfg.CookieSecure, CookieMaxAge: cfg.Buckets.SessionTTL,
-		InviteCode: cfg.InviteCode, MaxUsers: cfg.MaxUsers, Admins: cfg.AdminUsers, SSO: sso.NameHeader != "", WakeTimeout: cfg.WakeTimeout,
+		InviteCode: cfg.InviteCode, MaxUsers: cfg.MaxUsers, SSO: sso.NameHeader != "", WakeTimeout: cfg.WakeTimeout,
 		WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Log: p.Log,
+		SandboxDomain: cfg.SandboxDomain, AdminHosts: cfg.AdminHosts, PublicHosts: cfg.PublicHosts,
+		Spend: book, BYOK: byok,
 	})
 	prx := proxy.New(proxy.Options{
-		Auth:      authn,
-		ValidUser: func(u string) bool { return auth.ValidateUser(u) == nil },
+		Auth: authn, ValidUser: validUser, SandboxDomain: cfg.SandboxDomain, SignIn: authn.TradeSandboxCode, Gateway: cfg.PublicHosts[0],
+		PreviewPorts: cfg.Preview.Ports, PreviewUsers: cfg.Preview.Users,
 		Sandboxes: boxes, Queue: queue, Handshakes: handshakes, Publisher: pub, Sealer: sealer, Edge: cfg.InstanceID, Slots: slots,
-		WakeTimeout: cfg.WakeTimeout, HandshakeTimeout: cfg.HandshakeTimeout,
+		WakeTimeout: cfg.WakeTimeout, HandshakeTimeout: cfg.HandshakeTimeout, MaxStaleness: cfg.RouteMaxStaleness,
 		MaxBody: cfg.MaxBodyBytes, WSMaxMessage: cfg.WSMaxMessageBytes, HeaderAllowlist: cfg.HeaderAllowlist,
 		IdentityHeaders: []string{sso.NameHeader, sso.IDHeader, sso.GroupsHeader}, BeaconInterval: cfg.BeaconInterval, BeaconTTL: cfg.BeaconTTL,
 		ReadTimeout: cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Changes: changes,
@@ -120,6 +158,8 @@ func run(p *process.Process, cfg config.Edge) error {
 	go activity.Follow(ctx, p.JS, p.Log)
 	adm := admin.New(admin.Options{
 		Auth: authn, Accounts: acct, Users: users, Sandboxes: boxes, Activity: activity, Publisher: pub, Log: p.Log,
+		Hosts: cfg.AdminHosts, PublicHosts: cfg.PublicHosts, SandboxDomain: cfg.SandboxDomain,
+		Spend: book, Budgets: budgets, JS: p.JS,
 	})
 
 	var draining atomic.Bool
@@ -151,13 +191,17 @@ func run(p *process.Process, cfg config.Edge) error {
 			return c.Status(fiber.StatusServiceUnavailable).SendString("not ready\n")
 		}
 	}
-	// One set of rules for every route, outermost first.
-	app.Use(httpguard.ConsumeBody, httpguard.Recover(p.Log), httpguard.Methods, httpguard.Pages, clients.Middleware)
+	// One set of rules for every route, outermost first; then a request to
+	// a sandbox origin goes to the proxy and never reaches a gateway route.
+	app.Use(httpguard.ConsumeBody, httpguard.Recover(p.Log), httpguard.Methods, httpguard.Pages, clients.Middleware, httpguard.HSTS(cfg.HSTSMaxAge), prx.Origins)
 	app.Get("/healthz", health(func() bool { return true }))
 	app.Get("/readyz", health(ready))
+	if cfg.SandboxDomain != "" {
+		app.Get(auth.SandboxMintPath, authn.MintSandboxCode)
+	}
 	acct.Register(app)
 	adm.Register(app)
-	prx.Register(app)
+	prx.Register(app, adm.NoSandboxes)
 	go prx.Run(ctx)
 
 	ln, err := net.Listen("tcp", cfg.ListenAddr)
@@ -184,6 +228,29 @@ func run(p *process.Process, cfg config.Edge) error {
 	}
 	p.Log.Info("drained")
 	return nil
+}
+
+// spending is the caches of model spend, budgets and SSO groups the
+// user's page and the admin view read, and the recorder of the groups.
+func spending(ctx context.Context, p *process.Process, cfg config.Edge) (*spend.Book, *spend.Recorder, error) {
+	usage, err := cache[state.Usage](ctx, p, state.BucketUsage)
+	if err != nil {
+		return nil, nil, err
+	}
+	budgets, err := cache[state.Budget](ctx, p, state.BucketBudgets)
+	if err != nil {
+		return nil, nil, err
+	}
+	groupsBucket, err := kv.Open[state.UserGroups](ctx, p.JS, state.BucketUserGroups)
+	if err != nil {
+		return nil, nil, err
+	}
+	groups, err := kv.NewCache(ctx, groupsBucket, ">", p.Log)
+	if err != nil {
+		return nil, nil, err
+	}
+	book := &spend.Book{Usage: usage, Budgets: budgets, Groups: groups, DefaultMicros: cfg.DefaultMicros}
+	return book, &spend.Recorder{Bucket: groupsBucket, Cache: groups, Refresh: cfg.Buckets.SessionTTL / 2, Log: p.Log}, nil
 }
 
 func cache[T any](ctx context.Context, p *process.Process, bucket string, opts ...kv.CacheOption[T]) (*kv.Cache[T], error) {

@@ -44,7 +44,7 @@ func run(p *process.Process, cfg config.Lifecycle) error {
 		return err
 	}
 	cluster, err := sandbox.New(rc, sandbox.Config{
-		Namespace: cfg.Namespace, WarmPool: cfg.WarmPool,
+		Namespace: cfg.SandboxNamespace, WarmPool: cfg.WarmPool,
 		ManagedKey: cfg.ManagedKey, ManagedValue: cfg.ManagedValue,
 		Container: cfg.Container, Port: cfg.Port, UseService: cfg.UpstreamAddress == "service",
 		QPS: cfg.KubeQPS, Burst: cfg.KubeBurst, CallTimeout: cfg.KubeCallTimeout, LogLimitBytes: cfg.LogLimitBytes, Log: p.Log,
@@ -58,7 +58,8 @@ func run(p *process.Process, cfg config.Lifecycle) error {
 	}
 	w, err := lifecycle.New(p.Ctx, lifecycle.Options{
 		Cluster: cluster, JS: p.JS, Publisher: events.NewPublisher(p.JS, cfg.InstanceID, p.Log), Sealer: sealer,
-		LogTailLines: cfg.LogTailLines, HandshakeTTL: cfg.Buckets.HandshakeTTL, RecreateTimeout: cfg.RecreateTimeout,
+		LogTailLines: cfg.LogTailLines, LogLimitBytes: cfg.LogLimitBytes, HandshakeTTL: cfg.Buckets.HandshakeTTL,
+		HandshakeTimeout: cfg.HandshakeTimeout, HandshakeWorkers: cfg.HandshakeWorkers, RecreateTimeout: cfg.RecreateTimeout, PruneInterval: cfg.PruneInterval,
 		Limits: capacity.Limits{MaxRunning: cfg.MaxRunning, MaxStarts: cfg.MaxStarts},
 		Log:    p.Log, Metrics: p.Metrics,
 	})
@@ -92,7 +93,7 @@ func adopt(args []string) int {
 	fs := flag.NewFlagSet("lifecycle adopt", flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: lifecycle adopt [--apply] [--user NAME ...] [--owner-annotation key=value] [--token-annotation KEY]")
-		fmt.Fprintln(fs.Output(), "Adopts the seed gateway's SandboxClaims in NAMESPACE; a dry run unless --apply.")
+		fmt.Fprintln(fs.Output(), "Adopts the seed gateway's SandboxClaims in SANDBOX_NAMESPACE; a dry run unless --apply.")
 		fs.PrintDefaults()
 	}
 	o := lifecycle.AdoptOptions{}
@@ -118,7 +119,7 @@ func adopt(args []string) int {
 		fmt.Fprintf(os.Stderr, "lifecycle adopt: configuration:\n%v\n", err)
 		return 2
 	}
-	o.Namespace, o.ManagedKey, o.ManagedValue = cfg.Namespace, cfg.ManagedKey, cfg.ManagedValue
+	o.Namespace, o.ManagedKey, o.ManagedValue = cfg.SandboxNamespace, cfg.ManagedKey, cfg.ManagedValue
 	if err := o.Validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "lifecycle adopt:\n%v\n", err)
 		return 2
@@ -136,7 +137,7 @@ func adopt(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if _, err := lifecycle.Adopt(ctx, ext.ExtensionsV1beta1().SandboxClaims(cfg.Namespace), o, os.Stdout); err != nil {
+	if _, err := lifecycle.Adopt(ctx, ext.ExtensionsV1beta1().SandboxClaims(cfg.SandboxNamespace), o, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "lifecycle adopt: %v\n", err)
 		return 1
 	}

@@ -410,7 +410,7 @@ func prepare(ctx context.Context, info devstack.Info) (*env, error) {
 		return nil, err
 	}
 	kc := kubernetes.NewForConfigOrDie(rc)
-	logs, err := kc.CoreV1().Pods("dsh-demo").GetLogs(box.Value.PodName, &corev1.PodLogOptions{}).DoRaw(ctx)
+	logs, err := kc.CoreV1().Pods(devstack.SandboxNamespace).GetLogs(box.Value.PodName, &corev1.PodLogOptions{}).DoRaw(ctx)
 	if err != nil {
 		return nil, err
 	}

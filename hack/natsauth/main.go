@@ -1,9 +1,13 @@
 // Command natsauth writes what the NATS identities of an install need.
 //
-//	go run ./hack/natsauth -secret [-namespace dsh-demo] | kubectl apply -f -
+//	go run ./hack/natsauth -secret [-namespace aaas] | kubectl apply -f -
 //
 // prints the aaas-nats Secret with fresh credentials: an nkey per process
-// kind (edge, lifecycle, sweeper, setup) and the NATS route password.
+// kind (edge, lifecycle, sweeper, broker, setup) and the NATS route password; and
+// the aaas-nats-tls Secret (internal/natstls): a fresh CA and the NATS
+// nodes' certificate for TLS on the client and route ports, in
+// cert-manager's layout (with cert-manager, pass -tls=false and let a
+// Certificate fill that Secret).
 //
 //	go run ./hack/natsauth -permissions > manifests/base/nats/permissions.conf
 //
@@ -19,14 +23,17 @@ import (
 	"os"
 	"slices"
 
+	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/natsauth"
+	"github.com/aaas-project/aaas/internal/natstls"
 )
 
 func main() {
-	secret := flag.Bool("secret", false, "print the aaas-nats Secret with fresh credentials")
+	secret := flag.Bool("secret", false, "print the aaas-nats Secret with fresh credentials (and aaas-nats-tls, see -tls)")
+	withTLS := flag.Bool("tls", true, "with -secret: also print Secret aaas-nats-tls with a fresh CA and NATS certificate")
 	permissions := flag.Bool("permissions", false, "print the permission table as NATS configuration")
 	table := flag.Bool("table", false, "print the permission table for README.md")
-	namespace := flag.String("namespace", "dsh-demo", "namespace of the Secret")
+	namespace := flag.String("namespace", config.DefaultControlPlaneNamespace, "namespace of the Secret (the control plane's)")
 	flag.Parse()
 	switch {
 	case *permissions:
@@ -39,17 +46,31 @@ func main() {
 			fmt.Fprintln(os.Stderr, "natsauth:", err)
 			os.Exit(1)
 		}
-		keys := make([]string, 0, len(data))
-		for k := range data {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		fmt.Printf("apiVersion: v1\nkind: Secret\nmetadata:\n  name: aaas-nats\n  namespace: %s\ntype: Opaque\ndata:\n", *namespace)
-		for _, k := range keys {
-			fmt.Printf("  %s: %s\n", k, base64.StdEncoding.EncodeToString(data[k]))
+		printSecret("aaas-nats", *namespace, data)
+		if *withTLS {
+			tls, err := natstls.SecretData(*namespace)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "natsauth:", err)
+				os.Exit(1)
+			}
+			fmt.Println("---")
+			printSecret(natstls.SecretName, *namespace, tls)
 		}
 	default:
 		flag.Usage()
 		os.Exit(2)
+	}
+}
+
+// printSecret writes an Opaque Secret as YAML, its keys sorted.
+func printSecret(name, namespace string, data map[string][]byte) {
+	keys := make([]string, 0, len(data))
+	for k := range data {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	fmt.Printf("apiVersion: v1\nkind: Secret\nmetadata:\n  name: %s\n  namespace: %s\ntype: Opaque\ndata:\n", name, namespace)
+	for _, k := range keys {
+		fmt.Printf("  %s: %s\n", k, base64.StdEncoding.EncodeToString(data[k]))
 	}
 }

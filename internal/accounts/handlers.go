@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"time"
 
@@ -24,9 +23,10 @@ import (
 func (s *Service) landing(c *fiber.Ctx) error {
 	d := web.Landing{Invite: s.o.InviteCode != "", SSO: s.o.SSO, MaxUserLen: auth.MaxUserLen}
 	if id, err := s.identity(c); err == nil {
-		d.User = id.User
+		d.User, d.Sandbox = id.User, s.sites.SandboxURL(c, id.User)
 		st := s.state(id.User)
 		d.Phase, d.Reason = string(st.Phase), st.Reason
+		d.Models = s.landingModels(id.User)
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	c.Type("html")
@@ -75,9 +75,6 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	if err := auth.ValidateUser(user); err != nil {
 		return s.fail(c, fiber.StatusBadRequest, err.Error())
 	}
-	if s.o.InviteCode == "" && slices.Contains(s.o.Admins, user) {
-		return s.fail(c, fiber.StatusForbidden, "that name is reserved for an administrator; administrators' accounts are created while signup needs an invite code")
-	}
 	if _, ok := s.o.Users.Get(user); ok {
 		s.o.Auth.Counter().WithLabelValues("signup", "conflict").Inc()
 		return s.fail(c, fiber.StatusConflict, "that user name is taken; sign in with your token instead")
@@ -96,7 +93,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 		// The claim may still succeed: hand out the token now, as it will
 		// never be shown again.
 		s.o.Auth.Counter().WithLabelValues("signup", "accepted").Inc()
-		return c.Status(fiber.StatusAccepted).JSON(fiber.Map{"user": user, "token": token, "url": "/u/" + user + "/", "state": "Claiming"})
+		return c.Status(fiber.StatusAccepted).JSON(fiber.Map{"user": user, "token": token, "url": s.sites.SandboxURL(c, user), "state": "Claiming"})
 	case err != nil:
 		s.o.Auth.Counter().WithLabelValues("signup", "unavailable").Inc()
 		return s.fail(c, fiber.StatusServiceUnavailable, err.Error())
@@ -116,7 +113,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	s.o.Auth.Counter().WithLabelValues("signup", "created").Inc()
 
 	if !wantsJSON(c) {
-		return c.Redirect("/u/"+user+"/", fiber.StatusSeeOther)
+		return c.Redirect(s.sites.SandboxURL(c, user), fiber.StatusSeeOther)
 	}
 	wctx, cancel := context.WithTimeout(context.Background(), s.o.WakeTimeout-time.Since(start))
 	defer cancel()
@@ -130,7 +127,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	if phase == "" {
 		phase = string(state.PhaseClaiming)
 	}
-	return c.Status(code).JSON(fiber.Map{"user": user, "token": token, "url": "/u/" + user + "/", "state": phase})
+	return c.Status(code).JSON(fiber.Map{"user": user, "token": token, "url": s.sites.SandboxURL(c, user), "state": phase})
 }
 
 func (s *Service) login(c *fiber.Ctx) error {
@@ -170,10 +167,19 @@ func (s *Service) login(c *fiber.Ctx) error {
 	s.o.Auth.Counter().WithLabelValues("login", "ok").Inc()
 	s.audit(events.AuditEvent{Kind: events.AuditLogin, User: user, Outcome: "ok"})
 	if wantsJSON(c) {
-		return c.JSON(fiber.Map{"user": user, "url": "/u/" + user + "/"})
+		return c.JSON(fiber.Map{"user": user, "url": s.sites.SandboxURL(c, user)})
 	}
-	return c.Redirect("/u/"+user+"/", fiber.StatusSeeOther)
+	// A browser goes to its sandbox; an administrator signing in on an
+	// admin host, to the admin view, where the new session works (a
+	// cookie is per host: the sandbox's host has not got it).
+	if s.sites.AdminHost(c) && s.o.Auth.Administers(u) {
+		return c.Redirect(adminPath, fiber.StatusSeeOther)
+	}
+	return c.Redirect(s.sites.SandboxURL(c, user), fiber.StatusSeeOther)
 }
+
+// adminPath is the admin view's page.
+const adminPath = "/_/admin"
 
 func cutBearer(h string) (string, bool) {
 	const p = "Bearer "
@@ -348,9 +354,11 @@ type statusBody struct {
 	URL    string `json:"url"`
 }
 
-func (s *Service) statusOf(user string) statusBody {
+// statusOf is user's status; url is where their sandbox is reached
+// (Sites.SandboxURL of the request asking).
+func (s *Service) statusOf(user, url string) statusBody {
 	st := s.state(user)
-	return statusBody{User: user, Phase: string(st.Phase), Reason: st.Reason, URL: "/u/" + user + "/"}
+	return statusBody{User: user, Phase: string(st.Phase), Reason: st.Reason, URL: url}
 }
 
 func (s *Service) status(c *fiber.Ctx) error {
@@ -359,7 +367,7 @@ func (s *Service) status(c *fiber.Ctx) error {
 		return s.fail(c, auth.Status(err), err.Error())
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
-	return c.JSON(s.statusOf(id.User))
+	return c.JSON(s.statusOf(id.User, s.sites.SandboxURL(c, id.User)))
 }
 
 // statusStream sends the user's sandbox state as server-sent events, once
@@ -378,7 +386,7 @@ func (s *Service) statusStream(c *fiber.Ctx) error {
 	c.Set(fiber.HeaderContentType, "text/event-stream")
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	c.Set("X-Accel-Buffering", "no")
-	user := id.User
+	user, url := id.User, s.sites.SandboxURL(c, id.User)
 	conn := c.Context().Conn()
 	c.Context().SetBodyStreamWriter(fasthttp.StreamWriter(func(w *bufio.Writer) {
 		defer s.o.InFlight.Release(user)
@@ -399,7 +407,7 @@ func (s *Service) statusStream(c *fiber.Ctx) error {
 		for s.o.Auth.Valid(id) && !httpguard.Gone(conn) {
 			e, _ := s.o.Sandboxes.Get(user)
 			last = e.Revision
-			if b, _ := json.Marshal(s.statusOf(user)); string(b) != said {
+			if b, _ := json.Marshal(s.statusOf(user, url)); string(b) != said {
 				if !send("event: state\ndata: " + string(b) + "\n\n") {
 					return
 				}

@@ -27,6 +27,7 @@ import (
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/spend"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/web"
 )
@@ -57,10 +58,20 @@ type Options struct {
 	// MaxUsers caps the accounts (0: no cap); the count is the users
 	// bucket's, so every edge applies the same one.
 	MaxUsers int
-	// Admins (ADMIN_USERS) cannot be signed up under while signup is open.
-	Admins []string
 	// SSO is on: accounts come from the authenticating proxy, not forms.
-	SSO         bool
+	SSO bool
+	// SandboxDomain, AdminHosts and PublicHosts (SANDBOX_DOMAIN,
+	// ADMIN_HOSTS, PUBLIC_HOSTS; canonical) say where sign-up, sign-in and
+	// the landing page send a user for their sandbox (web.Sites).
+	SandboxDomain string
+	AdminHosts    []string
+	PublicHosts   []string
+
+	// Spend shows the user their model spend and budget on their page;
+	// BYOK, when set, lets them store their own provider keys there.
+	Spend *spend.Book
+	BYOK  *BYOK
+
 	WakeTimeout time.Duration
 	// WriteTimeout bounds each write of a status stream; Revalidate is how
 	// often a stream re-checks its credentials.
@@ -79,6 +90,7 @@ type Slots interface {
 type Service struct {
 	o      Options
 	cookie string
+	sites  web.Sites
 	// actions joins this edge's identical account actions (same command)
 	// into one: one limiter entry, one publish, one wait.
 	actions singleflight.Group
@@ -86,13 +98,13 @@ type Service struct {
 
 // New returns a Service.
 func New(o Options) *Service {
-	return &Service{o: o, cookie: o.Auth.CookieName()}
+	return &Service{o: o, cookie: o.Auth.CookieName(), sites: web.NewSites(o.SandboxDomain, o.AdminHosts, o.PublicHosts)}
 }
 
 // Ready reports whether the caches the account endpoints read are
 // complete.
 func (s *Service) Ready() bool {
-	return s.o.Auth.Synced() && s.o.Sandboxes.IsSynced() && s.o.Requests.IsSynced()
+	return s.o.Auth.Synced() && s.o.Sandboxes.IsSynced() && s.o.Requests.IsSynced() && (s.o.Spend == nil || s.o.Spend.Synced())
 }
 
 // The handlers' calls out (NATS, waits) take context.Background() bounded
@@ -129,6 +141,11 @@ func (s *Service) Register(app *fiber.App) {
 	app.Post("/recreate", s.recreate)
 	app.Get("/_/status", s.status)
 	app.Get("/_/status/stream", s.statusStream)
+	app.Get("/_/usage", s.usage)
+	app.Put("/_/keys/:provider", s.storeKey)
+	app.Post("/_/keys/:provider", s.storeKey)
+	app.Delete("/_/keys/:provider", s.deleteKey)
+	app.Post("/_/keys/:provider/delete", s.deleteKey)
 	app.Get("/_/static/:name", func(c *fiber.Ctx) error {
 		b, typ, ok := web.Asset(c.Params("name"))
 		if !ok {
@@ -253,7 +270,7 @@ func (s *Service) limit(c *fiber.Ctx, endpoint string) (bool, error) {
 	if !v.Allowed {
 		s.o.Auth.Counter().WithLabelValues(endpoint, "rate_limited").Inc()
 		if v.Audit {
-			s.audit(events.AuditEvent{Kind: events.AuditRateLimited, Client: auth.ClientTag(c), Detail: endpoint})
+			s.o.Auth.AuditRefusal(c, events.AuditEvent{Kind: events.AuditRateLimited, Detail: endpoint})
 		}
 		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(int(v.RetryAfter.Seconds())+1))
 		return false, s.fail(c, fiber.StatusTooManyRequests, "too many attempts; wait and try again")
@@ -272,7 +289,7 @@ func ReadForm(c *fiber.Ctx, fields ...string) (map[string]string, int, string) {
 	if mt != fiber.MIMEApplicationForm && mt != fiber.MIMEApplicationJSON {
 		return nil, fiber.StatusUnsupportedMediaType, "send application/x-www-form-urlencoded or application/json"
 	}
-	body, err := io.ReadAll(io.LimitReader(c.Context().RequestBodyStream(), formLimit+1))
+	body, err := io.ReadAll(io.LimitReader(httpguard.Body(c), formLimit+1))
 	if err != nil {
 		return nil, fiber.StatusBadRequest, "could not read the request body"
 	}

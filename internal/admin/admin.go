@@ -1,11 +1,18 @@
 // Package admin serves the operators' view at the edge: /_/admin, a page
 // listing every user (sandbox phase and pod, account age, sessions, last
-// activity and work in flight per edge, managed or not) with the actions
-// suspend, wake, delete, recreate and revoke sessions, each confirmed and
-// audited; and the same as a JSON API for bearer tokens. Administrators
-// are named by ADMIN_USERS and ADMIN_GROUPS (auth.Identity.Admin); to
-// everyone else, signed in or not, these paths do not exist (404). The
-// list is read from the edge's caches, a page at a time.
+// activity and work in flight per edge, managed or not, model spend this
+// month and budget; by name or by spend) with the actions suspend, wake,
+// delete, recreate and revoke sessions, and budget overrides per user and
+// per SSO group, each confirmed and audited; the same as a JSON API for
+// bearer tokens, and the month's usage as CSV or JSON. Administrators
+// are the accounts ADMIN_USERS binds by identity and the members of
+// ADMIN_GROUPS (auth.Identity.Admin); to everyone else, signed in or not,
+// these paths do not exist (404). The list is read from the edge's
+// caches, a page at a time.
+//
+// In path mode the view and API are served only on ADMIN_HOSTS, hosts
+// that serve no sandbox (NoSandboxes), so no page a tenant serves shares
+// their origin.
 package admin
 
 import (
@@ -21,12 +28,14 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/aaas-project/aaas/internal/accounts"
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/spend"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/web"
 )
@@ -46,11 +55,30 @@ type Options struct {
 	Activity  *Activity
 	Publisher *events.Publisher
 	Log       *slog.Logger
+	// Hosts are ADMIN_HOSTS, canonical: when set, the only hosts the view
+	// and API are served on, and hosts that serve no sandbox.
+	Hosts []string
+	// SandboxDomain is SANDBOX_DOMAIN, canonical; empty in path mode. The
+	// view links each user to their sandbox's origin under it.
+	SandboxDomain string
+	// PublicHosts are PUBLIC_HOSTS, canonical: the first serves
+	// /u/<user>/ in path mode, for the links from an admin host, which
+	// serves none ("*" names no host to link to).
+	PublicHosts []string
+	// Spend is each user's model spend and budget, for the list, the
+	// budget API and the usage export; Budgets is where overrides are
+	// written. Without Spend none of them is served.
+	Spend   *spend.Book
+	Budgets *kv.Bucket[state.Budget]
+	// JS reads the usage stream for the per-call export.
+	JS jetstream.JetStream
 }
 
 // Service serves the admin view and API.
 type Service struct {
 	o Options
+	// sites says where the view links each user's sandbox.
+	sites web.Sites
 
 	mu       sync.Mutex
 	sorted   []string
@@ -58,13 +86,18 @@ type Service struct {
 }
 
 // New returns a Service.
-func New(o Options) *Service { return &Service{o: o} }
+func New(o Options) *Service {
+	return &Service{o: o, sites: web.NewSites(o.SandboxDomain, o.Hosts, o.PublicHosts)}
+}
 
 // Register mounts the admin routes.
 func (s *Service) Register(app *fiber.App) {
 	app.Get("/_/admin", s.page)
 	app.Get("/_/admin/users", s.list)
 	app.Post("/_/admin/users/:user/:action", s.act)
+	if s.o.Spend != nil {
+		s.budgetRoutes(app)
+	}
 }
 
 // Row is one user as the admin view shows it.
@@ -83,13 +116,20 @@ type Row struct {
 	// InFlight is the work (requests and WebSockets) open on each edge
 	// that has reported it within its beacon's TTL.
 	InFlight []EdgeLoad `json:"in_flight,omitempty"`
+	// URL is where the user's sandbox is reached (see sandboxURL).
+	URL string `json:"url,omitempty"`
+	// SpentMicros is the user's model spend this month (what the
+	// organisation pays); Budget the budget that applies to them.
+	SpentMicros int64          `json:"spent_micros"`
+	Budget      *state.Applied `json:"budget,omitempty"`
 }
 
-// Query selects a page of the list: users after After (by name), whose
-// name starts with Prefix and whose phase is Phase (each optional).
+// Query selects a page of the list: users after After, whose name
+// starts with Prefix and whose phase is Phase (each optional), by name or,
+// with Sort "spend", by this month's model spend, most first.
 type Query struct {
-	After, Prefix, Phase string
-	Limit                int
+	After, Prefix, Phase, Sort string
+	Limit                      int
 }
 
 // Page is a page of the list; Next is the After of the next page ("" on
@@ -101,8 +141,11 @@ type Page struct {
 }
 
 // parseQuery reads a Query from the request, refusing what it cannot use.
-func parseQuery(c *fiber.Ctx) (Query, error) {
-	q := Query{After: c.Query("after"), Prefix: c.Query("q"), Phase: c.Query("phase"), Limit: DefaultLimit}
+func (s *Service) parseQuery(c *fiber.Ctx) (Query, error) {
+	q := Query{After: c.Query("after"), Prefix: c.Query("q"), Phase: c.Query("phase"), Sort: c.Query("sort"), Limit: DefaultLimit}
+	if q.Sort != "" && (q.Sort != "spend" || s.o.Spend == nil) {
+		return q, errors.New(`sort is "spend" (most first) or absent (by name)`)
+	}
 	if v := c.Query("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > MaxLimit {
@@ -136,18 +179,28 @@ func (s *Service) names() []string {
 
 // Page is the page of the list q selects, from the caches.
 func (s *Service) Page(q Query, now time.Time) Page {
-	names := s.names()
-	start, _ := slices.BinarySearch(names, q.After)
-	if start < len(names) && names[start] == q.After {
-		start++
-	}
-	if q.Prefix != "" {
-		p, _ := slices.BinarySearch(names, q.Prefix)
-		start = max(start, p)
+	names, start := s.names(), 0
+	if q.Sort == "spend" {
+		names = s.spendOrder(names, state.Month(now))
+		if q.After != "" {
+			start = slices.Index(names, q.After) + 1
+		}
+	} else {
+		start, _ = slices.BinarySearch(names, q.After)
+		if start < len(names) && names[start] == q.After {
+			start++
+		}
+		if q.Prefix != "" {
+			p, _ := slices.BinarySearch(names, q.Prefix)
+			start = max(start, p)
+		}
 	}
 	page := Page{Users: []Row{}}
 	for _, name := range names[start:] {
 		if !strings.HasPrefix(name, q.Prefix) {
+			if q.Sort == "spend" {
+				continue
+			}
 			break
 		}
 		r := s.row(name, now)
@@ -174,29 +227,81 @@ func (s *Service) row(name string, now time.Time) Row {
 		r.Managed = r.Managed || b.Value.Managed
 	}
 	r.LastActive, r.InFlight = s.o.Activity.Of(name, now)
+	if s.o.Spend != nil {
+		b := s.o.Spend.Budget(name)
+		r.SpentMicros, r.Budget = s.o.Spend.Spent(name, state.Month(now)).CostMicros, &b
+	}
 	return r
 }
 
+// servedHere reports whether the view and API are served on the
+// request's host: with ADMIN_HOSTS set, only on them.
+func (s *Service) servedHere(c *fiber.Ctx) bool {
+	return len(s.o.Hosts) == 0 || s.sites.AdminHost(c)
+}
+
+// NoSandboxes refuses /u/… on ADMIN_HOSTS with 404 and passes every other
+// request on: mounted before the proxy's route, it keeps every tenant
+// byte off the admin hosts' origins.
+func (s *Service) NoSandboxes(c *fiber.Ctx) error {
+	if !s.sites.AdminHost(c) {
+		return c.Next()
+	}
+	detail := "This host serves the administration, not sandboxes."
+	if gw := s.sites.Gateway(); gw != "" {
+		detail += " Sandboxes are at " + httpguard.Scheme(c) + "://" + gw + "/u/<user>/."
+	}
+	return web.WriteProblem(c, web.Problem{Status: fiber.StatusNotFound, Title: "Not available", Detail: detail})
+}
+
+// sandboxURL is where user's sandbox is reached from this admin view
+// (web.Sites.SandboxURL); "" for a name no account can have (a sandbox
+// record's key is not necessarily one), which gets no link.
+func (s *Service) sandboxURL(c *fiber.Ctx, user string) string {
+	if auth.ValidateUser(user) != nil {
+		return ""
+	}
+	return s.sites.SandboxURL(c, user)
+}
+
 // admin authenticates the request as an administrator; false means the
-// 404 has been written.
+// 404 has been written. Off ADMIN_HOSTS (when set) nobody is one.
 func (s *Service) admin(c *fiber.Ctx) (auth.Identity, bool, error) {
+	if !s.servedHere(c) {
+		return auth.Identity{}, false, notFound(c)
+	}
 	id, err := s.o.Auth.Authenticate(c)
 	if err != nil || !id.Admin {
-		return id, false, web.WriteProblem(c, web.Problem{Status: fiber.StatusNotFound, Title: "Not available", Detail: "Cannot " + c.Method() + " " + c.Path()})
+		return id, false, notFound(c)
+	}
+	// Reads too: with ambient credentials, the view and the list answer
+	// only the gateway's own pages (and typed addresses), so a sibling
+	// sandbox origin's page gets nothing, not even an answer CORS hides.
+	if id.Ambient() && httpguard.CrossSite(c) {
+		return id, false, s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 	}
 	return id, true, nil
+}
+
+// notFound answers as for a path the edge does not serve.
+func notFound(c *fiber.Ctx) error {
+	return web.WriteProblem(c, web.Problem{Status: fiber.StatusNotFound, Title: "Not available", Detail: "Cannot " + c.Method() + " " + c.Path()})
 }
 
 func (s *Service) list(c *fiber.Ctx) error {
 	if _, ok, err := s.admin(c); !ok {
 		return err
 	}
-	q, err := parseQuery(c)
+	q, err := s.parseQuery(c)
 	if err != nil {
 		return s.fail(c, fiber.StatusBadRequest, err.Error())
 	}
+	p := s.Page(q, time.Now())
+	for i := range p.Users {
+		p.Users[i].URL = s.sandboxURL(c, p.Users[i].User)
+	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
-	return c.JSON(s.Page(q, time.Now()))
+	return c.JSON(p)
 }
 
 func (s *Service) page(c *fiber.Ctx) error {
@@ -204,26 +309,38 @@ func (s *Service) page(c *fiber.Ctx) error {
 	if !ok {
 		return err
 	}
-	q, err := parseQuery(c)
+	q, err := s.parseQuery(c)
 	if err != nil {
 		return s.fail(c, fiber.StatusBadRequest, err.Error())
 	}
 	p := s.Page(q, time.Now())
-	d := web.Admin{Admin: id.User, Query: q.Prefix, Phase: q.Phase, Phases: phaseNames(), Total: p.Total, Actions: actions}
+	d := web.Admin{Admin: id.User, Query: q.Prefix, Phase: q.Phase, Phases: phaseNames(), Total: p.Total, Actions: actions,
+		Spend: s.o.Spend != nil, Sort: q.Sort, Month: state.Month(time.Now())}
+	if d.Spend {
+		d.SortLink = "/_/admin?" + url.Values{"q": {q.Prefix}, "phase": {q.Phase}, "sort": {"spend"}}.Encode()
+		d.NameLink = "/_/admin?" + url.Values{"q": {q.Prefix}, "phase": {q.Phase}}.Encode()
+	}
 	// The notice is rebuilt from what is valid, so a crafted link cannot
 	// put words on this page.
 	if did := c.Query("did"); slices.Contains(actions, did) && auth.ValidateUser(q.Prefix) == nil {
 		d.Notice = did + " of " + q.Prefix + " carried out or requested"
 	}
+	if scope, name, ok := strings.Cut(c.Query("budget"), " "); ok && (scope == state.BudgetUser && auth.ValidateUser(name) == nil || scope == state.BudgetGroup && state.GroupName(name) == name && name != "") {
+		d.Notice = "budget of " + scope + " " + name + " changed"
+	}
 	for _, r := range p.Users {
-		d.Rows = append(d.Rows, web.AdminRow{
+		row := web.AdminRow{
 			User: r.User, Phase: r.Phase, Reason: r.Reason, Managed: r.Managed, Pod: r.Pod,
 			Age: since(r.Created, time.Now()), LastActive: since(r.LastActive, time.Now()), Sessions: r.Sessions,
-			InFlight: inFlightText(r.InFlight),
-		})
+			InFlight: inFlightText(r.InFlight), URL: s.sandboxURL(c, r.User),
+		}
+		if r.Budget != nil {
+			row.Spent, row.Budget = spend.USD(r.SpentMicros), spend.Describe(*r.Budget)
+		}
+		d.Rows = append(d.Rows, row)
 	}
 	if p.Next != "" {
-		d.Next = "/_/admin?" + url.Values{"after": {p.Next}, "q": {q.Prefix}, "phase": {q.Phase}}.Encode()
+		d.Next = "/_/admin?" + url.Values{"after": {p.Next}, "q": {q.Prefix}, "phase": {q.Phase}, "sort": {q.Sort}}.Encode()
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	c.Type("html")

@@ -2,8 +2,10 @@
 // cookies backed by the shared sessions bucket, bearer tokens checked
 // against the account's token hash, and SSO headers from an authenticating
 // proxy (admission, name mapping, binding to the provider's stable id). It
-// also says whether an identity still holds (Valid), owns the shared auth
-// rate limit and the credential formats. It writes nothing but sessions,
+// also says whether an identity still holds (Valid) and whether it
+// administers the gateway (bound to the account's identity, never its
+// name alone), owns the shared auth rate limit, the budget of refusal
+// audits and the credential formats. It writes nothing but sessions,
 // rate-limit entries and audit events; accounts are created by the
 // accounts package.
 package auth
@@ -32,21 +34,34 @@ type Options struct {
 	Users   *kv.Cache[state.User]
 	// Publisher takes the audit events of refusals.
 	Publisher *events.Publisher
+	// RefusalAuditLimit (REFUSAL_AUDIT_LIMIT) is how many refusals all
+	// edges together audit per window of the Limiter.
+	RefusalAuditLimit int
 	// CookieName is the session cookie's name (COOKIE_NAME).
 	CookieName string
 	SSO        SSO
 	// Admins (ADMIN_USERS) are the accounts that may administer the
-	// gateway; AdminGroups (ADMIN_GROUPS) the SSO groups whose members may.
-	Admins      []string
+	// gateway, each bound to its identity; AdminGroups (ADMIN_GROUPS) the
+	// SSO groups whose members may.
+	Admins      []Admin
 	AdminGroups []string
 	Metrics     prometheus.Registerer
+	// Origins is sign-in on sandbox origins (subdomain mode); its zero
+	// value is path mode.
+	Origins Origins
+	// SeenGroups, when set, is told the groups header (SSO.GroupsHeader)
+	// of every request an SSO user authenticates with, so that the groups
+	// the brokers apply budgets by follow the SSO provider's (the spend
+	// package records them when they change).
+	SeenGroups func(user, groups string)
 }
 
 // Authenticator resolves requests' identities.
 type Authenticator struct {
-	o       Options
-	cookie  string
-	counter *prometheus.CounterVec
+	o        Options
+	cookie   string
+	counter  *prometheus.CounterVec
+	refusals *refusalAudits
 }
 
 // New returns an Authenticator.
@@ -55,6 +70,7 @@ func New(o Options) *Authenticator {
 		Name: "aaas_edge_auth_total", Help: "Authentication and account endpoint outcomes.",
 	}, []string{"endpoint", "outcome"})}
 	o.Metrics.MustRegister(a.counter)
+	a.refusals = newRefusalAudits(o.Limiter, o.RefusalAuditLimit, o.Publisher, o.Metrics)
 	return a
 }
 
@@ -135,8 +151,11 @@ type Identity struct {
 	sum [32]byte
 	// bound is the account's token hash when authenticated (bearer, SSO).
 	bound string
-	// Admin: the account is in ADMIN_USERS, or an SSO user of a group in
-	// ADMIN_GROUPS.
+	// host is the sandbox host of a sandbox origin's session ("" for a
+	// gateway session).
+	host string
+	// Admin: the account is one ADMIN_USERS binds (name and identity), or
+	// an SSO user of a group in ADMIN_GROUPS.
 	Admin bool
 }
 
@@ -196,7 +215,9 @@ func (a *Authenticator) AuthenticateFor(c *fiber.Ctx, user string) (Identity, er
 	if err != nil {
 		return id, err
 	}
-	id.Admin = slices.Contains(a.o.Admins, id.User)
+	// A sandbox origin's session administers nothing: no admin route is
+	// served there, and its rights must not outlive the page they came on.
+	id.Admin = id.host == "" && a.admin(id)
 	if id.Method == MethodSSO && !id.Admin && len(a.o.AdminGroups) > 0 {
 		groups := c.Get(a.o.SSO.GroupsHeader)
 		id.Admin = slices.ContainsFunc(a.o.AdminGroups, func(g string) bool { return inGroups(groups, g) })
@@ -205,10 +226,19 @@ func (a *Authenticator) AuthenticateFor(c *fiber.Ctx, user string) (Identity, er
 }
 
 func (a *Authenticator) identify(c *fiber.Ctx, user string) (Identity, error) {
-	if a.o.SSO.NameHeader != "" {
+	// On a sandbox origin the SSO header is not believed: identity there
+	// comes from the origin's own session or a bearer token, never from a
+	// header the SSO proxy in front of the gateway sets.
+	origin := httpguard.Get(c).OnSandboxDomain
+	if a.o.SSO.NameHeader != "" && !origin {
 		if login := c.Get(a.o.SSO.NameHeader); login != "" {
 			return a.ssoIdentity(c, login)
 		}
+	}
+	// One credential per request: servers and proxies read a second
+	// Authorization header each their own way (the first, the last, both).
+	if len(c.Request().Header.PeekAll(fiber.HeaderAuthorization)) > 1 {
+		return Identity{}, ErrBadCredentials
 	}
 	if h := c.Get(fiber.HeaderAuthorization); h != "" {
 		token, ok := strings.CutPrefix(h, "Bearer ")
@@ -221,26 +251,45 @@ func (a *Authenticator) identify(c *fiber.Ctx, user string) (Identity, error) {
 		}
 		return Identity{User: u.Name, Method: MethodBearer, bound: u.TokenHash}, nil
 	}
-	sid := c.Request().Header.Cookie(a.cookie)
+	if origin {
+		return a.sandboxIdentity(c, user)
+	}
+	sess, sum, err := a.session(c, a.cookie, user)
+	if err != nil {
+		return Identity{}, err
+	}
+	// A sandbox origin's session id is never a gateway session's.
+	if sess.Host != "" {
+		return Identity{}, ErrBadCredentials
+	}
+	return Identity{User: sess.User, Method: MethodCookie, sum: sum}, nil
+}
+
+// session resolves the session the cookie name carries: from this edge's
+// cache, or, for one it has not seen yet, from the bucket under user (the
+// user the request names), so a session made on another edge a moment ago
+// works here too.
+func (a *Authenticator) session(c *fiber.Ctx, name, user string) (state.Session, [32]byte, error) {
+	sid := c.Request().Header.Cookie(name)
 	if len(sid) == 0 {
-		return Identity{}, ErrNoCredentials
+		return state.Session{}, [32]byte{}, ErrNoCredentials
 	}
 	if !validSID(sid) {
-		return Identity{}, ErrBadCredentials
+		return state.Session{}, [32]byte{}, ErrBadCredentials
 	}
 	sum := sha256.Sum256(sid)
 	sess, ok := a.o.Store.LookupSum(sum)
 	if !ok && user != "" {
 		var err error
-		if sess, ok, err = a.o.Store.Fetch(c.UserContext(), user, sum); err != nil {
+		if sess, ok, err = a.o.Store.Fetch(c.UserContext(), httpguard.Key(c), user, sum); err != nil {
 			a.counter.WithLabelValues("session", "unavailable").Inc()
-			return Identity{}, ErrSessionUnavailable
+			return state.Session{}, sum, ErrSessionUnavailable
 		}
 	}
 	if !ok {
-		return Identity{}, ErrBadCredentials
+		return state.Session{}, sum, ErrBadCredentials
 	}
-	return Identity{User: sess.User, Method: MethodCookie, sum: sum}, nil
+	return sess, sum, nil
 }
 
 // Valid reports whether id still holds: its session neither revoked nor
@@ -249,7 +298,7 @@ func (a *Authenticator) identify(c *fiber.Ctx, user string) (Identity, error) {
 func (a *Authenticator) Valid(id Identity) bool {
 	if id.Method == MethodCookie {
 		sess, ok := a.o.Store.LookupSum(id.sum)
-		return ok && sess.User == id.User
+		return ok && sess.User == id.User && sess.Host == id.host && (sess.Host == "" || a.parentHolds(nil, sess))
 	}
 	u, ok := a.o.Users.Get(id.User)
 	return ok && u.Value.DeletingSince.IsZero() && SecretEqual(u.Value.TokenHash, id.bound)
@@ -297,6 +346,9 @@ func (a *Authenticator) ssoIdentity(c *fiber.Ctx, login string) (Identity, error
 			a.Refused(c, events.AuditEvent{Kind: events.AuditSSORefused, User: name, Outcome: "bound_elsewhere"})
 			return Identity{}, ErrBoundElsewhere
 		}
+		if a.o.SeenGroups != nil && a.o.SSO.GroupsHeader != "" {
+			a.o.SeenGroups(name, c.Get(a.o.SSO.GroupsHeader))
+		}
 		return Identity{User: name, Method: MethodSSO, bound: bound}, nil
 	}
 	return Identity{}, &NoAccount{Name: name, Bound: bound}
@@ -329,18 +381,51 @@ func inGroups(groups, g string) bool {
 	return false
 }
 
+// admin reports whether id's account is one ADMIN_USERS binds: its name
+// and its identity (the token hash: the bearer's or SSO binding's, or for
+// a session the current account's), so an account made later under an
+// administrator's name, by whoever, administers nothing.
+// Administers reports whether the account u, signing in by its token,
+// is one ADMIN_USERS binds: the rights its gateway session will carry.
+func (a *Authenticator) Administers(u state.User) bool {
+	return a.admin(Identity{User: u.Name, Method: MethodBearer, bound: u.TokenHash})
+}
+
+func (a *Authenticator) admin(id Identity) bool {
+	identity := id.bound
+	if id.Method == MethodCookie {
+		u, ok := a.o.Users.Get(id.User)
+		if !ok || !u.Value.DeletingSince.IsZero() {
+			return false
+		}
+		identity = u.Value.TokenHash
+	}
+	return identity != "" && slices.ContainsFunc(a.o.Admins, func(ad Admin) bool {
+		return ad.Name == id.User && SecretEqual(ad.Identity, identity)
+	})
+}
+
 // ClientTag names the client in audit events without its address.
 func ClientTag(c *fiber.Ctx) string { return HashHex(httpguard.Key(c))[:16] }
 
-// Refused audits a refused request, at most once per client per window:
-// a flood of refusals must not become a flood of audit events.
+// Refused audits a refused request, at most once per client per window
+// and within the refusal audit budget all edges share: a flood of
+// refusals, from however many addresses, must not become a flood of audit
+// events.
 func (a *Authenticator) Refused(c *fiber.Ctx, e events.AuditEvent) {
 	first, err := a.o.Limiter.Refused(context.Background(), httpguard.Key(c))
 	if err != nil || !first {
 		return
 	}
+	a.AuditRefusal(c, e)
+}
+
+// AuditRefusal audits the client's first refusal in a window (as the
+// Limiter's Verdict.Audit says) within the shared budget, naming the
+// client by its tag.
+func (a *Authenticator) AuditRefusal(c *fiber.Ctx, e events.AuditEvent) {
 	e.Client = ClientTag(c)
-	a.o.Publisher.Audit(e)
+	a.refusals.audit(e)
 }
 
 // SecretEqual compares secrets without leaking where they differ.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -84,8 +85,13 @@ func bus(t testing.TB) jetstream.JetStream {
 
 // newStore is a Store whose cache has synced; its watch ends with ctx.
 func newStore(t testing.TB, ctx context.Context, js jetstream.JetStream, maxPerUser int) *auth.Store {
+	return newStoreAt(t, ctx, js, maxPerUser, nil)
+}
+
+// newStoreAt is newStore whose budgets and miss memory read now.
+func newStoreAt(t testing.TB, ctx context.Context, js jetstream.JetStream, maxPerUser int, now func() time.Time) *auth.Store {
 	t.Helper()
-	store, err := auth.NewStore(ctx, js, auth.StoreOptions{TTL: time.Hour, MaxPerUser: maxPerUser, Log: slog.New(slog.DiscardHandler)})
+	store, err := auth.NewStore(ctx, js, auth.StoreOptions{TTL: time.Hour, MaxPerUser: maxPerUser, Log: slog.New(slog.DiscardHandler), Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,16 +104,39 @@ func newStore(t testing.TB, ctx context.Context, js jetstream.JetStream, maxPerU
 	return store
 }
 
+// fakeClock is a clock the test moves by hand: budgets refill and misses
+// fade only when it says so, however slow the machine.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_800_000_000, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
 // An edge whose watch lags finds a session created elsewhere by reading
 // the bucket under the user the request names, and nowhere else; an id
-// it did not find is not read again for a while, and unknown ids beyond
-// the read budget are an error, not a verdict.
+// it did not find is not read again until the miss fades; and a client's
+// unknown ids beyond its read budget are an error, not a verdict, while
+// another client's session is still read.
 func TestFetchReadsWhatTheWatchHasNotBrought(t *testing.T) {
 	js := bus(t)
 	ctx := natstest.Context(t, time.Minute)
+	clock := newFakeClock()
 	here := newStore(t, context.Background(), js, 10)
 	frozen, freeze := context.WithCancel(context.Background())
-	lagging := newStore(t, frozen, js, 10)
+	lagging := newStoreAt(t, frozen, js, 10, clock.Now)
 	freeze() // its cache hears of nothing from now on
 
 	sid, err := here.Create(ctx, "bob", "login")
@@ -118,10 +147,10 @@ func TestFetchReadsWhatTheWatchHasNotBrought(t *testing.T) {
 	if _, ok := lagging.LookupSum(sum); ok {
 		t.Fatal("the frozen cache saw the new session; the test proves nothing")
 	}
-	if _, ok, err := lagging.Fetch(ctx, "ann", sum); ok || err != nil {
+	if _, ok, err := lagging.Fetch(ctx, "10.0.0.1", "ann", sum); ok || err != nil {
 		t.Fatalf("fetch under another user: %v %v", ok, err)
 	}
-	sess, ok, err := lagging.Fetch(ctx, "bob", sum)
+	sess, ok, err := lagging.Fetch(ctx, "10.0.0.1", "bob", sum)
 	if !ok || err != nil || sess.User != "bob" {
 		t.Fatalf("fetch = %+v %v %v", sess, ok, err)
 	}
@@ -130,39 +159,58 @@ func TestFetchReadsWhatTheWatchHasNotBrought(t *testing.T) {
 	}
 
 	// A miss is remembered: the session written under it right after is
-	// not seen until the memory fades.
+	// not seen until the memory (2 s) fades, on the store's clock.
 	b, err := kv.Open[state.Session](ctx, js, state.BucketSessions)
 	if err != nil {
 		t.Fatal(err)
 	}
 	late := sha256.Sum256([]byte(auth.NewSessionID()))
-	if _, ok, err := lagging.Fetch(ctx, "bob", late); ok || err != nil {
+	if _, ok, err := lagging.Fetch(ctx, "10.0.0.1", "bob", late); ok || err != nil {
 		t.Fatalf("fetch of an unknown id: %v %v", ok, err)
 	}
 	if _, err := b.Put(ctx, state.SessionKey("bob", hex.EncodeToString(late[:])), state.Session{User: "bob", Created: time.Now(), Expires: time.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, _ := lagging.Fetch(ctx, "bob", late); ok {
-		t.Fatal("a remembered miss was read again at once")
+	clock.Add(1900 * time.Millisecond)
+	if _, ok, _ := lagging.Fetch(ctx, "10.0.0.1", "bob", late); ok {
+		t.Fatal("a remembered miss was read again before it faded")
 	}
-	testutil.Eventually(t, 10*time.Second, func() error {
-		if _, ok, err := lagging.Fetch(ctx, "bob", late); !ok {
-			return fmt.Errorf("not found after the miss faded: %v", err)
-		}
-		return nil
-	})
+	clock.Add(100 * time.Millisecond)
+	if _, ok, err := lagging.Fetch(ctx, "10.0.0.1", "bob", late); !ok || err != nil {
+		t.Fatalf("not found once the miss faded: %v %v", ok, err)
+	}
 
-	// Random ids: the read budget runs out, and says so.
-	var refused int
-	for range 500 {
-		if _, ok, err := here.Fetch(ctx, "bob", sha256.Sum256([]byte(auth.NewSessionID()))); ok {
-			t.Fatal("a random id was found")
-		} else if err != nil {
-			refused++
+	// One client's random ids, 10,000 at one instant: its budget (a burst
+	// of 20) runs out and says so; another client
+	// still reads the session just created elsewhere, and the first gets
+	// 10 more reads a second later.
+	clock.Add(time.Hour) // every budget full again
+	spam := func(n int) (read, refused int) {
+		for range n {
+			switch _, ok, err := lagging.Fetch(ctx, "203.0.113.7", "bob", sha256.Sum256([]byte(auth.NewSessionID()))); {
+			case ok:
+				t.Fatal("a random id was found")
+			case err != nil:
+				refused++
+			default:
+				read++
+			}
 		}
+		return read, refused
 	}
-	if refused == 0 {
-		t.Fatal("500 random ids at once were all read from the bucket")
+	if read, refused := spam(10_000); read != 20 || refused != 10_000-20 {
+		t.Fatalf("10,000 random ids from one client at once: %d read, %d refused; want 20 read", read, refused)
+	}
+	fresh, err := here.Create(ctx, "bob", "login")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := lagging.Fetch(ctx, "198.51.100.9", "bob", sha256.Sum256([]byte(fresh))); !ok || err != nil {
+		t.Fatalf("another client's new session, after one client spent its budget: %v %v", ok, err)
+	}
+	clock.Add(time.Second)
+	if read, _ := spam(100); read != 10 {
+		t.Fatalf("a second later the client read %d more, want 10", read)
 	}
 }
 
@@ -357,5 +405,19 @@ func TestSSOName(t *testing.T) {
 	}
 	if auth.SSOName("AliceSmith") != auth.SSOName("alicesmith") {
 		t.Error("logins that differ only in case got different accounts")
+	}
+}
+
+// An ADMIN_USERS entry names an account and the identity it is bound to;
+// a name alone, or an identity that is not a SHA-256, is refused.
+func TestParseAdmin(t *testing.T) {
+	h := auth.HashHex(auth.NewToken("ops"))
+	if a, err := auth.ParseAdmin(" ops:" + strings.ToUpper(h) + " "); err != nil || a.Name != "ops" || a.Identity != h {
+		t.Fatalf("ParseAdmin = %+v %v", a, err)
+	}
+	for _, bad := range []string{"ops", "ops:", ":" + h, "ops:" + h[:63], "ops:" + h + "0", "ops:" + strings.Repeat("g", 64), "Ops:" + h, "root:" + h, "ops:" + h + ":x"} {
+		if a, err := auth.ParseAdmin(bad); err == nil {
+			t.Errorf("%q accepted as %+v", bad, a)
+		}
 	}
 }

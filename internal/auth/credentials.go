@@ -138,3 +138,30 @@ func SSOName(login string) string {
 	}
 	return base + "-" + HashHex(l)[:6]
 }
+
+// Admin is an ADMIN_USERS entry: an account name and the identity its
+// administrator's rights are bound to, the account's token hash (the hex
+// SHA-256 of its bearer token, or of an SSO account's binding). A name
+// alone confers nothing: whoever signs up under it later, or takes it
+// before its administrator does, holds another identity.
+type Admin struct {
+	Name, Identity string
+}
+
+// ErrBadAdmin explains what an ADMIN_USERS entry looks like.
+var ErrBadAdmin = errors.New(`an entry is <account>:<its identity>, the 64 hex digits of the SHA-256 of the account's token (or of its SSO binding): admin rights bind to the account, not to a name anyone could sign up under`)
+
+// ParseAdmin reads an ADMIN_USERS entry, "<account>:<identity>".
+func ParseAdmin(entry string) (Admin, error) {
+	name, identity, ok := strings.Cut(strings.TrimSpace(entry), ":")
+	identity = strings.ToLower(identity)
+	if !ok || !hexHashRE.MatchString(identity) {
+		return Admin{}, ErrBadAdmin
+	}
+	if err := ValidateUser(name); err != nil {
+		return Admin{}, err
+	}
+	return Admin{Name: name, Identity: identity}, nil
+}
+
+var hexHashRE = regexp.MustCompile(`^[0-9a-f]{64}$`)

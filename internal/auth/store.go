@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
 
 	"github.com/aaas-project/aaas/internal/kv"
@@ -35,23 +36,34 @@ type Store struct {
 	mu     sync.Mutex
 	byUser map[string]map[string]time.Time // user → key → created
 
-	// fetches bounds Fetch's bucket reads; misses remembers ids they did
-	// not find, so a stale or random cookie costs at most one read per
-	// missTTL.
-	fetches *rate.Limiter
+	// now is the clock of Fetch's budgets and miss memory (StoreOptions).
+	now func() time.Time
+	// fetches bounds Fetch's bucket reads; flights joins the reads of one
+	// key made at once; misses remembers keys they did not find, so a
+	// stale or random cookie costs at most one read per missTTL.
+	fetches *fetchBudget
+	flights singleflight.Group
 	missMu  sync.Mutex
 	misses  map[string]time.Time // by key
+	swept   time.Time            // when misses was last rid of faded entries
 }
 
-// Fetch's bounds: reads per second and burst per edge, how long a miss is
-// remembered and how many are, and how long one read may take before the
-// request is told to retry.
+// Fetch's bounds: bucket reads per second and burst, for the edge and for
+// each client; how many clients are told apart before the rest share one
+// budget; how long a miss is remembered and how many are; and how long
+// one read may take before the request is told to retry. A client's rate
+// is a twentieth of the edge's, so no one client can spend what a session
+// just created elsewhere needs; the misses that can be live at once
+// (fetchRate*missTTL+fetchBurst) fit maxMisses many times over.
 const (
-	fetchRate    = 200
-	fetchBurst   = 50
-	missTTL      = 2 * time.Second
-	maxMisses    = 4096
-	fetchTimeout = 5 * time.Second
+	fetchRate       = 200
+	fetchBurst      = 50
+	clientRate      = 10
+	clientBurst     = 20
+	maxFetchClients = 4096
+	missTTL         = 2 * time.Second
+	maxMisses       = 4096
+	fetchTimeout    = 5 * time.Second
 )
 
 // StoreOptions configure a Store.
@@ -64,6 +76,9 @@ type StoreOptions struct {
 	// ends, here or on another edge.
 	OnRevoke func()
 	Log      *slog.Logger
+	// Now, if set, is the clock of Fetch's budgets and miss memory (tests
+	// move it by hand); time.Now otherwise.
+	Now func() time.Time
 }
 
 // NewStore opens the sessions bucket and starts its cache.
@@ -72,8 +87,12 @@ func NewStore(ctx context.Context, js jetstream.JetStream, o StoreOptions) (*Sto
 	if err != nil {
 		return nil, err
 	}
+	now := o.Now
+	if now == nil {
+		now = time.Now
+	}
 	s := &Store{bucket: b, ttl: o.TTL, max: o.MaxPerUser, log: o.Log, onRevoke: o.OnRevoke, byUser: map[string]map[string]time.Time{},
-		fetches: rate.NewLimiter(fetchRate, fetchBurst), misses: map[string]time.Time{}}
+		now: now, fetches: newFetchBudget(), misses: map[string]time.Time{}}
 	c, err := kv.NewCache(ctx, b, ">", o.Log, kv.IndexBy[state.Session](rawHash), kv.OnChange(s.index))
 	if err != nil {
 		return nil, err
@@ -82,7 +101,9 @@ func NewStore(ctx context.Context, js jetstream.JetStream, o StoreOptions) (*Sto
 	return s, nil
 }
 
-// index keeps byUser in step with the cache.
+// index keeps byUser in step with the cache. It holds gateway sessions
+// only: a sandbox origin's session lives and dies with its gateway
+// session, so it neither counts toward MaxPerUser nor is trimmed by it.
 func (s *Store) index(key string, e kv.Entry[state.Session], deleted bool) {
 	user, _, _ := strings.Cut(key, ".")
 	if deleted && s.onRevoke != nil {
@@ -95,6 +116,9 @@ func (s *Store) index(key string, e kv.Entry[state.Session], deleted bool) {
 		if len(s.byUser[user]) == 0 {
 			delete(s.byUser, user)
 		}
+		return
+	}
+	if e.Value.Host != "" {
 		return
 	}
 	if s.byUser[user] == nil {
@@ -134,6 +158,27 @@ func (s *Store) Create(ctx context.Context, user, via string) (string, error) {
 	// a few seconds to move it again).
 	s.cache.Note(key, sess, rev)
 	s.trim(ctx, user, key)
+	return sid, nil
+}
+
+// CreateSandbox starts a sandbox origin's session for user on host, made
+// from a gateway session (parent, the hex SHA-256 of its id) or an SSO
+// binding (bound), ending when its parent does at the latest (expires).
+// Like Create, it returns once this edge's cache holds it.
+func (s *Store) CreateSandbox(ctx context.Context, user, host, parent, bound string, expires time.Time) (string, error) {
+	sid := NewSessionID()
+	now := time.Now().UTC()
+	ttl := min(expires.Sub(now), s.ttl)
+	if ttl <= 0 {
+		return "", errors.New("create sandbox session: its parent has expired")
+	}
+	key := state.SessionKey(user, HashHex(sid))
+	sess := state.Session{User: user, Created: now, Expires: now.Add(ttl), Via: "sandbox", Host: host, Parent: parent, Bound: bound}
+	rev, err := s.bucket.Create(ctx, key, sess, kv.WithTTL(ttl))
+	if err != nil {
+		return "", fmt.Errorf("create sandbox session: %w", err)
+	}
+	s.cache.Note(key, sess, rev)
 	return sid, nil
 }
 
@@ -197,11 +242,12 @@ func (s *Store) LookupSum(sum [32]byte) (state.Session, bool) {
 // meanwhile. What is found is noted in the cache, which keeps it only
 // while the watch is behind it, so a revocation the watch has already
 // applied is never undone.
-// Reads are rate limited per edge and misses remembered for missTTL:
-// random cookies cost the bus little. An error means the bucket could
-// not be read (or the read budget is spent), not that there is no such
-// session.
-func (s *Store) Fetch(ctx context.Context, user string, sum [32]byte) (state.Session, bool, error) {
+// Reads are budgeted per client (httpguard.Key) and per edge, joined when
+// several requests ask for the same key at once, and misses remembered
+// for missTTL: random cookies cost the bus little, and only the client
+// sending them loses its budget. An error means the bucket could not be
+// read (or the read budget is spent), not that there is no such session.
+func (s *Store) Fetch(ctx context.Context, client, user string, sum [32]byte) (state.Session, bool, error) {
 	if ValidateUser(user) != nil {
 		return state.Session{}, false, nil
 	}
@@ -209,43 +255,109 @@ func (s *Store) Fetch(ctx context.Context, user string, sum [32]byte) (state.Ses
 	if s.missed(key) {
 		return state.Session{}, false, nil
 	}
-	if !s.fetches.Allow() {
-		return state.Session{}, false, errFetchBudget
-	}
-	ctx, cancel := context.WithTimeout(ctx, fetchTimeout)
-	defer cancel()
-	e, err := s.bucket.Get(ctx, key)
-	switch {
-	case errors.Is(err, kv.ErrNotFound):
-		s.miss(key)
-		return state.Session{}, false, nil
-	case err != nil:
+	// Detached from the first requester: the others wait for the same.
+	_, err, _ := s.flights.Do(key, func() (any, error) {
+		if !s.fetches.allow(client, s.now()) {
+			return nil, errFetchBudget
+		}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fetchTimeout)
+		defer cancel()
+		e, err := s.bucket.Get(ctx, key)
+		switch {
+		case errors.Is(err, kv.ErrNotFound):
+			s.miss(key)
+			return nil, nil
+		case err != nil:
+			return nil, err
+		}
+		s.cache.Note(key, e.Value, e.Revision)
+		return nil, nil
+	})
+	if err != nil {
 		return state.Session{}, false, err
 	}
-	s.cache.Note(key, e.Value, e.Revision)
 	sess, ok := s.LookupSum(sum)
 	return sess, ok, nil
 }
 
 var errFetchBudget = errors.New("too many unknown session cookies at once")
 
+// fetchBudget is Fetch's read budget: a token bucket per client and one
+// for the edge. Clients beyond maxFetchClients share one bucket until
+// idle ones (whose bucket is full again) are forgotten.
+type fetchBudget struct {
+	mu      sync.Mutex
+	edge    *rate.Limiter
+	clients map[string]*rate.Limiter
+	swept   time.Time
+}
+
+func newFetchBudget() *fetchBudget {
+	return &fetchBudget{edge: rate.NewLimiter(fetchRate, fetchBurst), clients: map[string]*rate.Limiter{}}
+}
+
+// overflowClient is the budget clients share while maxFetchClients others
+// are busy.
+const overflowClient = "\x00overflow"
+
+// allow takes one read from client's budget and the edge's, or neither.
+func (b *fetchBudget) allow(client string, now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	l := b.clients[client]
+	if l == nil {
+		// Forgetting idle clients walks them all: at most once a second,
+		// so a crowd of new clients cannot make every read pay for it.
+		if len(b.clients) >= maxFetchClients && now.Sub(b.swept) >= time.Second {
+			b.swept = now
+			for k, l := range b.clients {
+				if l.TokensAt(now) >= clientBurst {
+					delete(b.clients, k)
+				}
+			}
+		}
+		if len(b.clients) >= maxFetchClients {
+			client = overflowClient
+		}
+		if l = b.clients[client]; l == nil {
+			l = rate.NewLimiter(clientRate, clientBurst)
+			b.clients[client] = l
+		}
+	}
+	if l.TokensAt(now) < 1 || !b.edge.AllowN(now, 1) {
+		return false
+	}
+	return l.AllowN(now, 1)
+}
+
 // missed reports whether key was looked for in the bucket within missTTL.
 func (s *Store) missed(key string) bool {
 	s.missMu.Lock()
 	defer s.missMu.Unlock()
 	at, ok := s.misses[key]
-	return ok && time.Since(at) < missTTL
+	return ok && s.now().Sub(at) < missTTL
 }
 
-// miss remembers that key is not in the bucket; a full memory starts over
-// (what it forgets costs one more read each).
+// miss remembers that key is not in the bucket. A full memory first
+// forgets the misses that have faded (at most once per missTTL); the read
+// budget keeps the live ones far fewer than maxMisses, so no client's
+// cookies can push out what others' reads found missing. Should it still
+// be full, key is not remembered (it costs one more read).
 func (s *Store) miss(key string) {
 	s.missMu.Lock()
 	defer s.missMu.Unlock()
-	if len(s.misses) >= maxMisses {
-		clear(s.misses)
+	now := s.now()
+	if len(s.misses) >= maxMisses && now.Sub(s.swept) >= missTTL {
+		s.swept = now
+		for k, at := range s.misses {
+			if now.Sub(at) >= missTTL {
+				delete(s.misses, k)
+			}
+		}
 	}
-	s.misses[key] = time.Now()
+	if len(s.misses) < maxMisses {
+		s.misses[key] = now
+	}
 }
 
 // Revoke ends one session, named by its id's SHA-256.
@@ -278,6 +390,9 @@ func (s *Store) Len() int { return s.cache.Len() }
 // a client spend two budgets back to back across a boundary.)
 type Limiter struct {
 	bucket *kv.Bucket[state.Attempts]
+	// audits is the same bucket's count of refusal audits per window
+	// (refusals.go).
+	audits *kv.Bucket[auditWindow]
 	limit  int
 	window time.Duration
 }
@@ -288,7 +403,11 @@ func NewLimiter(ctx context.Context, js jetstream.JetStream, limit int, window t
 	if err != nil {
 		return nil, err
 	}
-	return &Limiter{bucket: b, limit: limit, window: window}, nil
+	audits, err := kv.Open[auditWindow](ctx, js, state.BucketRateLimit)
+	if err != nil {
+		return nil, err
+	}
+	return &Limiter{bucket: b, audits: audits, limit: limit, window: window}, nil
 }
 
 // Verdict is the Limiter's answer.

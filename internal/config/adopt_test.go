@@ -16,7 +16,7 @@ func TestAdoptReadsTheWorkersKubernetesSettings(t *testing.T) {
 	for name, env := range map[string]map[string]string{
 		"defaults": {},
 		"set": {
-			"KUBECONFIG": "/tmp/kc", "NAMESPACE": "tenants", "MANAGED_BY_LABEL": "example.org/owner=aaas",
+			"KUBECONFIG": "/tmp/kc", "SANDBOX_NAMESPACE": "tenants", "CONTROL_PLANE_NAMESPACE": "gateway", "MANAGED_BY_LABEL": "example.org/owner=aaas",
 			"KUBE_API_QPS": "7", "KUBE_API_BURST": "9", "KUBE_API_TIMEOUT": "12s",
 		},
 	} {
@@ -36,7 +36,7 @@ func TestAdoptReadsTheWorkersKubernetesSettings(t *testing.T) {
 			t.Fatalf("%s: lifecycle: %v", name, err)
 		}
 		want := config.Adopt{
-			Kubeconfig: l.Kubeconfig, Namespace: l.Namespace, ManagedKey: l.ManagedKey, ManagedValue: l.ManagedValue,
+			Kubeconfig: l.Kubeconfig, SandboxNamespace: l.SandboxNamespace, ControlPlaneNamespace: l.ControlPlaneNamespace, ManagedKey: l.ManagedKey, ManagedValue: l.ManagedValue,
 			KubeQPS: l.KubeQPS, KubeBurst: l.KubeBurst, KubeCallTimeout: l.KubeCallTimeout,
 		}
 		if a != want {
@@ -46,8 +46,27 @@ func TestAdoptReadsTheWorkersKubernetesSettings(t *testing.T) {
 }
 
 func TestAdoptNamesBadVariables(t *testing.T) {
-	_, err := config.LoadAdopt(config.FromMap(map[string]string{"NAMESPACE": "Not_A_Namespace", "MANAGED_BY_LABEL": "no-value"}))
-	if err == nil || !strings.Contains(err.Error(), "NAMESPACE:") || !strings.Contains(err.Error(), "MANAGED_BY_LABEL:") {
+	_, err := config.LoadAdopt(config.FromMap(map[string]string{"SANDBOX_NAMESPACE": "Not_A_Namespace", "CONTROL_PLANE_NAMESPACE": "a.b", "MANAGED_BY_LABEL": "no-value"}))
+	if err == nil || !strings.Contains(err.Error(), "SANDBOX_NAMESPACE:") || !strings.Contains(err.Error(), "CONTROL_PLANE_NAMESPACE:") || !strings.Contains(err.Error(), "MANAGED_BY_LABEL:") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// TestTenantsGetANamespaceOfTheirOwn: lifecycle and adopt refuse to put
+// the sandboxes in the control plane's namespace (they would share its
+// quota and Secrets), and refuse the old NAMESPACE by its new name, so an
+// operator's old setting is not silently ignored.
+func TestTenantsGetANamespaceOfTheirOwn(t *testing.T) {
+	_, err := config.LoadAdopt(config.FromMap(map[string]string{"SANDBOX_NAMESPACE": "aaas"}))
+	if err == nil || !strings.Contains(err.Error(), "SANDBOX_NAMESPACE:") || !strings.Contains(err.Error(), "CONTROL_PLANE_NAMESPACE") {
+		t.Fatalf("sandboxes in the control plane's namespace: err = %v", err)
+	}
+	_, err = config.LoadAdopt(config.FromMap(map[string]string{"NAMESPACE": "dsh-demo"}))
+	if err == nil || !strings.Contains(err.Error(), "NAMESPACE: renamed SANDBOX_NAMESPACE") {
+		t.Fatalf("the old NAMESPACE: err = %v", err)
+	}
+	a, err := config.LoadAdopt(config.FromMap(map[string]string{"SANDBOX_NAMESPACE": "tenants", "CONTROL_PLANE_NAMESPACE": "gateway"}))
+	if err != nil || a.SandboxNamespace != "tenants" || a.ControlPlaneNamespace != "gateway" {
+		t.Fatalf("%+v %v", a, err)
 	}
 }

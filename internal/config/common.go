@@ -67,9 +67,13 @@ func LoadCommon(e *Env, defaultMetrics string) Common {
 	c.Streams.AuditMaxAge = e.Duration("AUDIT_MAX_AGE", c.Streams.AuditMaxAge, time.Hour, 10*365*24*time.Hour)
 	c.Streams.AuditMaxBytes = int64(e.Int("AUDIT_MAX_MB", int(c.Streams.AuditMaxBytes>>20), 16, 1<<20)) << 20
 	// Bucket limits every process provisions; they must agree, so these
-	// two edge settings are read everywhere.
+	// edge settings are read everywhere.
 	c.Buckets.SessionTTL = e.Duration("COOKIE_MAX_AGE", c.Buckets.SessionTTL, time.Minute, 365*24*time.Hour)
 	c.Buckets.RateWindow = e.Duration("AUTH_RATE_WINDOW", c.Buckets.RateWindow, time.Second, 24*time.Hour)
+	// A sign-in code only carries a browser from the gateway to a sandbox
+	// origin, one redirect: a minute is ample, and the less time a code
+	// (which is in a URL) is good for, the less a leaked one is worth.
+	c.Buckets.SigninCodeTTL = e.Duration("SIGNIN_CODE_TTL", c.Buckets.SigninCodeTTL, 5*time.Second, time.Minute)
 	return c
 }
 

@@ -64,7 +64,7 @@ func TestDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Namespace != "dsh-demo" || c.ManagedKey != "aaas.example.com/managed-by" || c.ManagedValue != "dsh-gateway" || c.Port != 3080 {
+	if c.SandboxNamespace != "aaas-sandboxes" || c.ControlPlaneNamespace != "aaas" || c.ManagedKey != "aaas.example.com/managed-by" || c.ManagedValue != "dsh-gateway" || c.Port != 3080 {
 		t.Fatalf("lifecycle defaults = %+v", c)
 	}
 	if c.NATSURL != "nats://127.0.0.1:4222" || c.Streams.Replicas != 1 || c.InstanceID == "" {
@@ -182,12 +182,23 @@ func TestEdgeTrustBoundary(t *testing.T) {
 		{"a proxy by name", map[string]string{"TRUSTED_PROXIES": "ingress.example"}, "TRUSTED_PROXIES"},
 		{"SSO without an allow list", map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User"}, "AUTH_PROXY_ALLOW"},
 		{"SSO with an allow list", map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User", "AUTH_PROXY_ALLOW": "alice,group:acme:devs"}, ""},
-		{"admins", map[string]string{"ADMIN_USERS": "boss, ops-1"}, ""},
-		{"an admin name no account can have", map[string]string{"ADMIN_USERS": "boss,Root"}, "ADMIN_USERS"},
+		{"admins bound to their identities", map[string]string{"ADMIN_USERS": "boss:3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f, ops-1:3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F3F", "ADMIN_HOSTS": "admin.gw.example"}, ""},
+		{"an admin by name alone", map[string]string{"ADMIN_USERS": "boss"}, "ADMIN_USERS"},
+		{"an admin identity that is not a SHA-256", map[string]string{"ADMIN_USERS": "boss:3f3f"}, "ADMIN_USERS"},
+		{"an admin name no account can have", map[string]string{"ADMIN_USERS": "Root:3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f"}, "ADMIN_USERS"},
+		{"refusal audit limit", map[string]string{"REFUSAL_AUDIT_LIMIT": "0"}, "REFUSAL_AUDIT_LIMIT"},
 		{"admin groups without SSO", map[string]string{"ADMIN_GROUPS": "ops"}, "ADMIN_GROUPS"},
-		{"admin groups with SSO", map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User", "AUTH_PROXY_ALLOW": "*", "ADMIN_GROUPS": "acme:ops"}, ""},
+		{"admin groups with SSO", map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User", "AUTH_PROXY_ALLOW": "*", "ADMIN_GROUPS": "acme:ops", "ADMIN_HOSTS": "admin.gw.example"}, ""},
 		{"bad id header", map[string]string{"AUTH_PROXY_HEADER": "X-Forwarded-User", "AUTH_PROXY_ALLOW": "*", "AUTH_PROXY_ID_HEADER": "X Email"}, "AUTH_PROXY_ID_HEADER"},
 		{"session cap", map[string]string{"MAX_SESSIONS_PER_USER": "0"}, "MAX_SESSIONS_PER_USER"},
+		{"sandbox domain", map[string]string{"SANDBOX_DOMAIN": "Sandboxes.Example:443"}, ""},
+		{"sandbox domain with a local port", map[string]string{"SANDBOX_DOMAIN": "localhost:8080", "PUBLIC_HOSTS": "localhost:8080"}, ""},
+		{"sandbox domain as a URL", map[string]string{"SANDBOX_DOMAIN": "https://sbx.example"}, "SANDBOX_DOMAIN"},
+		{"sandbox domain as an address", map[string]string{"SANDBOX_DOMAIN": "127.0.0.1:8080"}, "SANDBOX_DOMAIN"},
+		{"a gateway host under the sandbox domain", map[string]string{"SANDBOX_DOMAIN": "example"}, "SANDBOX_DOMAIN"},
+		{"any host with a sandbox domain", map[string]string{"SANDBOX_DOMAIN": "sbx.example", "PUBLIC_HOSTS": "*"}, "SANDBOX_DOMAIN"},
+		{"sign-in codes for a minute", map[string]string{"SIGNIN_CODE_TTL": "60s"}, ""},
+		{"sign-in codes for longer", map[string]string{"SIGNIN_CODE_TTL": "61s"}, "SIGNIN_CODE_TTL"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			env := map[string]string{}
@@ -204,8 +215,13 @@ func TestEdgeTrustBoundary(t *testing.T) {
 			case tt.bad != "" && (err == nil || !strings.Contains(err.Error(), tt.bad+":")):
 				t.Fatalf("err = %v, want one naming %s", err, tt.bad)
 			case tt.bad == "" && tt.env == nil:
-				if strings.Join(c.PublicHosts, ",") != "gw.example,localhost:8080" || len(c.TrustedProxies) != 0 || c.MaxSessionsPerUser != 20 || c.AuthProxyIDHeader != "X-Forwarded-Email" {
+				if strings.Join(c.PublicHosts, ",") != "gw.example,localhost:8080" || len(c.TrustedProxies) != 0 || c.MaxSessionsPerUser != 20 || c.AuthProxyIDHeader != "X-Forwarded-Email" ||
+					c.SandboxDomain != "" || c.Buckets.SigninCodeTTL != 30*time.Second {
 					t.Fatalf("defaults: %+v", c)
+				}
+			case tt.name == "sandbox domain":
+				if c.SandboxDomain != "sandboxes.example" {
+					t.Fatalf("SANDBOX_DOMAIN read as %q", c.SandboxDomain)
 				}
 			}
 		})
@@ -255,5 +271,45 @@ func TestHandshakeKeysAreARing(t *testing.T) {
 	_, err = config.LoadLifecycle(config.FromMap(map[string]string{"HANDSHAKE_KEY": a, "HANDSHAKE_KEYS": a, "NATS_ALLOW_ANONYMOUS": "true"}))
 	if err == nil || !strings.Contains(err.Error(), "HANDSHAKE_KEY: renamed HANDSHAKE_KEYS") {
 		t.Fatalf("the old name: %v", err)
+	}
+}
+
+// Handshakes talk to tenants' pods: by default they may hold half the
+// command workers, and never all of them when there are more than one.
+func TestHandshakeWorkersLeaveWorkersToOtherCommands(t *testing.T) {
+	base := map[string]string{"HANDSHAKE_KEYS": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", "NATS_ALLOW_ANONYMOUS": "true"}
+	load := func(extra map[string]string) (config.Lifecycle, error) {
+		env := map[string]string{}
+		for k, v := range base {
+			env[k] = v
+		}
+		for k, v := range extra {
+			env[k] = v
+		}
+		return config.LoadLifecycle(config.FromMap(env))
+	}
+	for _, tc := range []struct {
+		env  map[string]string
+		want int
+		err  string
+	}{
+		{env: nil, want: 8},
+		{env: map[string]string{"COMMAND_WORKERS": "1"}, want: 1},
+		{env: map[string]string{"COMMAND_WORKERS": "3"}, want: 1},
+		{env: map[string]string{"COMMAND_WORKERS": "4", "HANDSHAKE_WORKERS": "3"}, want: 3},
+		{env: map[string]string{"COMMAND_WORKERS": "4", "HANDSHAKE_WORKERS": "4"}, err: "HANDSHAKE_WORKERS: 4 leaves none of the 4 COMMAND_WORKERS"},
+		{env: map[string]string{"COMMAND_WORKERS": "1", "HANDSHAKE_WORKERS": "2"}, err: "HANDSHAKE_WORKERS: 2 is more than the one"},
+		{env: map[string]string{"HANDSHAKE_WORKERS": "0"}, err: "HANDSHAKE_WORKERS: 0 is outside"},
+	} {
+		c, err := load(tc.env)
+		switch {
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%v: err %v, want %q", tc.env, err, tc.err)
+		case tc.err == "" && (err != nil || c.HandshakeWorkers != tc.want):
+			t.Errorf("%v: %d workers for handshakes (%v), want %d", tc.env, c.HandshakeWorkers, err, tc.want)
+		}
+	}
+	if c, err := load(nil); err != nil || c.HandshakeTimeout != 15*time.Second {
+		t.Errorf("lifecycle's HANDSHAKE_TIMEOUT %s (%v), want the edge's default 15s", c.HandshakeTimeout, err)
 	}
 }

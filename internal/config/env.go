@@ -40,6 +40,7 @@ func Variables() []string {
 	_, _ = LoadLifecycle(e)
 	_, _ = LoadSweeper(e)
 	_, _ = LoadSetup(e)
+	_, _ = LoadBroker(e)
 	names := make([]string, 0, len(seen))
 	for k := range seen {
 		names = append(names, k)

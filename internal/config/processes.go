@@ -1,6 +1,7 @@
 package config
 
 import (
+	"net"
 	"net/netip"
 	"regexp"
 	"strings"
@@ -30,6 +31,9 @@ type Edge struct {
 	// RecreateRateLimit is RECREATE_RATE_LIMIT: recreates and deletions
 	// per user in any AUTH_RATE_WINDOW.
 	RecreateRateLimit int
+	// RefusalAuditLimit is REFUSAL_AUDIT_LIMIT: refusals all edges
+	// together audit per AUTH_RATE_WINDOW; the rest are counted.
+	RefusalAuditLimit int
 	// InviteCode is SIGNUP_INVITE_CODE; empty means open signup, which
 	// OPEN_SIGNUP must confirm (a missing Secret key must not open it).
 	InviteCode string
@@ -48,6 +52,11 @@ type Edge struct {
 	// PublicHosts is PUBLIC_HOSTS, canonical: the hosts browsers use to
 	// reach the gateway ("*" for any); other Hosts get 421.
 	PublicHosts []string
+	// SandboxDomain is SANDBOX_DOMAIN, canonical: with it set (subdomain
+	// mode), user ann's sandbox is served at ann.<SandboxDomain> and
+	// nowhere else, each sandbox on an origin of its own; empty is path
+	// mode (/u/<user>/ on the gateway's own origin).
+	SandboxDomain string
 	// TrustedProxies is TRUSTED_PROXIES: the peers (our ingress) whose
 	// X-Forwarded-For and X-Forwarded-Proto are believed.
 	TrustedProxies []netip.Prefix
@@ -74,7 +83,8 @@ type Edge struct {
 	WSMaxMessageBytes int64
 	// WakeTimeout is WAKE_TIMEOUT: how long a request waits for a sandbox.
 	WakeTimeout time.Duration
-	// HandshakeTimeout is HANDSHAKE_TIMEOUT.
+	// HandshakeTimeout is HANDSHAKE_TIMEOUT: how long a request waits for
+	// a handshake (lifecycle ends every handshake command within it).
 	HandshakeTimeout time.Duration
 	// HeaderAllowlist is UPSTREAM_HEADER_ALLOWLIST; when set, only these
 	// request headers reach DSH.
@@ -85,10 +95,10 @@ type Edge struct {
 	// MaxUsers is MAX_USERS: the most accounts the gateway creates (0: no
 	// limit); signups beyond it answer 403.
 	MaxUsers int
-	// AdminUsers is ADMIN_USERS: the account names that may use /_/admin.
-	// On open signup (no SIGNUP_INVITE_CODE) nobody can sign up under
-	// them, so the first comer cannot take an admin's name.
-	AdminUsers []string
+	// AdminUsers is ADMIN_USERS: the accounts that may use /_/admin, each
+	// "<name>:<identity>" (auth.ParseAdmin), so the rights stay with the
+	// account and never pass to whoever takes its name.
+	AdminUsers []auth.Admin
 	// AdminGroups is ADMIN_GROUPS: with SSO, the groups (from
 	// AUTH_PROXY_GROUPS_HEADER) whose members may use /_/admin.
 	AdminGroups []string
@@ -102,6 +112,35 @@ type Edge struct {
 	BeaconTTL time.Duration
 	// ShutdownTimeout is SHUTDOWN_TIMEOUT, the drain deadline on SIGTERM.
 	ShutdownTimeout time.Duration
+	// RouteMaxStaleness is ROUTE_MAX_STALENESS: the longest the edge routes
+	// requests from its copy of the sandboxes bucket without confirming
+	// that copy current (NATS unreachable, its watch stalled). A pod's
+	// address may meanwhile have gone to another tenant's pod, which would
+	// receive the request, its body and DSH's cookie; past the bound the
+	// edge sends nothing and answers 503.
+	RouteMaxStaleness time.Duration
+	// HSTSMaxAge is HSTS_MAX_AGE: the max-age of the
+	// Strict-Transport-Security header on every answer to a request that
+	// came over HTTPS (0: none).
+	HSTSMaxAge time.Duration
+	// AdminPlacement is ADMIN_HOSTS and ADMIN_ON_SANDBOX_HOSTS.
+	AdminPlacement
+	// Preview is PREVIEW_PORTS and PREVIEW_ACCESS.
+	Preview Preview
+	// Budget is BROKER_BUDGET_DEFAULT, read as the brokers read it: the
+	// default the user's page and the admin view show.
+	Budget
+	// BYOK is BROKER_BYOK: users may store their own provider keys on
+	// their page, sealed to CredentialsPublicKey for the providers of
+	// Providers (BROKER_PROVIDERS, read only with BYOK: a key is stored
+	// per provider name).
+	BYOK      bool
+	Providers []Provider
+	// CredentialsPublicKey is CREDENTIALS_PUBLIC_KEY, needed with BYOK:
+	// the X25519 public key of the brokers' newest CREDENTIALS_KEYS
+	// (`setup credentials-keygen` prints both). The edge can seal a key
+	// with it and never open one.
+	CredentialsPublicKey []byte
 }
 
 // LoadEdge reads and validates the edge's variables.
@@ -113,6 +152,7 @@ func LoadEdge(e *Env) (Edge, error) {
 		CookieName:         e.String("COOKIE_NAME", ""),
 		AuthRateLimit:      e.Int("AUTH_RATE_LIMIT", 30, 1, 10_000),
 		RecreateRateLimit:  e.Int("RECREATE_RATE_LIMIT", 5, 1, 1000),
+		RefusalAuditLimit:  e.Int("REFUSAL_AUDIT_LIMIT", 60, 1, 100_000),
 		InviteCode:         e.Secret("SIGNUP_INVITE_CODE"),
 		AuthProxyHeader:    e.String("AUTH_PROXY_HEADER", ""),
 		AuthProxyIDHeader:  e.String("AUTH_PROXY_ID_HEADER", "X-Forwarded-Email"),
@@ -126,19 +166,31 @@ func LoadEdge(e *Env) (Edge, error) {
 		MaxBodyBytes:       int64(e.Int("MAX_BODY_MB", 2048, 1, 1<<20)) << 20,
 		WSMaxMessageBytes:  int64(e.Int("WS_MAX_MESSAGE_BYTES", 16<<20, 1024, 1<<30)),
 		WakeTimeout:        e.Duration("WAKE_TIMEOUT", 90*time.Second, time.Second, time.Hour),
-		HandshakeTimeout:   e.Duration("HANDSHAKE_TIMEOUT", 15*time.Second, time.Second, 10*time.Minute),
+		HandshakeTimeout:   handshakeTimeout(e),
 		HeaderAllowlist:    e.List("UPSTREAM_HEADER_ALLOWLIST", nil),
 		HandshakeKeys:      handshakeKeys(e),
-		BeaconInterval:     e.Duration("BEACON_INTERVAL", 5*time.Second, 100*time.Millisecond, 5*time.Minute),
-		BeaconTTL:          e.Duration("BEACON_TTL", 2*time.Minute, time.Second, events.MaxBeaconTTL),
+		BeaconInterval:     beaconInterval(e),
 		MaxUsers:           e.Int("MAX_USERS", 0, 0, 10_000_000),
-		AdminUsers:         e.List("ADMIN_USERS", nil),
 		AdminGroups:        e.List("ADMIN_GROUPS", nil),
-		ShutdownTimeout:    e.Duration("SHUTDOWN_TIMEOUT", 25*time.Second, 0, 10*time.Minute),
+		ShutdownTimeout:    shutdownTimeout(e),
+		// Above a NATS leader election and a stalled watch's replacement
+		// (4-20 s), so neither trips it; as long as BEACON_TTL's default,
+		// after which the rest of the gateway may act on this edge's
+		// silence (its users' sandboxes count as idle). The floor is two
+		// of the cache's confirming looks (2 s apart) and one's timeout.
+		RouteMaxStaleness: routeMaxStaleness(e),
+		// A year, as browsers' preload lists ask; the edge serves the
+		// gateway's own hosts only, so includeSubDomains is not its call.
+		HSTSMaxAge: e.Duration("HSTS_MAX_AGE", 365*24*time.Hour, 0, 2*365*24*time.Hour),
+		Preview:    loadPreview(e),
+		Budget:     loadBudget(e),
+		BYOK:       e.Bool("BROKER_BYOK", false),
 	}
-	if c.BeaconTTL < 2*c.BeaconInterval {
-		e.Fail("BEACON_TTL", "%s is less than two BEACON_INTERVALs (%s): one late beacon would let a busy sandbox look idle", c.BeaconTTL, c.BeaconInterval)
+	if c.BYOK {
+		c.Providers = loadProviders(e)
+		c.CredentialsPublicKey = publicKey(e, "CREDENTIALS_PUBLIC_KEY")
 	}
+	c.BeaconTTL = beaconTTL(e, c.BeaconInterval)
 	if open := e.Bool("OPEN_SIGNUP", false); c.InviteCode == "" && c.AuthProxyHeader == "" && !open {
 		e.Fail("SIGNUP_INVITE_CODE", "empty, so anyone could sign up; set it, or OPEN_SIGNUP=true to mean that")
 	}
@@ -163,15 +215,22 @@ func LoadEdge(e *Env) (Edge, error) {
 	if c.AuthProxyHeader != "" && len(c.AuthProxyAllow) == 0 {
 		e.Fail("AUTH_PROXY_ALLOW", "required with AUTH_PROXY_HEADER: the logins and group:<name> entries SSO admits (or * for everyone the SSO proxy admits)")
 	}
-	for _, u := range c.AdminUsers {
-		if err := auth.ValidateUser(u); err != nil {
-			e.Fail("ADMIN_USERS", "%q: %v", u, err)
+	for _, entry := range e.List("ADMIN_USERS", nil) {
+		a, err := auth.ParseAdmin(entry)
+		if err != nil {
+			e.Fail("ADMIN_USERS", "%q: %v", entry, err)
+			continue
 		}
+		c.AdminUsers = append(c.AdminUsers, a)
 	}
 	if len(c.AdminGroups) > 0 && c.AuthProxyHeader == "" {
 		e.Fail("ADMIN_GROUPS", "needs SSO (AUTH_PROXY_HEADER): groups come from the SSO proxy")
 	}
 	c.PublicHosts = publicHosts(e)
+	c.SandboxDomain = sandboxDomain(e, c.PublicHosts)
+	if len(c.Preview.Ports) > 0 && c.SandboxDomain == "" && !e.Set("SANDBOX_DOMAIN") {
+		e.Fail("PREVIEW_PORTS", "needs SANDBOX_DOMAIN: each preview is an origin of its own, <port>-<user>.<SANDBOX_DOMAIN>")
+	}
 	for _, s := range e.List("TRUSTED_PROXIES", nil) {
 		p, err := httpguard.ParseTrustedProxy(s)
 		if err != nil {
@@ -180,6 +239,7 @@ func LoadEdge(e *Env) (Edge, error) {
 		}
 		c.TrustedProxies = append(c.TrustedProxies, p)
 	}
+	c.AdminPlacement = loadAdminPlacement(e, &c)
 	return c, e.Err()
 }
 
@@ -204,6 +264,41 @@ func publicHosts(e *Env) []string {
 	return out
 }
 
+// sandboxDomain reads SANDBOX_DOMAIN: a DNS name (with a port for local
+// use) whose one-label subdomains are the sandboxes' origins. No gateway
+// host may lie under it: that host would be a sandbox's name too, and
+// same-site with every sandbox. "*" in PUBLIC_HOSTS would make every
+// host the gateway's, and sign-in needs one gateway host to send
+// browsers to.
+func sandboxDomain(e *Env, public []string) string {
+	raw := e.String("SANDBOX_DOMAIN", "")
+	if raw == "" {
+		return ""
+	}
+	d, err := httpguard.ParsePublicHost(raw)
+	if err != nil {
+		e.Fail("SANDBOX_DOMAIN", "%v (give the domain only, e.g. sandboxes.example.com or localhost:8080)", err)
+		return ""
+	}
+	name := d
+	if i := strings.LastIndexByte(name, ':'); i >= 0 {
+		name = name[:i]
+	}
+	if strings.HasPrefix(name, "[") || net.ParseIP(name) != nil {
+		e.Fail("SANDBOX_DOMAIN", "%q is an IP address, which has no subdomains", raw)
+		return ""
+	}
+	for _, h := range public {
+		switch {
+		case h == "*":
+			e.Fail("SANDBOX_DOMAIN", "needs named PUBLIC_HOSTS, not *: sign-in on a sandbox origin sends the browser to the first of them")
+		case strings.HasSuffix(h, "."+d):
+			e.Fail("SANDBOX_DOMAIN", "PUBLIC_HOSTS entry %q lies under %q: the gateway would share a site with every sandbox and a name with one", h, d)
+		}
+	}
+	return d
+}
+
 var cookieNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // Lifecycle is the configuration of cmd/lifecycle.
@@ -225,6 +320,14 @@ type Lifecycle struct {
 	// (newest first).
 	HandshakeKeys [][]byte
 	Commands
+	// HandshakeTimeout is HANDSHAKE_TIMEOUT, the edge's wait for a
+	// handshake: one handshake command, every log read, candidate token and
+	// retry included, ends within it, however a tenant's pod answers.
+	HandshakeTimeout time.Duration
+	// HandshakeWorkers is HANDSHAKE_WORKERS: the most of COMMAND_WORKERS
+	// that handshakes may hold at once (a handshake talks to a tenant's
+	// pod), so claims, wakes and the rest always find a worker.
+	HandshakeWorkers int
 	// LeaseTTL is LEASE_TTL, for the one replica that mirrors Kubernetes.
 	LeaseTTL time.Duration
 	// RecreateTimeout is RECREATE_TIMEOUT, how long /recreate waits for
@@ -236,27 +339,53 @@ type Lifecycle struct {
 	// MaxRunning is MAX_RUNNING_SANDBOXES and MaxStarts is
 	// MAX_CONCURRENT_STARTS (0: no cap); wakes beyond them queue.
 	MaxRunning, MaxStarts int
+	// PruneInterval is PRUNE_INTERVAL: how often the mirroring replica
+	// removes the sessions of accounts that are gone.
+	PruneInterval time.Duration
 }
 
 // LoadLifecycle reads and validates the lifecycle worker's variables.
 func LoadLifecycle(e *Env) (Lifecycle, error) {
 	c := Lifecycle{
-		Common:          LoadCommon(e, ":9091"),
-		Kube:            loadKube(e),
-		WarmPool:        e.String("WARM_POOL", "dsh-pool"),
-		LogTailLines:    e.Int("DSH_LOG_TAIL_LINES", 1000, 1, 100000),
-		Container:       e.String("DSH_CONTAINER", ""),
-		Port:            e.Int("DSH_PORT", 3080, 1, 65535),
-		UpstreamAddress: e.OneOf("UPSTREAM_ADDRESS", "pod-ip", "pod-ip", "service"),
-		HandshakeKeys:   handshakeKeys(e),
-		Commands:        loadCommands(e),
-		LeaseTTL:        e.Duration("LEASE_TTL", 10*time.Second, time.Second, 5*time.Minute),
-		RecreateTimeout: e.Duration("RECREATE_TIMEOUT", 2*time.Minute, 5*time.Second, time.Hour),
-		LogLimitBytes:   int64(e.Int("DSH_LOG_LIMIT_BYTES", 256<<10, 4<<10, 1<<20)),
-		MaxRunning:      maxRunning(e),
-		MaxStarts:       e.Int("MAX_CONCURRENT_STARTS", 0, 0, 100_000),
+		Common:           LoadCommon(e, ":9091"),
+		Kube:             loadKube(e),
+		WarmPool:         e.String("WARM_POOL", "dsh-pool"),
+		LogTailLines:     e.Int("DSH_LOG_TAIL_LINES", 1000, 1, 100000),
+		Container:        e.String("DSH_CONTAINER", ""),
+		Port:             dshPort(e),
+		UpstreamAddress:  e.OneOf("UPSTREAM_ADDRESS", "pod-ip", "pod-ip", "service"),
+		HandshakeKeys:    handshakeKeys(e),
+		Commands:         loadCommands(e),
+		HandshakeTimeout: handshakeTimeout(e),
+		LeaseTTL:         e.Duration("LEASE_TTL", 10*time.Second, time.Second, 5*time.Minute),
+		RecreateTimeout:  e.Duration("RECREATE_TIMEOUT", 2*time.Minute, 5*time.Second, time.Hour),
+		LogLimitBytes:    int64(e.Int("DSH_LOG_LIMIT_BYTES", 256<<10, 4<<10, 1<<20)),
+		MaxRunning:       maxRunning(e),
+		MaxStarts:        e.Int("MAX_CONCURRENT_STARTS", 0, 0, 100_000),
+		PruneInterval:    e.Duration("PRUNE_INTERVAL", time.Minute, time.Second, 24*time.Hour),
 	}
+	c.HandshakeWorkers = handshakeWorkers(e, c.Workers)
 	return c, e.Err()
+}
+
+// handshakeTimeout reads HANDSHAKE_TIMEOUT, which the edge waits for and
+// lifecycle keeps to.
+func handshakeTimeout(e *Env) time.Duration {
+	return e.Duration("HANDSHAKE_TIMEOUT", 15*time.Second, time.Second, 10*time.Minute)
+}
+
+// handshakeWorkers reads HANDSHAKE_WORKERS: by default half the workers.
+// It must leave at least one worker to the other commands, unless there is
+// only one.
+func handshakeWorkers(e *Env, workers int) int {
+	n := e.Int("HANDSHAKE_WORKERS", max(workers/2, 1), 1, 1024)
+	if workers > 1 && n >= workers {
+		e.Fail("HANDSHAKE_WORKERS", "%d leaves none of the %d COMMAND_WORKERS to claims and wakes: a tenant whose pod stalls handshakes could hold them all; set it below COMMAND_WORKERS", n, workers)
+	}
+	if workers == 1 && n > 1 {
+		e.Fail("HANDSHAKE_WORKERS", "%d is more than the one COMMAND_WORKER", n)
+	}
+	return n
 }
 
 // Kube is how lifecycle (and `lifecycle adopt`) reaches Kubernetes and
@@ -264,8 +393,13 @@ func LoadLifecycle(e *Env) (Lifecycle, error) {
 type Kube struct {
 	// Kubeconfig is KUBECONFIG; empty means in-cluster credentials.
 	Kubeconfig string
-	// Namespace is NAMESPACE, where claims, sandboxes and pods live.
-	Namespace string
+	// SandboxNamespace is SANDBOX_NAMESPACE, where the tenants' claims,
+	// sandboxes and pods live, with the template, warm pool and quota.
+	SandboxNamespace string
+	// ControlPlaneNamespace is CONTROL_PLANE_NAMESPACE, where lifecycle
+	// itself runs beside NATS, the edges and the Secrets; the manifests set
+	// it from the pod's own namespace. It must differ from the sandboxes'.
+	ControlPlaneNamespace string
 	// ManagedKey and ManagedValue come from MANAGED_BY_LABEL (key=value).
 	ManagedKey, ManagedValue string
 	// KubeQPS and KubeBurst are KUBE_API_QPS and KUBE_API_BURST, the API
@@ -278,18 +412,35 @@ type Kube struct {
 
 func loadKube(e *Env) Kube {
 	c := Kube{
-		Kubeconfig:      e.String("KUBECONFIG", ""),
-		Namespace:       e.String("NAMESPACE", "dsh-demo"),
-		KubeQPS:         float32(e.Int("KUBE_API_QPS", 50, 1, 10_000)),
-		KubeBurst:       e.Int("KUBE_API_BURST", 100, 1, 20_000),
-		KubeCallTimeout: e.Duration("KUBE_API_TIMEOUT", 30*time.Second, time.Second, 10*time.Minute),
+		Kubeconfig:            e.String("KUBECONFIG", ""),
+		SandboxNamespace:      e.String("SANDBOX_NAMESPACE", DefaultSandboxNamespace),
+		ControlPlaneNamespace: e.String("CONTROL_PLANE_NAMESPACE", DefaultControlPlaneNamespace),
+		KubeQPS:               float32(e.Int("KUBE_API_QPS", 50, 1, 10_000)),
+		KubeBurst:             e.Int("KUBE_API_BURST", 100, 1, 20_000),
+		KubeCallTimeout:       e.Duration("KUBE_API_TIMEOUT", 30*time.Second, time.Second, 10*time.Minute),
 	}
 	c.ManagedKey, c.ManagedValue = managedLabel(e)
-	if !dns1123.MatchString(c.Namespace) {
-		e.Fail("NAMESPACE", "%q is not a valid namespace name", c.Namespace)
+	if e.Set("NAMESPACE") {
+		e.Fail("NAMESPACE", "renamed SANDBOX_NAMESPACE (the namespace of the sandboxes, their claims and pods; the control plane's own is CONTROL_PLANE_NAMESPACE)")
+	}
+	for name, ns := range map[string]string{"SANDBOX_NAMESPACE": c.SandboxNamespace, "CONTROL_PLANE_NAMESPACE": c.ControlPlaneNamespace} {
+		if !dns1123.MatchString(ns) {
+			e.Fail(name, "%q is not a valid namespace name", ns)
+		}
+	}
+	if c.SandboxNamespace == c.ControlPlaneNamespace {
+		e.Fail("SANDBOX_NAMESPACE", "%q is also CONTROL_PLANE_NAMESPACE: tenants' pods would share a namespace, its quota and its Secrets with NATS, the edges and lifecycle", c.SandboxNamespace)
 	}
 	return c
 }
+
+// The namespaces the manifests install into (manifests/base and
+// manifests/sandbox; a deployment test keeps them equal): the control
+// plane's, and the tenants' own.
+const (
+	DefaultControlPlaneNamespace = "aaas"
+	DefaultSandboxNamespace      = "aaas-sandboxes"
+)
 
 // Commands is how lifecycle consumes the command stream; setup creates the
 // consumer with the same values.
@@ -379,8 +530,6 @@ type Sweeper struct {
 	Interval time.Duration
 	// LeaseTTL is LEASE_TTL: a standby takes over within it.
 	LeaseTTL time.Duration
-	// PruneInterval is PRUNE_INTERVAL, for orphaned sessions.
-	PruneInterval time.Duration
 	// MaxRunning is MAX_RUNNING_SANDBOXES; with IdleEvict (IDLE_EVICT)
 	// the sweeper suspends the longest-idle sandboxes while wakes wait.
 	MaxRunning int
@@ -394,16 +543,66 @@ func maxRunning(e *Env) int { return e.Int("MAX_RUNNING_SANDBOXES", 0, 0, 10_000
 // LoadSweeper reads and validates the sweeper's variables.
 func LoadSweeper(e *Env) (Sweeper, error) {
 	c := Sweeper{
-		Common:        LoadCommon(e, ":9092"),
-		IdleTimeout:   e.Duration("IDLE_TIMEOUT", 15*time.Minute, time.Second, 30*24*time.Hour),
-		LeaseTTL:      e.Duration("LEASE_TTL", 10*time.Second, time.Second, 5*time.Minute),
-		PruneInterval: e.Duration("PRUNE_INTERVAL", time.Minute, time.Second, 24*time.Hour),
-		MaxRunning:    maxRunning(e),
-		IdleEvict:     e.Bool("IDLE_EVICT", false),
+		Common:      LoadCommon(e, ":9092"),
+		IdleTimeout: e.Duration("IDLE_TIMEOUT", 15*time.Minute, time.Second, 30*24*time.Hour),
+		LeaseTTL:    e.Duration("LEASE_TTL", 10*time.Second, time.Second, 5*time.Minute),
+		MaxRunning:  maxRunning(e),
+		IdleEvict:   e.Bool("IDLE_EVICT", false),
 	}
 	if c.IdleEvict && c.MaxRunning == 0 {
 		e.Fail("IDLE_EVICT", "needs MAX_RUNNING_SANDBOXES: eviction makes room under that cap")
 	}
 	c.Interval = e.Duration("SWEEP_INTERVAL", min(max(c.IdleTimeout/10, 100*time.Millisecond), 30*time.Second), 50*time.Millisecond, time.Hour)
 	return c, e.Err()
+}
+
+// routeMaxStaleness reads ROUTE_MAX_STALENESS, the longest an edge (which
+// routes by it) or a broker (which attributes by it) acts on its copy of
+// the sandboxes bucket without confirming it current.
+func routeMaxStaleness(e *Env) time.Duration {
+	return e.Duration("ROUTE_MAX_STALENESS", 2*time.Minute, 5*time.Second, time.Hour)
+}
+
+// shutdownTimeout reads SHUTDOWN_TIMEOUT, the drain deadline on SIGTERM
+// of an edge's requests or a broker's calls.
+func shutdownTimeout(e *Env) time.Duration {
+	return e.Duration("SHUTDOWN_TIMEOUT", 25*time.Second, 0, 10*time.Minute)
+}
+
+// beaconInterval reads BEACON_INTERVAL, the heartbeat period of a user's
+// activity beacons while an edge's request or a broker's model call is in
+// flight.
+func beaconInterval(e *Env) time.Duration {
+	return e.Duration("BEACON_INTERVAL", 5*time.Second, 100*time.Millisecond, 5*time.Minute)
+}
+
+// beaconTTL reads BEACON_TTL, how long a beacon reporting work in flight
+// may be trusted, which must outlast two heartbeats of interval.
+func beaconTTL(e *Env, interval time.Duration) time.Duration {
+	ttl := e.Duration("BEACON_TTL", 2*time.Minute, time.Second, events.MaxBeaconTTL)
+	if ttl < 2*interval {
+		e.Fail("BEACON_TTL", "%s is less than two BEACON_INTERVALs (%s): one late beacon would let a busy sandbox look idle", ttl, interval)
+	}
+	return ttl
+}
+
+// keyRing reads a comma-separated ring of 32-byte keys (base64 or hex),
+// newest first; at most 4.
+func keyRing(e *Env, name string) [][]byte {
+	var keys [][]byte
+	for i, s := range strings.Split(e.Secret(name), ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		k, err := handshake.ParseKey(s)
+		if err != nil {
+			e.Fail(name, "key %d: %v", i+1, err)
+			continue
+		}
+		keys = append(keys, k)
+	}
+	if len(keys) > 4 {
+		e.Fail(name, "%d keys: keep at most 4 (the newest, and those still being rotated out)", len(keys))
+	}
+	return keys
 }

@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -29,12 +31,14 @@ import (
 	"github.com/aaas-project/aaas/internal/devcluster/devclustertest"
 	"github.com/aaas-project/aaas/internal/gobuild"
 	"github.com/aaas-project/aaas/internal/handshake"
+	"github.com/aaas-project/aaas/internal/providersim"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 var cluster *devcluster.Cluster
 
-func TestMain(m *testing.M) { os.Exit(devclustertest.Main(m, &cluster)) }
+// Own, not Main: these tests start, inspect and stop the cluster itself.
+func TestMain(m *testing.M) { os.Exit(devclustertest.Own(m, &cluster)) }
 
 // sandboxNS is a namespace with the manifests' template and a warm pool of
 // two, with a short DSH auth TTL so expiry is testable.
@@ -42,7 +46,12 @@ func sandboxNS(t *testing.T, env ...corev1.EnvVar) string {
 	t.Helper()
 	ns := devclustertest.Namespace(t, cluster)
 	err := cluster.InstallSandboxes(ctx(t), ns, func(tmpl *extv1beta1.SandboxTemplate, _ *extv1beta1.SandboxWarmPool) {
+		// env replaces the template's variables of the same names (its
+		// provider base URLs point at the broker's Service).
 		c := &tmpl.Spec.PodTemplate.Spec.Containers[0]
+		c.Env = slices.DeleteFunc(c.Env, func(e corev1.EnvVar) bool {
+			return slices.ContainsFunc(env, func(x corev1.EnvVar) bool { return x.Name == e.Name })
+		})
 		c.Env = append(c.Env, env...)
 	})
 	if err != nil {
@@ -407,6 +416,33 @@ func TestTokenRotationIsVisibleInPodLogs(t *testing.T) {
 	})
 }
 
+// A simulated pod's model calls come from its pod IP, as a real pod's do
+// (the broker attributes calls by source address), whatever the pod spec
+// says DEVCLUSTER_POD_IP is. The provider stand-in is the far end.
+func TestPodConnectionsComeFromThePodIP(t *testing.T) {
+	const key = "sk-node-test-4242"
+	sim := providersim.New(providersim.Options{Keys: []string{key}})
+	far := httptest.NewServer(sim)
+	t.Cleanup(far.Close)
+	ns := sandboxNS(t,
+		corev1.EnvVar{Name: "DEEPSEEK_BASE_URL", Value: far.URL},
+		corev1.EnvVar{Name: "DEEPSEEK_API_KEY", Value: key},
+		corev1.EnvVar{Name: "DEVCLUSTER_POD_IP", Value: "127.0.0.1"})
+	claim(t, ns, "dsh-gus")
+	pod := sandboxPod(t, ns, readyClaim(t, ns, "dsh-gus").Name)
+	resp, body := dshDo(t, http.MethodPost, pod, dshCookie(t, pod), "/api/chat", strings.NewReader(`{"message":"hi"}`))
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "event: delta") || strings.Contains(string(body), "event: error") {
+		t.Fatalf("chat = %s %s", resp.Status, body)
+	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		calls := sim.Calls()
+		if len(calls) != 1 || calls[0].Remote != pod.Status.PodIP || calls[0].KeyHint != "4242" {
+			return fmt.Errorf("provider saw %+v, want one call from %s", calls, pod.Status.PodIP)
+		}
+		return nil
+	})
+}
+
 func TestServiceAccountKubeconfigHasOnlyItsRoleRights(t *testing.T) {
 	ns := devclustertest.Namespace(t, cluster)
 	c := ctx(t)
@@ -449,6 +485,7 @@ func TestServiceAccountKubeconfigHasOnlyItsRoleRights(t *testing.T) {
 }
 
 func TestStopLeavesNoProcessAndNoDirectory(t *testing.T) {
+	devclustertest.Need(t, cluster) // it starts a second one
 	bin, err := gobuild.Binary(t.TempDir(), "github.com/aaas-project/aaas/cmd/dshsim")
 	if err != nil {
 		t.Fatal(err)
@@ -486,4 +523,65 @@ func TestStopLeavesNoProcessAndNoDirectory(t *testing.T) {
 func procState(pid int) string {
 	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	return string(b)
+}
+
+// TestAttachedClusterServesTheOwnersNode is what `make test`'s shared
+// cluster relies on: a process attached to a shared cluster reaches the
+// owner's simulated node (signals, volume directories) and mints
+// service-account kubeconfigs that work.
+func TestAttachedClusterServesTheOwnersNode(t *testing.T) {
+	sctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := cluster.Share(sctx); err != nil {
+		t.Fatal(err)
+	}
+	other, err := devcluster.Attach(cluster.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Stop() // releases nothing of the owner's: the tests after this one still run
+
+	ns := sandboxNS(t)
+	claim(t, ns, "dsh-gus")
+	sb := readyClaim(t, ns, "dsh-gus")
+	pod := sandboxPod(t, ns, sb.Name)
+	want, err := cluster.Node.PVCDir(ns, "dsh-home-"+sb.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other.EtcdURL != cluster.EtcdURL || other.Kubeconfig != cluster.Kubeconfig {
+		t.Fatalf("attached: etcd %q, kubeconfig %q; the owner's are %q, %q", other.EtcdURL, other.Kubeconfig, cluster.EtcdURL, cluster.Kubeconfig)
+	}
+	if got, err := other.Node.PVCDir(ns, "dsh-home-"+sb.Name); err != nil || got != want {
+		t.Fatalf("attached PVCDir = %q, %v; the owner's is %q", got, err, want)
+	}
+	old := logToken(t, other.Client, pod)
+	if err := other.Node.Signal(ns, pod.Name, "dsh", syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if tok := logToken(t, other.Client, pod); tok == old {
+			return errors.New("still the old token: the signal did not reach the owner's pod")
+		}
+		return nil
+	})
+	if err := other.Node.Signal(ns, "no-such-pod", "dsh", syscall.SIGHUP); err == nil {
+		t.Fatal("a signal to a pod that does not run succeeded")
+	}
+
+	if _, err := other.Client.CoreV1().ServiceAccounts(ns).Create(ctx(t), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "attached"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, cfg, err := other.ServiceAccountKubeconfig(ctx(t), ns, "attached")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Authenticated (not 401), and only what its (empty) Role grants.
+	if _, err := c.CoreV1().Pods(ns).List(ctx(t), metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("listing pods as a bare service account: %v, want forbidden", err)
+	}
 }

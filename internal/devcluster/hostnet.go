@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/aaas-project/aaas/internal/devcluster/hoststate"
 )
 
 // The real node's network. Pods live in podCIDR on a bridge whose gateway
@@ -375,7 +377,7 @@ func splitRule(line string) []string {
 }
 
 // HostState describes what the real node may change on this machine:
-// iptables chains and rules, ipsets, routes, rules, links, network
+// iptables chains, rules and policies (hoststate.Iptables), ipsets, routes, rules, links, network
 // namespaces, mounts, the sysctls it sets, the kubelet's cgroups and
 // container log links, and shim processes. Equal states before Start and
 // after Stop mean the node left nothing behind.
@@ -393,12 +395,15 @@ func HostState() string {
 		}
 		return strings.Join(out, "\n")
 	}
-	noCounters := func(l string) bool { return l != "" && !strings.HasPrefix(l, "#") && !strings.HasPrefix(l, ":") }
-	section("iptables", filterLines(output("iptables-save"), noCounters))
-	section("ip6tables", filterLines(output("ip6tables-save"), noCounters))
+	// What the node adds to the packet filter, not the default tables a
+	// first run on a fresh machine makes the kernel load.
+	section("iptables", hoststate.Iptables(output("iptables-save")))
+	section("ip6tables", hoststate.Iptables(output("ip6tables-save")))
 	section("ipsets", output("ipset", "list", "-n"))
 	section("rules", output("ip", "rule", "show"))
 	section("routes", output("ip", "route", "show", "table", "all"))
+	section("rules6", output("ip", "-6", "rule", "show"))
+	section("routes6", output("ip", "-6", "route", "show", "table", "all"))
 	section("links", filterLines(output("ip", "-o", "link", "show"), func(l string) bool {
 		f := strings.Fields(l)
 		return len(f) > 1

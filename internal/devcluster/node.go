@@ -56,6 +56,9 @@ type Node struct {
 	queue   workqueue.TypedRateLimitingInterface[string]
 	log     *slog.Logger
 	ctx     context.Context
+	// remote reaches the process that runs the node, on a cluster this
+	// process attached to (Attach); nil on the owner.
+	remote *http.Client
 
 	mu      sync.Mutex
 	running map[string]*podRuntime // by namespace/name
@@ -324,6 +327,9 @@ func (n *Node) pvcDir(pvc *corev1.PersistentVolumeClaim) string {
 
 // PVCDir returns the host directory backing a PVC.
 func (n *Node) PVCDir(namespace, name string) (string, error) {
+	if n.remote != nil {
+		return n.remotePVCDir(namespace, name)
+	}
 	pvc, err := n.pvcs.PersistentVolumeClaims(namespace).Get(name)
 	if err != nil {
 		return "", err
@@ -347,6 +353,9 @@ func (n *Node) pvcDeleted(obj any) {
 // Signal sends sig to the running process of a pod's container (for
 // example SIGHUP, which makes DSH rotate its launch token).
 func (n *Node) Signal(namespace, pod, container string, sig syscall.Signal) error {
+	if n.remote != nil {
+		return n.remoteSignal(namespace, pod, container, sig)
+	}
 	n.mu.Lock()
 	rt := n.running[namespace+"/"+pod]
 	n.mu.Unlock()

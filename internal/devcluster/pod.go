@@ -191,6 +191,12 @@ func (n *Node) containerEnv(pod *corev1.Pod, c corev1.Container, volumes map[str
 	for _, k := range keys {
 		env = append(env, k+"="+mapPath(vars[k]))
 	}
+	// The simulated pods share the host's network namespace, so their
+	// connections would come from 127.0.0.1; a real pod's come from its pod
+	// IP, which the broker attributes model calls by. dshsim binds its
+	// provider connections to this address. Last, so the pod spec cannot
+	// name another (the environment's last entry wins).
+	env = append(env, "DEVCLUSTER_POD_IP="+ip)
 	return env, nil
 }
 

@@ -316,6 +316,29 @@ func (n *RealNode) startContainerd(ctx context.Context) error {
 	})
 }
 
+// ContainerEnv is the environment of a container's process as the kernel
+// holds it (/proc/<pid>/environ), for a container ID as pods report it
+// ("containerd://…"): what the process was really started with, whatever
+// the pod spec says.
+func (n *RealNode) ContainerEnv(ctx context.Context, containerID string) ([]string, error) {
+	id := strings.TrimPrefix(containerID, "containerd://")
+	out, err := exec.CommandContext(ctx, "ctr", "--address", n.ContainerdSocket, "-n", "k8s.io", "tasks", "ls").Output()
+	if err != nil {
+		return nil, fmt.Errorf("ctr tasks ls: %w", err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == id {
+			b, err := os.ReadFile(filepath.Join("/proc", f[1], "environ"))
+			if err != nil {
+				return nil, err
+			}
+			return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"), nil
+		}
+	}
+	return nil, fmt.Errorf("container %s has no running task", id)
+}
+
 // ImportImages loads docker-archive tarballs into the node's containerd,
 // where pods find them by the names they were tagged with.
 func (n *RealNode) ImportImages(ctx context.Context, tarballs ...string) error {

@@ -64,6 +64,12 @@ func AgentSandboxBinary() string {
 	return filepath.Join(toolsCache(), "agent-sandbox-"+aaas.Version("AGENT_SANDBOX_VERSION"), "agent-sandbox-controller")
 }
 
+// KubectlBinary is kubectl at the pinned Kubernetes version, which `make
+// tools` builds (the deployment tier runs README's commands with it).
+func KubectlBinary() string {
+	return filepath.Join(toolsCache(), "kubectl-"+aaas.Version("KUBERNETES_VERSION"), "kubectl")
+}
+
 // ModuleDir returns the source of a pinned Go module (for the CRDs it
 // ships), downloading it through the Go module proxy if needed.
 func ModuleDir(path, version string) (string, error) {

@@ -34,8 +34,13 @@ import (
 	"github.com/aaas-project/aaas/internal/natsauth"
 )
 
-// Namespace is where the sandboxes live, as in the manifests.
-const Namespace = "dsh-demo"
+// The namespaces, as in the manifests: the control plane's (lifecycle's
+// ServiceAccount; on the real node everything but the sandboxes) and the
+// tenants' (sandboxes, claims, template, pool, lifecycle's Role).
+const (
+	ControlPlaneNamespace = config.DefaultControlPlaneNamespace
+	SandboxNamespace      = config.DefaultSandboxNamespace
+)
 
 // Options configures a stack.
 type Options struct {
@@ -51,6 +56,12 @@ type Options struct {
 	BinDir string
 	// Node is devcluster.NodeSimulated (default) or devcluster.NodeReal.
 	Node devcluster.NodeKind
+	// PathMode serves every sandbox under /u/<user>/ on the edges' own
+	// hosts (SANDBOX_DOMAIN empty). By default each sandbox has its own
+	// origin, <user>.localhost:<port> (SANDBOX_DOMAIN=localhost:<port>,
+	// unless the environment sets SANDBOX_DOMAIN): browsers resolve
+	// *.localhost to this machine and treat it as a secure context.
+	PathMode bool
 	// Env adds to every process's environment (e.g. a short IDLE_TIMEOUT);
 	// it wins over the settings taken from the environment.
 	Env map[string]string
@@ -71,7 +82,10 @@ type Info struct {
 	NATSAdmin  string
 	Kubeconfig string // admin
 	EdgeURLs   []string
-	Invite     string
+	// SandboxDomains are the edges' SANDBOX_DOMAIN, one per EdgeURLs entry
+	// ("" in path mode).
+	SandboxDomains []string
+	Invite         string
 	// Metrics and PIDs map a process name (lifecycle, edge-a, …) to its
 	// metrics address and process id.
 	Metrics map[string]string
@@ -82,7 +96,7 @@ type Info struct {
 // listens, how it finds NATS and Kubernetes, and its name.
 var owned = map[string]bool{
 	"NATS_URL": true, "LISTEN_ADDR": true, "METRICS_ADDR": true, "INSTANCE_ID": true,
-	"KUBECONFIG": true, "NAMESPACE": true,
+	"KUBECONFIG": true, "SANDBOX_NAMESPACE": true, "CONTROL_PLANE_NAMESPACE": true,
 }
 
 // settings are the operator's settings from the environment (every
@@ -151,6 +165,21 @@ func Run(ctx context.Context, o Options) error {
 	}
 	fmt.Fprintf(o.Out, "NATS       %s (streams %s, %s, %s)\n", ns.URL(), events.StreamCommands, events.StreamActivity, events.StreamAudit)
 
+	// Model calls: the provider stand-in, and the broker the sandboxes
+	// call (started with the other processes).
+	m, err := newModels(o.StateDir, env)
+	if err != nil {
+		return err
+	}
+	sim, err := startChild("providersim", filepath.Join(o.BinDir, "providersim"), logDir, map[string]string{
+		"PATH": os.Getenv("PATH"), "PROVIDERSIM_KEYS": m.env["PROVIDERSIM_KEYS"], "PROVIDERSIM_LISTEN": m.simAddr,
+	})
+	if err != nil {
+		return err
+	}
+	defer sim.Stop(5 * time.Second)
+	fmt.Fprintf(o.Out, "models     the broker at http://%s, in front of the provider stand-in at http://%s (logs/providersim.log)\n", m.brokerAddr, m.simAddr)
+
 	fmt.Fprintln(o.Out, "starting the local control plane (etcd, kube-apiserver, kube-controller-manager, agent-sandbox)…")
 	cluster, err := devcluster.Start(ctx, devcluster.Options{
 		Dir:    filepath.Join(o.StateDir, "devcluster"),
@@ -161,19 +190,21 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("start devcluster: %w", err)
 	}
 	defer cluster.Stop()
-	if err := cluster.CreateNamespace(ctx, Namespace); err != nil {
-		return err
+	for _, ns := range []string{ControlPlaneNamespace, SandboxNamespace} {
+		if err := cluster.CreateNamespace(ctx, ns); err != nil {
+			return err
+		}
 	}
-	if err := cluster.InstallSandboxes(ctx, Namespace, nil); err != nil {
+	if err := cluster.InstallSandboxes(ctx, SandboxNamespace, m.sandboxes); err != nil {
 		return fmt.Errorf("warm pool: %w", err)
 	}
-	fmt.Fprintf(o.Out, "Kubernetes %s\n           kubectl --kubeconfig %s -n %s get sandboxes,pods\n", cluster.Config.Host, cluster.Kubeconfig, Namespace)
+	fmt.Fprintf(o.Out, "Kubernetes %s\n           kubectl --kubeconfig %s -n %s get sandboxes,pods\n", cluster.Config.Host, cluster.Kubeconfig, SandboxNamespace)
 
 	kubeconfig, err := lifecycleCredentials(ctx, cluster)
 	if err != nil {
 		return err
 	}
-	children, err := startProcesses(o, logDir, ns.URL(), ids, kubeconfig, env)
+	children, err := startProcesses(o, logDir, ns.URL(), ids, kubeconfig, env, m)
 	defer func() {
 		// Edges first (they drain), then the workers.
 		for i := len(children) - 1; i >= 0; i-- {
@@ -188,6 +219,9 @@ func Run(ctx context.Context, o Options) error {
 	}
 	fmt.Fprintf(o.Out, "logs       %s\n", filepath.Join(o.StateDir, "logs"))
 	info := Info{NATSURL: ns.URL(), NATSAdmin: ids.SeedFile(natsauth.Admin), Kubeconfig: cluster.Kubeconfig, Invite: env["SIGNUP_INVITE_CODE"], Metrics: map[string]string{}, PIDs: map[string]int{}}
+	for _, port := range o.EdgePorts {
+		info.SandboxDomains = append(info.SandboxDomains, o.sandboxDomain(env, port))
+	}
 	for _, c := range children {
 		info.Metrics[c.Name()] = c.metrics
 		info.PIDs[c.Name()] = c.PID()
@@ -204,9 +238,15 @@ func Run(ctx context.Context, o Options) error {
 
 // ready prints what to open and hands info to o.Ready.
 func (o Options) ready(info Info, start time.Time) {
-	for _, port := range o.EdgePorts {
+	for i, port := range o.EdgePorts {
 		fmt.Fprintf(o.Out, "open       http://localhost:%d/\n", port)
 		info.EdgeURLs = append(info.EdgeURLs, fmt.Sprintf("http://localhost:%d", port))
+		switch domain := info.SandboxDomains[i]; domain {
+		case "":
+			fmt.Fprintf(o.Out, "           sandboxes at http://localhost:%d/u/<user>/ (path mode: all on the gateway's origin)\n", port)
+		default:
+			fmt.Fprintf(o.Out, "           sandboxes at http://<user>.%s/ (each its own origin; Chromium resolves *.localhost here)\n", domain)
+		}
 	}
 	if info.Invite != "" {
 		fmt.Fprintf(o.Out, "invite     %s\n", info.Invite)
@@ -217,22 +257,26 @@ func (o Options) ready(info Info, start time.Time) {
 	}
 }
 
-// lifecycleCredentials applies the lifecycle ServiceAccount and Role from
-// manifests/base and returns a kubeconfig for it, so the local worker runs
-// with exactly the production rights.
+// lifecycleCredentials applies lifecycle's ServiceAccount (manifests/base,
+// the control plane's namespace) and its Role and RoleBinding
+// (manifests/sandbox, the tenants' namespace) as the manifests place them,
+// and returns a kubeconfig for it, so the local worker runs with exactly
+// the production rights.
 func lifecycleCredentials(ctx context.Context, c *devcluster.Cluster) (string, error) {
-	objs, err := manifests.Render("manifests/base")
-	if err != nil {
-		return "", err
-	}
 	var rbac []*unstructured.Unstructured
-	for _, kind := range []string{"ServiceAccount", "Role", "RoleBinding"} {
-		rbac = append(rbac, manifests.Pick(objs, kind)...)
+	for dir, kinds := range map[string][]string{"manifests/base": {"ServiceAccount"}, "manifests/sandbox": {"Role", "RoleBinding"}} {
+		objs, err := manifests.Render(dir)
+		if err != nil {
+			return "", err
+		}
+		for _, kind := range kinds {
+			rbac = append(rbac, manifests.Pick(objs, kind)...)
+		}
 	}
-	if err := c.Apply(ctx, Namespace, rbac...); err != nil {
+	if err := c.Apply(ctx, SandboxNamespace, rbac...); err != nil {
 		return "", err
 	}
-	path, _, err := c.ServiceAccountKubeconfig(ctx, Namespace, "aaas-lifecycle")
+	path, _, err := c.ServiceAccountKubeconfig(ctx, ControlPlaneNamespace, "aaas-lifecycle")
 	return path, err
 }
 
@@ -250,7 +294,7 @@ func processEnv(settings map[string]string, natsURL string, ids *natsauth.Identi
 	return env
 }
 
-func startProcesses(o Options, logDir, natsURL string, ids *natsauth.Identities, kubeconfig string, settings map[string]string) ([]*aaasProc, error) {
+func startProcesses(o Options, logDir, natsURL string, ids *natsauth.Identities, kubeconfig string, settings map[string]string, m *models) ([]*aaasProc, error) {
 	metrics := o.MetricsPort
 	with := func(role natsauth.Role, extra map[string]string) map[string]string {
 		port := metrics
@@ -266,14 +310,15 @@ func startProcesses(o Options, logDir, natsURL string, ids *natsauth.Identities,
 		name string
 		env  map[string]string
 	}{
-		{"lifecycle", with(natsauth.Lifecycle, map[string]string{"KUBECONFIG": kubeconfig, "NAMESPACE": Namespace, "INSTANCE_ID": "lifecycle-a"})},
+		{"lifecycle", with(natsauth.Lifecycle, map[string]string{"KUBECONFIG": kubeconfig, "SANDBOX_NAMESPACE": SandboxNamespace, "CONTROL_PLANE_NAMESPACE": ControlPlaneNamespace, "INSTANCE_ID": "lifecycle-a"})},
 		{"sweeper", with(natsauth.Sweeper, map[string]string{"INSTANCE_ID": "sweeper-a"})},
+		{"broker", with(natsauth.Broker, m.broker())},
 	}
 	for i, port := range o.EdgePorts {
 		specs = append(specs, struct {
 			name string
 			env  map[string]string
-		}{fmt.Sprintf("edge-%c", 'a'+i), with(natsauth.Edge, edgeEnv(settings, i, port))})
+		}{fmt.Sprintf("edge-%c", 'a'+i), with(natsauth.Edge, o.edgeEnv(settings, i, port))})
 	}
 	var children []*aaasProc
 	for _, s := range specs {
@@ -299,14 +344,28 @@ func startChild(name, bin, logDir string, env map[string]string) (*child.Process
 }
 
 // edgeEnv is what devstack decides for edge i: loopback only (a dev stack
-// with plain-HTTP cookies is not for the LAN), and the names a browser on
-// this machine uses for it unless the operator set PUBLIC_HOSTS.
-func edgeEnv(settings map[string]string, i, port int) map[string]string {
-	env := map[string]string{"LISTEN_ADDR": fmt.Sprintf("127.0.0.1:%d", port), "INSTANCE_ID": fmt.Sprintf("edge-%c", 'a'+i)}
+// with plain-HTTP cookies is not for the LAN), the names a browser on
+// this machine uses for it unless the operator set PUBLIC_HOSTS, and its
+// SANDBOX_DOMAIN.
+func (o Options) edgeEnv(settings map[string]string, i, port int) map[string]string {
+	env := map[string]string{"LISTEN_ADDR": fmt.Sprintf("127.0.0.1:%d", port), "INSTANCE_ID": fmt.Sprintf("edge-%c", 'a'+i), "SANDBOX_DOMAIN": o.sandboxDomain(settings, port)}
 	if settings["PUBLIC_HOSTS"] == "" {
 		env["PUBLIC_HOSTS"] = fmt.Sprintf("127.0.0.1:%d,localhost:%d", port, port)
 	}
 	return env
+}
+
+// sandboxDomain is the SANDBOX_DOMAIN of the edge on port: "" in path
+// mode, else the environment's, else localhost:<port>, under which
+// browsers resolve every name to this machine.
+func (o Options) sandboxDomain(settings map[string]string, port int) string {
+	switch {
+	case o.PathMode:
+		return ""
+	case settings["SANDBOX_DOMAIN"] != "":
+		return settings["SANDBOX_DOMAIN"]
+	}
+	return fmt.Sprintf("localhost:%d", port)
 }
 
 // waitServing waits until every edge answers /readyz.

@@ -16,6 +16,7 @@ import (
 	"github.com/aaas-project/aaas/internal/image"
 	"github.com/aaas-project/aaas/internal/manifests"
 	"github.com/aaas-project/aaas/internal/natsauth"
+	"github.com/aaas-project/aaas/internal/natstls"
 	"github.com/aaas-project/aaas/internal/tcplb"
 )
 
@@ -25,10 +26,11 @@ const (
 	dshRef  = "registry.local/dsh-web:dev"
 )
 
-// realKustomization is the README's install with this stack's images.
+// realKustomization is the README's install with this stack's images (the
+// API server's address needs no patch here: it is the node's, a private
+// address no sandbox reaches anyway).
 const realKustomization = `apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
-namespace: ` + Namespace + `
 resources:
   - ` + manifests.Source + `base
   - ` + manifests.Source + `sandbox
@@ -43,10 +45,11 @@ images:
     newTag: dev
 `
 
-// runReal installs the stack on a real node: images, agent-sandbox, the
-// namespace with its Secret and ConfigMaps, the install itself with the
-// operator's settings in aaas-config, and local ports forwarded to the
-// edge Service.
+// runReal installs the stack on a real node as README's install does:
+// images, agent-sandbox, the two namespaces, the Secrets (NATS identities
+// and TLS, handshake keys and invite) and ConfigMaps, the install itself
+// with the operator's settings in aaas-config, and local ports forwarded
+// to the edge Service.
 func runReal(ctx context.Context, o Options, start time.Time) error {
 	fmt.Fprintln(o.Out, "building images (aaas, DSH stand-in, NATS, agent-sandbox)…")
 	tars, err := image.Install(o.BinDir, filepath.Join(o.StateDir, "images"), aaasRef, dshRef, devcluster.AgentSandboxBinary())
@@ -63,8 +66,10 @@ func runReal(ctx context.Context, o Options, start time.Time) error {
 	if err := cluster.InstallAgentSandbox(ctx); err != nil {
 		return err
 	}
-	if err := cluster.CreateNamespace(ctx, Namespace); err != nil {
-		return err
+	for _, ns := range []string{ControlPlaneNamespace, SandboxNamespace} {
+		if err := cluster.CreateNamespace(ctx, ns); err != nil {
+			return err
+		}
 	}
 	settings := map[string]string{
 		// Plain HTTP on localhost.
@@ -89,21 +94,41 @@ func runReal(ctx context.Context, o Options, start time.Time) error {
 	if err != nil {
 		return err
 	}
-	if _, err := core.Secrets(Namespace).Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "aaas-nats"}, Data: natsCreds,
-	}, metav1.CreateOptions{}); err != nil {
+	natsTLS, err := natstls.SecretData(ControlPlaneNamespace)
+	if err != nil {
 		return err
 	}
-	if _, err := core.Secrets(Namespace).Create(ctx, &corev1.Secret{
+	for name, data := range map[string]map[string][]byte{"aaas-nats": natsCreds, natstls.SecretName: natsTLS} {
+		if _, err := core.Secrets(ControlPlaneNamespace).Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name}, Data: data,
+		}, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	if _, err := core.Secrets(ControlPlaneNamespace).Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: "aaas-secrets"},
 		StringData: map[string]string{"handshake-keys": key, "invite-code": invite},
 	}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	if _, err := core.ConfigMaps(Namespace).Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "dsh-web"}, Data: map[string]string{"trusted-hosts": publicHosts(o.EdgePorts)},
-	}, metav1.CreateOptions{}); err != nil {
-		return err
+	// ConfigMap dsh-web as README's install makes it: the edge's host names
+	// (PUBLIC_HOSTS) and SANDBOX_DOMAIN in the control plane's namespace.
+	// Every local port reaches the same edges, so the sandboxes' origins
+	// are under the first. DSH reads the host names (DSH_TRUSTED_HOSTS)
+	// in path mode only: with sandbox origins the edge sends it Host
+	// localhost, which it always trusts.
+	domain := o.sandboxDomain(settings, o.EdgePorts[0])
+	delete(settings, "SANDBOX_DOMAIN")
+	configs := map[string]map[string]string{ControlPlaneNamespace: {"trusted-hosts": publicHosts(o.EdgePorts), "sandbox-domain": domain}}
+	if domain == "" {
+		configs[SandboxNamespace] = map[string]string{"trusted-hosts": publicHosts(o.EdgePorts)}
+	}
+	for ns, data := range configs {
+		if _, err := core.ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: "dsh-web"}, Data: data,
+		}, metav1.CreateOptions{}); err != nil {
+			return err
+		}
 	}
 	objs, err := manifests.RenderKustomization(realKustomization)
 	if err != nil {
@@ -118,17 +143,18 @@ func runReal(ctx context.Context, o Options, start time.Time) error {
 			data[k] = v
 		}
 	}
-	if err := cluster.Apply(ctx, Namespace, objs...); err != nil {
+	// Every object names its namespace (base's or sandbox's).
+	if err := cluster.Apply(ctx, "", objs...); err != nil {
 		return err
 	}
-	if err := cluster.WaitRollout(ctx, Namespace, 5*time.Minute); err != nil {
+	if err := cluster.WaitRollout(ctx, ControlPlaneNamespace, 5*time.Minute); err != nil {
 		return err
 	}
-	svc, err := core.Services(Namespace).Get(ctx, "aaas-edge", metav1.GetOptions{})
+	svc, err := core.Services(ControlPlaneNamespace).Get(ctx, "aaas-edge", metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(o.Out, "Kubernetes %s\n           kubectl --kubeconfig %s -n %s get sandboxes,pods\n", cluster.Config.Host, cluster.Kubeconfig, Namespace)
+	fmt.Fprintf(o.Out, "Kubernetes %s\n           kubectl --kubeconfig %s -n %s get sandboxes,pods\n", cluster.Config.Host, cluster.Kubeconfig, SandboxNamespace)
 	// Local ports forwarded to the edge Service, as a load balancer in
 	// front of the cluster would.
 	target := net.JoinHostPort(svc.Spec.ClusterIP, "8080")
@@ -142,8 +168,12 @@ func runReal(ctx context.Context, o Options, start time.Time) error {
 	if err := waitPool(ctx, cluster); err != nil {
 		return err
 	}
-	fmt.Fprintf(o.Out, "logs       kubectl --kubeconfig %s -n %s logs deploy/aaas-edge\n", cluster.Kubeconfig, Namespace)
-	o.ready(Info{Kubeconfig: cluster.Kubeconfig, Invite: invite}, start)
+	fmt.Fprintf(o.Out, "logs       kubectl --kubeconfig %s -n %s logs deploy/aaas-edge\n", cluster.Kubeconfig, ControlPlaneNamespace)
+	info := Info{Kubeconfig: cluster.Kubeconfig, Invite: invite}
+	for range o.EdgePorts {
+		info.SandboxDomains = append(info.SandboxDomains, domain)
+	}
+	o.ready(info, start)
 	<-ctx.Done()
 	fmt.Fprintln(o.Out, "stopping…")
 	return nil
@@ -155,7 +185,7 @@ func waitPool(ctx context.Context, c *devcluster.Cluster) error {
 		return err
 	}
 	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		p, err := ext.ExtensionsV1beta1().SandboxWarmPools(Namespace).Get(ctx, "dsh-pool", metav1.GetOptions{})
+		p, err := ext.ExtensionsV1beta1().SandboxWarmPools(SandboxNamespace).Get(ctx, "dsh-pool", metav1.GetOptions{})
 		return err == nil && p.Spec.Replicas != nil && p.Status.ReadyReplicas >= *p.Spec.Replicas, nil
 	})
 }

@@ -2,6 +2,7 @@ package dshsim
 
 import (
 	"bufio"
+	"context"
 	"crypto/sha256"
 	_ "embed"
 	"encoding/hex"
@@ -170,12 +171,18 @@ type chatMessage struct {
 	Text string `json:"text"`
 }
 
-// postChat streams the reply "You said: <message>" one word per SSE event,
-// then a "done" event, and records both turns in the session file.
+// postChat answers a chat message with a reply streamed as server-sent
+// events and records both turns in the session file. Without a provider the
+// reply is "You said: <message>", one word per unnamed event; with one, it
+// is the provider's, relayed as "delta" events as the text arrives (data: a
+// JSON string) and, if the provider refused or failed, an "error" event
+// (data: {"status","message"}). A "done" event ends the stream either way.
 func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Message string `json:"message"`
 		Session string `json:"session"`
+		// Model, when given, is asked of the provider instead of DSHSIM_MODEL.
+		Model string `json:"model"`
 	}
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
 		http.Error(w, fmt.Sprintf("decode chat request: %v", err), http.StatusBadRequest)
@@ -184,6 +191,18 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 	session, ok := validSession(req.Session)
 	if !ok {
 		http.Error(w, "session must match [a-zA-Z0-9_-]{1,64}", http.StatusBadRequest)
+		return
+	}
+	if req.Model != "" && !validModel(req.Model) {
+		http.Error(w, "model must match "+modelName.String(), http.StatusBadRequest)
+		return
+	}
+	if s.model != nil {
+		model := req.Model
+		if model == "" {
+			model = s.opts.Model
+		}
+		s.chatWithModel(w, r, session, req.Message, model)
 		return
 	}
 	reply := "You said: " + req.Message
@@ -212,6 +231,74 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	_, _ = io.WriteString(w, "event: done\ndata: done\n\n")
+}
+
+// chatWithModel relays the provider's reply as it arrives. The call ends
+// with the chat request (the browser leaving cancels it) or on shutdown;
+// the history gets the user's turn and whatever reply arrived, whole once
+// the provider finished.
+func (s *Server) chatWithModel(w http.ResponseWriter, r *http.Request, session, message, model string) {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.streamsDone:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	startSSE(w)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush() // the page shows the turn as started before the first token
+	var reply strings.Builder
+	err := s.model.stream(ctx, model, message, func(text string) error {
+		reply.WriteString(text)
+		if err := writeEvent(w, "delta", text); err != nil {
+			return err
+		}
+		return rc.Flush()
+	})
+	turns := []chatMessage{{"user", message}}
+	if reply.Len() > 0 {
+		turns = append(turns, chatMessage{"assistant", reply.String()})
+	}
+	if herr := s.appendHistory(session, turns...); herr != nil && err == nil {
+		err = herr
+	}
+	if ctx.Err() != nil {
+		return // nobody is left to tell
+	}
+	if err != nil {
+		s.out.printf("dsh: model call: %v", err)
+		status := 0
+		var pe *providerError
+		if errors.As(err, &pe) {
+			status = pe.Status
+		}
+		_ = writeEvent(w, "error", map[string]any{"status": status, "message": chatErrorMessage(err)})
+	}
+	_, _ = io.WriteString(w, "event: done\ndata: done\n\n")
+}
+
+// chatErrorMessage is what the user reads: a provider's own message as it
+// gave it (the broker's "your model budget … is spent", say), else what
+// broke.
+func chatErrorMessage(err error) string {
+	var pe *providerError
+	if errors.As(err, &pe) {
+		return pe.Message
+	}
+	return err.Error()
+}
+
+// writeEvent writes one named event whose data is v as JSON, on one line.
+func writeEvent(w io.Writer, name string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s event: %w", name, err)
+	}
+	_, err = fmt.Fprintf(w, "event: %s\ndata: %s\n\n", name, b)
+	return err
 }
 
 func (s *Server) getChat(w http.ResponseWriter, r *http.Request) {
@@ -369,7 +456,40 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request, name string) {
 		http.Error(w, "not found", http.StatusNotFound)
 		return
 	}
+	w.Header().Set("Content-Type", contentType(name))
 	http.ServeContent(w, r, name, info.ModTime(), f)
+}
+
+// fileTypes maps an extension to the Content-Type a tenant's static server
+// would send. The table is fixed rather than mime.TypeByExtension, which
+// reads the host's mime.types: the simulator answers the same everywhere.
+var fileTypes = map[string]string{
+	".html": "text/html; charset=utf-8",
+	".htm":  "text/html; charset=utf-8",
+	".js":   "text/javascript; charset=utf-8",
+	".mjs":  "text/javascript; charset=utf-8",
+	".css":  "text/css; charset=utf-8",
+	".json": "application/json",
+	".txt":  "text/plain; charset=utf-8",
+	".svg":  "image/svg+xml",
+	".png":  "image/png",
+	".jpg":  "image/jpeg",
+	".jpeg": "image/jpeg",
+	".gif":  "image/gif",
+	".webp": "image/webp",
+	".wasm": "application/wasm",
+	".xml":  "text/xml; charset=utf-8",
+	".pdf":  "application/pdf",
+}
+
+// contentType is the workspace file's type from its extension (any case);
+// anything else is application/octet-stream, never sniffed from the bytes,
+// so a file is HTML only when its name says so.
+func contentType(name string) string {
+	if t, ok := fileTypes[strings.ToLower(filepath.Ext(name))]; ok {
+		return t
+	}
+	return "application/octet-stream"
 }
 
 // serveEcho reports what arrived so tests can check the gateway's header

@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -176,6 +177,10 @@ func TestOptionsFromEnv(t *testing.T) {
 		"DSHSIM_SLOW_START":  "1s",
 		"DSHSIM_NO_TOKEN":    "1",
 		"DSHSIM_NOISE":       "true",
+
+		"DSHSIM_REFUSE_HANDSHAKE_AFTER": "9s",
+		"DSHSIM_REFUSE_COOKIES":         "1",
+		"DSHSIM_LOG_FLOOD":              "4096",
 	}
 	tests := []struct {
 		name string
@@ -185,7 +190,7 @@ func TestOptionsFromEnv(t *testing.T) {
 	}{{
 		name: "defaults",
 		env:  map[string]string{"HOME": "/workspace"},
-		want: Options{Listen: ":3080", DSHHome: "/home/node/.dsh", Workspace: "/workspace", AuthTTL: 24 * time.Hour},
+		want: Options{Listen: ":3080", DSHHome: "/home/node/.dsh", Workspace: "/workspace", AuthTTL: 24 * time.Hour, Model: "deepseek-chat"},
 	}, {
 		name: "environment",
 		env:  full,
@@ -193,6 +198,7 @@ func TestOptionsFromEnv(t *testing.T) {
 			Listen: ":9000", DSHHome: "/data/.dsh", Workspace: "/workspace",
 			TrustedHosts: []string{"a.example", "B.example"}, AuthTTL: 300 * time.Millisecond,
 			CrashAfter: 2 * time.Second, SlowStart: time.Second, NoToken: true, Noise: true,
+			RefuseHandshakeAfter: 9 * time.Second, RefuseCookies: true, LogFlood: 4096, Model: "deepseek-chat",
 		},
 	}, {
 		name: "flags win and positional arguments are skipped",
@@ -202,17 +208,30 @@ func TestOptionsFromEnv(t *testing.T) {
 			Listen: "127.0.0.1:1", DSHHome: "/data/.dsh", Workspace: "/workspace",
 			TrustedHosts: []string{"a.example", "B.example"}, AuthTTL: 300 * time.Millisecond,
 			CrashAfter: 3 * time.Second, SlowStart: 5 * time.Millisecond, NoToken: false, Noise: true,
+			RefuseHandshakeAfter: 9 * time.Second, RefuseCookies: true, LogFlood: 4096, Model: "deepseek-chat",
 		},
 	}, {
 		name: "DSH Web's own command line",
 		args: []string{"web", "--host", "0.0.0.0", "--port", "3080"},
 		env:  map[string]string{"HOME": "/workspace"},
-		want: Options{Listen: "0.0.0.0:3080", DSHHome: "/home/node/.dsh", Workspace: "/workspace", AuthTTL: 24 * time.Hour},
+		want: Options{Listen: "0.0.0.0:3080", DSHHome: "/home/node/.dsh", Workspace: "/workspace", AuthTTL: 24 * time.Hour, Model: "deepseek-chat"},
 	}, {
 		name: "port alone keeps the default host",
 		args: []string{"web", "--port=4000"},
 		env:  map[string]string{"HOME": "/workspace", "DSHSIM_LISTEN": "127.0.0.1:9"},
-		want: Options{Listen: "127.0.0.1:4000", DSHHome: "/home/node/.dsh", Workspace: "/workspace", AuthTTL: 24 * time.Hour},
+		want: Options{Listen: "127.0.0.1:4000", DSHHome: "/home/node/.dsh", Workspace: "/workspace", AuthTTL: 24 * time.Hour, Model: "deepseek-chat"},
+	}, {
+		name: "the first provider base URL set wins, with its own key",
+		env: map[string]string{"HOME": "/workspace", "OPENAI_BASE_URL": "http://broker:8090/openai", "OPENAI_API_KEY": "o-key",
+			"DEEPSEEK_BASE_URL": "http://broker:8090/deepseek/", "DEEPSEEK_API_KEY": "d-key", "ANTHROPIC_BASE_URL": "http://broker:8090/anthropic",
+			"DSHSIM_MODEL": "deepseek-reasoner", "DEVCLUSTER_POD_IP": "127.0.0.9"},
+		want: Options{Listen: ":3080", DSHHome: "/home/node/.dsh", Workspace: "/workspace", AuthTTL: 24 * time.Hour, Model: "deepseek-reasoner",
+			Provider: Provider{Name: "deepseek", BaseURL: "http://broker:8090/deepseek", Key: "d-key"}, SourceIP: netip.MustParseAddr("127.0.0.9")},
+	}, {
+		name: "anthropic",
+		env:  map[string]string{"HOME": "/workspace", "ANTHROPIC_BASE_URL": "https://api.anthropic.com", "ANTHROPIC_API_KEY": "a-key", "OPENAI_API_KEY": "o-key"},
+		want: Options{Listen: ":3080", DSHHome: "/home/node/.dsh", Workspace: "/workspace", AuthTTL: 24 * time.Hour, Model: "deepseek-chat",
+			Provider: Provider{Name: "anthropic", BaseURL: "https://api.anthropic.com", Key: "a-key"}},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -235,10 +254,17 @@ func TestOptionsFromEnv(t *testing.T) {
 		{"bad ttl", nil, map[string]string{"HOME": "/w", "DSH_AUTH_TTL": "soon"}, "DSH_AUTH_TTL"},
 		{"zero ttl", nil, map[string]string{"HOME": "/w", "DSH_AUTH_TTL": "0s"}, "DSH_AUTH_TTL must be positive"},
 		{"bad bool", nil, map[string]string{"HOME": "/w", "DSHSIM_NO_TOKEN": "maybe"}, "DSHSIM_NO_TOKEN"},
+		{"bad refusal delay", nil, map[string]string{"HOME": "/w", "DSHSIM_REFUSE_HANDSHAKE_AFTER": "later"}, "DSHSIM_REFUSE_HANDSHAKE_AFTER"},
+		{"bad refuse bool", nil, map[string]string{"HOME": "/w", "DSHSIM_REFUSE_COOKIES": "sometimes"}, "DSHSIM_REFUSE_COOKIES"},
+		{"negative flood", nil, map[string]string{"HOME": "/w", "DSHSIM_LOG_FLOOD": "-1"}, "DSHSIM_LOG_FLOOD"},
 		{"unknown flag", []string{"--bogus"}, map[string]string{"HOME": "/w"}, "bogus"},
 		{"bad flag duration", []string{"web", "--crash-after", "x"}, map[string]string{"HOME": "/w"}, "crash-after"},
 		{"bad port", []string{"web", "--port", "http"}, map[string]string{"HOME": "/w"}, "--port"},
 		{"port out of range", []string{"web", "--port", "70000"}, map[string]string{"HOME": "/w"}, "--port"},
+		{"base URL not a URL", nil, map[string]string{"HOME": "/w", "OPENAI_BASE_URL": "broker:8090"}, "OPENAI_BASE_URL"},
+		{"base URL not http", nil, map[string]string{"HOME": "/w", "DEEPSEEK_BASE_URL": "file:///etc/passwd"}, "DEEPSEEK_BASE_URL"},
+		{"bad model", nil, map[string]string{"HOME": "/w", "DSHSIM_MODEL": "a model"}, "DSHSIM_MODEL"},
+		{"bad pod IP", nil, map[string]string{"HOME": "/w", "DEVCLUSTER_POD_IP": "pod"}, "DEVCLUSTER_POD_IP"},
 	}
 	for _, tt := range bad {
 		t.Run(tt.name, func(t *testing.T) {
@@ -397,29 +423,76 @@ func TestFaviconNeedsNoAuth(t *testing.T) {
 }
 
 // Contract: auth cookies expire after DSH_AUTH_TTL; a new handshake fixes it.
+// The server's clock is the test's, so both sides of the TTL are asserted.
 func TestAuthCookieExpires(t *testing.T) {
 	o := testOptions(t)
-	o.AuthTTL = 300 * time.Millisecond
+	o.AuthTTL = time.Hour
 	f := newFixture(t, o)
-	issued := time.Now()
+	var mu sync.Mutex
+	now := time.Unix(1_000_000, 0)
+	f.srv.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	at := func(d time.Duration) { mu.Lock(); now = time.Unix(1_000_000, 0).Add(d); mu.Unlock() }
 	cookie := f.handshake()
-	got := f.status(http.MethodGet, "/", cookie)
-	if time.Since(issued) < o.AuthTTL && got != http.StatusOK {
-		t.Fatalf("fresh cookie: GET / = %d, want 200", got)
+	at(o.AuthTTL - time.Nanosecond)
+	if got := f.status(http.MethodGet, "/", cookie); got != http.StatusOK {
+		t.Fatalf("cookie just within its TTL: GET / = %d, want 200", got)
 	}
-	eventually(t, "the cookie to expire", func() bool {
-		return f.status(http.MethodGet, "/", cookie) == http.StatusUnauthorized
-	})
-	if elapsed := time.Since(issued); elapsed < o.AuthTTL {
-		t.Errorf("cookie expired after %s, before the TTL %s", elapsed, o.AuthTTL)
+	at(o.AuthTTL + time.Nanosecond)
+	if got := f.status(http.MethodGet, "/", cookie); got != http.StatusUnauthorized {
+		t.Fatalf("cookie past its TTL: GET / = %d, want 401", got)
+	}
+	// Expired once is expired for good, even if the clock went back.
+	at(0)
+	if got := f.status(http.MethodGet, "/", cookie); got != http.StatusUnauthorized {
+		t.Fatalf("expired cookie again: GET / = %d, want 401", got)
 	}
 	if got := f.status(http.MethodGet, "/", f.handshake()); got != http.StatusOK {
 		t.Errorf("after a new handshake GET / = %d, want 200", got)
 	}
 }
 
-// Contract: a rotation prints a new token line (the newest wins) and, like a
-// restart, invalidates the old token and cookies.
+// A hostile pod: every handshake is refused, but only after the delay, and
+// a client that gives up first gets nothing at all.
+func TestRefuseHandshakeAfter(t *testing.T) {
+	o := testOptions(t)
+	o.RefuseHandshakeAfter = 300 * time.Millisecond
+	f := newFixture(t, o)
+	begin := time.Now()
+	resp, _ := f.get("/?token="+f.srv.Token(), nil)
+	if resp.StatusCode != http.StatusUnauthorized || len(resp.Cookies()) != 0 {
+		t.Fatalf("handshake with the real token = %d, %d cookies; want 401 and none", resp.StatusCode, len(resp.Cookies()))
+	}
+	if took := time.Since(begin); took < o.RefuseHandshakeAfter {
+		t.Fatalf("refused after %s, before the %s delay", took, o.RefuseHandshakeAfter)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.RefuseHandshakeAfter/3)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, f.ts.URL+"/?token="+f.srv.Token(), nil)
+	if resp, err := f.client.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("a client that gave up got %d", resp.StatusCode)
+	} else if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a client that gave up: %v, want its own deadline", err)
+	}
+}
+
+// A DSH that refuses every cookie: the handshake succeeds, and every
+// request made with its cookie is 401, as with an expired one.
+func TestRefuseCookies(t *testing.T) {
+	o := testOptions(t)
+	o.RefuseCookies = true
+	f := newFixture(t, o)
+	cookie := f.handshake()
+	for _, path := range []string{"/", "/api/files", "/app.js"} {
+		if got := f.status(http.MethodGet, path, cookie); got != http.StatusUnauthorized {
+			t.Errorf("GET %s with a fresh cookie = %d, want 401", path, got)
+		}
+	}
+	if resp, _ := f.get("/favicon.svg", nil); resp.StatusCode != http.StatusOK {
+		t.Errorf("the favicon (probes) = %d, want 200", resp.StatusCode)
+	}
+}
+
 func TestRotate(t *testing.T) {
 	f := newFixture(t, testOptions(t))
 	oldToken, oldCookie := f.srv.Token(), f.handshake()
@@ -483,7 +556,7 @@ func TestAppPage(t *testing.T) {
 		t.Errorf("GET / Content-Type = %q", ct)
 	}
 	for _, want := range []string{`<base href="./">`, `src="app.js"`, `href="style.css"`, `href="settings/"`,
-		`id="chat-input"`, `id="chat-log"`, `id="ws-input"`, `id="ws-log"`, `id="events"`, `id="files"`, `id="upload"`} {
+		`id="chat-input"`, `id="chat-model"`, `id="chat-log"`, `id="ws-input"`, `id="ws-log"`, `id="events"`, `id="files"`, `id="upload"`} {
 		if !strings.Contains(page, want) {
 			t.Errorf("app page lacks %s", want)
 		}
@@ -913,6 +986,42 @@ func TestBadFileNames(t *testing.T) {
 	}
 }
 
+// Contract: a workspace file is served with a content type from its
+// extension, as a tenant's own server would, so a test can put a page in a
+// workspace; bytes never make a file HTML when its name does not.
+func TestFileContentTypes(t *testing.T) {
+	o := testOptions(t)
+	f := newFixture(t, o)
+	cookie := f.handshake()
+	const page = "<!doctype html><html><script>alert(1)</script></html>"
+	for name, want := range map[string]string{
+		"evil.html":  "text/html; charset=utf-8",
+		"EVIL.HTM":   "text/html; charset=utf-8",
+		"app.js":     "text/javascript; charset=utf-8",
+		"sw.mjs":     "text/javascript; charset=utf-8",
+		"style.css":  "text/css; charset=utf-8",
+		"data.json":  "application/json",
+		"notes.txt":  "text/plain; charset=utf-8",
+		"logo.svg":   "image/svg+xml",
+		"page":       "application/octet-stream",
+		"page.html~": "application/octet-stream",
+		".html":      "text/html; charset=utf-8",
+	} {
+		if resp, text := f.do(f.request(http.MethodPut, "/api/files/"+name, strings.NewReader(page), cookie)); resp.StatusCode != http.StatusCreated {
+			t.Fatalf("PUT %s = %d %q", name, resp.StatusCode, text)
+		}
+		for _, method := range []string{http.MethodGet, http.MethodHead} {
+			resp, body := f.do(f.request(method, "/api/files/"+name, nil, cookie))
+			if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != want {
+				t.Errorf("%s %s = %d %q, want 200 %q", method, name, resp.StatusCode, resp.Header.Get("Content-Type"), want)
+			}
+			if method == http.MethodGet && body != page {
+				t.Errorf("GET %s = %q, want the stored bytes", name, body)
+			}
+		}
+	}
+}
+
 // Contract: /api/echo reports method, path, query, Host and every header,
 // hiding only the dsh-auth cookie value.
 func TestEcho(t *testing.T) {
@@ -1108,6 +1217,24 @@ func TestRunCrashAfter(t *testing.T) {
 	}
 	if !strings.Contains(r.out.String(), "dsh: fatal: simulated crash after 100ms") {
 		t.Errorf("no crash line in:\n%s", r.out.String())
+	}
+}
+
+// DSHSIM_LOG_FLOOD prints at least that many bytes before the first token
+// line, none of which looks like a token line.
+func TestRunLogFlood(t *testing.T) {
+	o := testOptions(t)
+	o.Listen = "127.0.0.1:0"
+	o.LogFlood = 64 << 10
+	r := startRun(t, o)
+	eventually(t, "the token line", func() bool { return len(tokenLines(r.out.String())) == 1 })
+	out := r.out.String()
+	before, _, _ := strings.Cut(out, "dsh web: http://")
+	if n := strings.Count(before, "dsh: [flood] "); len(before) < o.LogFlood || n < o.LogFlood/1024 {
+		t.Fatalf("%d bytes (%d flood lines) before the token line, want at least %d", len(before), n, o.LogFlood)
+	}
+	if got := tokenLines(before); len(got) != 0 {
+		t.Fatalf("the flood holds token lines: %v", got)
 	}
 }
 

@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
+	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -29,6 +32,35 @@ type Options struct {
 	// SilentHandshake (DSHSIM_SILENT_HANDSHAKE) accepts the handshake
 	// request and never answers it, as a hung or hostile pod would.
 	SilentHandshake bool
+	// RefuseHandshakeAfter (DSHSIM_REFUSE_HANDSHAKE_AFTER) answers every
+	// handshake, whatever its token, with 401 after this long: a hostile
+	// pod holding the gateway's handshake as long as it can.
+	RefuseHandshakeAfter time.Duration
+	// RefuseCookies (DSHSIM_REFUSE_COOKIES) completes the handshake but
+	// answers every request with 401, so each one looks like an expired
+	// cookie.
+	RefuseCookies bool
+	// LogFlood (DSHSIM_LOG_FLOOD) prints that many bytes of log lines
+	// before the first token line, as a tenant's program could.
+	LogFlood int
+
+	// Apps (DSHSIM_APPS, comma-separated ports) are started at boot on
+	// DSH's host, as POST /api/apps starts them: a sandbox whose agent
+	// runs a dev server.
+	Apps []int
+
+	// Provider is the model provider POST /api/chat streams its replies
+	// from; the zero value (no base URL set) answers "You said: …" itself.
+	Provider Provider
+	// Model (DSHSIM_MODEL; default deepseek-chat) is the model asked for
+	// when a chat request names none.
+	Model string
+	// SourceIP (DEVCLUSTER_POD_IP) is the local address provider
+	// connections are made from. The simulated node sets it: its pods share
+	// the host's network namespace, where a connection would otherwise come
+	// from 127.0.0.1 instead of the pod's address, which the broker
+	// attributes calls by.
+	SourceIP netip.Addr
 
 	// RotateSignals rotates the launch token on every receive; the binary
 	// wires SIGHUP to it. Nil never rotates.
@@ -72,9 +104,40 @@ func OptionsFromEnv(args []string, getenv func(string) string) (Options, error) 
 	if o.SilentHandshake, err = envBool(getenv, "DSHSIM_SILENT_HANDSHAKE"); err != nil {
 		return Options{}, err
 	}
+	if o.RefuseHandshakeAfter, err = envDuration(getenv, "DSHSIM_REFUSE_HANDSHAKE_AFTER", 0); err != nil {
+		return Options{}, err
+	}
+	if o.RefuseCookies, err = envBool(getenv, "DSHSIM_REFUSE_COOKIES"); err != nil {
+		return Options{}, err
+	}
+	if v := getenv("DSHSIM_LOG_FLOOD"); v != "" {
+		if o.LogFlood, err = strconv.Atoi(v); err != nil || o.LogFlood < 0 {
+			return Options{}, fmt.Errorf("parse DSHSIM_LOG_FLOOD: %q is not a byte count", v)
+		}
+	}
 	if v := getenv("DSHSIM_FAKE_TOKENS"); v != "" {
 		if o.FakeTokens, err = strconv.Atoi(v); err != nil || o.FakeTokens < 0 {
 			return Options{}, fmt.Errorf("parse DSHSIM_FAKE_TOKENS: %q is not a count", v)
+		}
+	}
+	for _, v := range splitList(getenv("DSHSIM_APPS")) {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 65535 {
+			return Options{}, fmt.Errorf("parse DSHSIM_APPS: %q is not a port", v)
+		}
+		o.Apps = append(o.Apps, n)
+	}
+
+	if o.Provider, err = providerFromEnv(getenv); err != nil {
+		return Options{}, err
+	}
+	o.Model = envOr(getenv, "DSHSIM_MODEL", "deepseek-chat")
+	if !validModel(o.Model) {
+		return Options{}, fmt.Errorf("parse DSHSIM_MODEL: %q is not a model name", o.Model)
+	}
+	if v := getenv("DEVCLUSTER_POD_IP"); v != "" {
+		if o.SourceIP, err = netip.ParseAddr(v); err != nil {
+			return Options{}, fmt.Errorf("parse DEVCLUSTER_POD_IP: %w", err)
 		}
 	}
 
@@ -124,6 +187,41 @@ func OptionsFromEnv(args []string, getenv func(string) string) (Options, error) 
 	}
 	return o, nil
 }
+
+// Provider is a model provider as DSH finds it: the official SDKs'
+// <PROVIDER>_BASE_URL and <PROVIDER>_API_KEY (../shared/UPSTREAM.md).
+type Provider struct {
+	Name    string // deepseek, openai or anthropic
+	BaseURL string // without a trailing slash
+	Key     string
+}
+
+// Anthropic reports whether the provider speaks the messages API; the
+// others speak OpenAI's chat completions.
+func (p Provider) Anthropic() bool { return p.Name == "anthropic" }
+
+// providerNames is the order the base URLs are looked at: the first set wins.
+var providerNames = []string{"deepseek", "openai", "anthropic"}
+
+func providerFromEnv(getenv func(string) string) (Provider, error) {
+	for _, name := range providerNames {
+		prefix := strings.ToUpper(name)
+		base := getenv(prefix + "_BASE_URL")
+		if base == "" {
+			continue
+		}
+		u, err := url.Parse(base)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return Provider{}, fmt.Errorf("parse %s_BASE_URL: %q is not an http(s) URL", prefix, base)
+		}
+		return Provider{Name: name, BaseURL: strings.TrimSuffix(base, "/"), Key: getenv(prefix + "_API_KEY")}, nil
+	}
+	return Provider{}, nil
+}
+
+var modelName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$`)
+
+func validModel(m string) bool { return modelName.MatchString(m) }
 
 func envOr(getenv func(string) string, name, def string) string {
 	if v := getenv(name); v != "" {

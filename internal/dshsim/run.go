@@ -39,10 +39,18 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 	}
 	// With --listen :0 only the listener knows the port the token line must name.
 	s.port = strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	s.flood()
 	s.announce()
 
 	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 30 * time.Second}
 	hs.RegisterOnShutdown(s.stopStreams)
+	defer s.stopApps() // the apps an agent started end with the sandbox
+	for _, port := range o.Apps {
+		if _, err := s.startApp(port); err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("app on port %d: %w", port, err)
+		}
+	}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 

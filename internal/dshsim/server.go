@@ -33,6 +33,8 @@ type Server struct {
 	port     string // printed in the token line; Run replaces it with the bound port
 	instance string // random per process, suffix of the auth cookie name
 	handler  http.Handler
+	// now is the clock auth cookies expire by; tests set their own.
+	now func() time.Time
 
 	mu       sync.Mutex
 	token    string
@@ -40,6 +42,10 @@ type Server struct {
 
 	stopOnce    sync.Once
 	streamsDone chan struct{} // closed on shutdown so endless SSE streams end
+
+	apps apps // started by POST /api/apps
+
+	model *modelClient // nil: no provider configured, chat answers itself
 }
 
 // NewServer prepares DSH_HOME and the workspace and, like DSH's credentials
@@ -60,8 +66,16 @@ func NewServer(o Options, stdout io.Writer) (*Server, error) {
 		port:        port,
 		instance:    hex.EncodeToString(randomBytes(4)),
 		token:       newToken(),
+		now:         time.Now,
 		sessions:    map[string]time.Time{},
 		streamsDone: make(chan struct{}),
+	}
+	if o.Provider.BaseURL != "" {
+		var source net.IP
+		if o.SourceIP.IsValid() {
+			source = net.IP(o.SourceIP.AsSlice())
+		}
+		s.model = newModelClient(o.Provider, source)
 	}
 	s.handler = s.routes()
 	return s, nil
@@ -144,6 +158,14 @@ func (s *Server) announceLocked() {
 	s.out.printf("\x1b[2mdsh: ready\x1b[0m")
 }
 
+// flood prints opts.LogFlood bytes of log lines, a kibibyte each.
+func (s *Server) flood() {
+	line := "dsh: [flood] " + strings.Repeat("x", 1010)
+	for n := 0; n < s.opts.LogFlood; n += len(line) + 1 {
+		s.out.printf("%s", line)
+	}
+}
+
 func (s *Server) stopStreams() { s.stopOnce.Do(func() { close(s.streamsDone) }) }
 
 func (s *Server) routes() http.Handler {
@@ -163,6 +185,7 @@ func (s *Server) routes() http.Handler {
 	app.HandleFunc("GET /api/chat", s.getChat)
 	app.HandleFunc("GET /api/files", s.listFiles)
 	app.HandleFunc("/api/echo", s.serveEcho)
+	app.HandleFunc("POST /api/apps", s.serveStartApp)
 
 	// Not a ServeMux: it would answer unclean paths such as /a/../b with a
 	// redirect before auth, and the contract says 401.
@@ -244,7 +267,7 @@ func (s *Server) requireAuth(next http.Handler) http.Handler {
 			s.handshake(w, r)
 			return
 		}
-		if !s.authorized(r) {
+		if s.opts.RefuseCookies || !s.authorized(r) {
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
@@ -257,8 +280,18 @@ func (s *Server) handshake(w http.ResponseWriter, r *http.Request) {
 		<-r.Context().Done()
 		return
 	}
+	if d := s.opts.RefuseHandshakeAfter; d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+		case <-r.Context().Done():
+		}
+		return
+	}
 	given := r.URL.Query().Get("token")
-	now := time.Now()
+	now := s.now()
 
 	s.mu.Lock()
 	ok := subtle.ConstantTimeCompare([]byte(given), []byte(s.token)) == 1
@@ -294,7 +327,7 @@ func (s *Server) authorized(r *http.Request) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	exp, ok := s.sessions[c.Value]
-	if ok && time.Now().After(exp) {
+	if ok && s.now().After(exp) {
 		delete(s.sessions, c.Value)
 		return false
 	}

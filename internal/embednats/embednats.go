@@ -74,7 +74,7 @@ func Start(o Options) (*Server, error) {
 		NoLog:      !o.Debug,
 		// Keep cluster elections snappy on loopback.
 		JetStreamMaxMemory: 256 << 20,
-		JetStreamMaxStore:  4 << 30,
+		JetStreamMaxStore:  6 << 30,
 		Nkeys:              o.Users,
 		TLS:                o.TLS != nil,
 		TLSConfig:          o.TLS,

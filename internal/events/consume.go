@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -146,47 +147,94 @@ func EnsureConsumer(ctx context.Context, js jetstream.JetStream, c ConsumerConfi
 }
 
 // Consume runs handler on the messages of the durable consumer c (which
-// must exist: EnsureConsumer) with c.Workers workers until ctx ends. Each message is acknowledged only after handler returns
-// nil, and while handler runs the server is told it is still in progress, so
-// a slow handler is not mistaken for a dead one. A message that fails on its
-// last delivery, or permanently, goes to exhausted and is then terminated:
-// nothing disappears without a record.
+// must exist: EnsureConsumer) with c.Workers workers until ctx ends. Each
+// message is acknowledged only after handler returns nil, and while handler
+// runs the server is told it is still in progress, so a slow handler is not
+// mistaken for a dead one. A message that fails on its last delivery, or
+// permanently, goes to exhausted and is then terminated: nothing
+// disappears without a record.
+//
+// Messages are pulled only for idle workers, as many as are idle: none
+// waits in a client-side buffer, unwatched, while its AckWait runs out
+// behind busy workers (it would be redelivered to another replica and
+// then handled here as well), and each pull is a request of its own that
+// expires, so a lost one costs a fetchWait, not the consumer.
 func Consume(ctx context.Context, js jetstream.JetStream, c ConsumerConfig, handler Handler, exhausted Exhausted, log *slog.Logger) error {
 	c = c.withDefaults()
 	cons, err := js.Consumer(ctx, c.Stream, c.Durable)
 	if err != nil {
 		return fmt.Errorf("consumer %s on %s (setup creates it): %w", c.Durable, c.Stream, err)
 	}
-	iter, err := cons.Messages(jetstream.PullMaxMessages(c.Workers))
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", c.Durable, err)
-	}
-	go func() { <-ctx.Done(); iter.Stop() }()
-
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	slots := make(chan struct{}, c.Workers)
+	idle := make(chan struct{}, c.Workers)
+	for range c.Workers {
+		idle <- struct{}{}
+	}
 	for {
-		msg, err := iter.Next()
-		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
-				return nil
-			}
-			log.Warn("consumer fetch failed", "consumer", c.Durable, "err", err)
-			continue
-		}
 		select {
-		case slots <- struct{}{}:
+		case <-idle:
 		case <-ctx.Done():
-			// Not acknowledged: the server redelivers it to another worker.
 			return nil
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-slots }()
-			handleOne(ctx, c, msg, handler, exhausted, log)
-		}()
+		n := 1
+		for n < c.Workers && take(idle) {
+			n++
+		}
+		got := fetch(ctx, cons, n, log, func(msg jetstream.Msg) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { idle <- struct{}{} }()
+				handleOne(ctx, c, msg, handler, exhausted, log)
+			}()
+		})
+		for ; got < n; got++ {
+			idle <- struct{}{}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+// fetchWait bounds one pull request: a request that idle workers wait on
+// is renewed this often, and one the server never answered (lost in a
+// reconnect or a leader change) costs no more.
+const fetchWait = 5 * time.Second
+
+// fetch pulls up to n messages, handing each to start as it arrives, and
+// returns how many it handed over.
+func fetch(ctx context.Context, cons jetstream.Consumer, n int, log *slog.Logger, start func(jetstream.Msg)) int {
+	fctx, cancel := context.WithTimeout(ctx, fetchWait)
+	defer cancel()
+	batch, err := cons.Fetch(n, jetstream.FetchContext(fctx))
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Warn("consumer fetch failed", "err", err)
+			// Not at once again: the connection may be down for a while.
+			<-fctx.Done()
+		}
+		return 0
+	}
+	got := 0
+	for msg := range batch.Messages() {
+		start(msg)
+		got++
+	}
+	if err := batch.Error(); err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+		log.Warn("consumer fetch failed", "err", err)
+	}
+	return got
+}
+
+// take takes a token from ch if one is there.
+func take(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 

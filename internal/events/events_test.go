@@ -148,6 +148,29 @@ func TestConcurrentDuplicatesOnAClusteredStream(t *testing.T) {
 	if err := events.EnsureStreams(ctx, js, cfg); err != nil {
 		t.Fatal(err)
 	}
+	// A stream just created answers no publish until its replicas have
+	// elected a leader, which a loaded machine may take seconds over (a
+	// clean-clone make test saw "no response from stream" in the first
+	// rounds): this test is about the duplicates' race, not the election.
+	testutil.Eventually(t, 30*time.Second, func() error {
+		s, err := js.Stream(ctx, events.StreamCommands)
+		if err != nil {
+			return err
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
+			return fmt.Errorf("stream %s: cluster %+v", events.StreamCommands, info.Cluster)
+		}
+		for _, r := range info.Cluster.Replicas {
+			if !r.Current {
+				return fmt.Errorf("stream %s: replica %s not current", events.StreamCommands, r.Name)
+			}
+		}
+		return nil
+	})
 	conns := make([]jetstream.JetStream, 24)
 	for i := range conns {
 		_, conns[i] = natstest.Connect(t, c.Nodes[i%3].URL())
@@ -212,17 +235,29 @@ func TestWorkQueueHandsEachCommandToExactlyOneOfThreeConsumers(t *testing.T) {
 	var mu sync.Mutex
 	seen := map[string]int{}
 	perWorker := map[int]int{}
+	// Until two consumers have each handled a command, every handler
+	// holds its command: whichever consumer starts first cannot drain the
+	// queue alone, and the queue must hand the rest to the others (the
+	// consumer's MaxAckPending bounds what one can hold). Then all run.
+	shared := make(chan struct{})
+	var once sync.Once
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	for w := 0; w < 3; w++ {
 		_, wjs := natstest.Connect(t, url) // a separate process in spirit: own connection
 		go func(w int) {
 			_ = consume(cctx, wjs, events.ConsumerConfig{Stream: events.StreamCommands, Durable: "lifecycle", Workers: 2}, func(_ context.Context, d events.Delivery) error {
-				time.Sleep(2 * time.Millisecond) // let the others pull too
 				mu.Lock()
 				seen[d.Subject]++
 				perWorker[w]++
+				if len(perWorker) >= 2 {
+					once.Do(func() { close(shared) })
+				}
 				mu.Unlock()
+				select {
+				case <-shared:
+				case <-cctx.Done():
+				}
 				return nil
 			}, func(events.Delivery, error) {}, quiet)
 		}(w)
@@ -589,4 +624,141 @@ func TestEveryStreamIsBounded(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A replica pulls commands only for its idle workers. Were it to take one
+// its busy worker cannot start, that command would sit unwatched while its
+// AckWait ran out, go to the other replica, and be handled a second time
+// here once the worker freed: each command here is handled once, on its
+// first delivery, while one replica's only worker is held far past
+// AckWait. The same consumer with one worker never stalls after a failed
+// delivery either (TestHandlerPanicIsRetriedAndTheConsumerCarriesOn).
+func TestAReplicaTakesOnlyWhatItsWorkersCanStart(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, time.Minute)
+	cfg := events.ConsumerConfig{Stream: events.StreamCommands, Durable: "w", MaxDeliver: 5, AckWait: time.Second, Workers: 1}
+	if _, err := events.EnsureConsumer(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var mu sync.Mutex
+	handled := map[string][]uint64{}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var replicas sync.WaitGroup
+	for range 2 {
+		replicas.Go(func() {
+			_ = events.Consume(cctx, js, cfg, func(hctx context.Context, d events.Delivery) error {
+				c, _ := events.Decode[events.Command](d.Data)
+				mu.Lock()
+				handled[c.User] = append(handled[c.User], d.Delivered)
+				mu.Unlock()
+				if c.User == "slow" {
+					select { // kept alive by progress signals meanwhile
+					case <-release:
+					case <-hctx.Done():
+					}
+				}
+				return nil
+			}, func(events.Delivery, error) {}, quiet)
+		})
+	}
+	pub := events.NewPublisher(js, "edge", quiet)
+	if _, err := pub.Command(ctx, events.NewDelete("slow", "req-slow")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(handled["slow"]) == 0 {
+			return errors.New("the slow command has not started")
+		}
+		return nil
+	})
+	users := []string{"u1", "u2", "u3", "u4", "u5", "u6"}
+	for _, u := range users {
+		if _, err := pub.Command(ctx, events.NewDelete(u, "req-"+u)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.Eventually(t, 20*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, u := range users {
+			if len(handled[u]) == 0 {
+				return fmt.Errorf("%s not handled yet: %v", u, handled)
+			}
+		}
+		return nil
+	})
+	// The hold itself is what is tested: it must outlast AckWait for
+	// anything the busy replica might have taken, so this waits a time,
+	// not a condition.
+	<-time.After(3 * cfg.AckWait)
+	close(release)
+	testutil.Eventually(t, 10*time.Second, func() error {
+		c, err := js.Consumer(ctx, events.StreamCommands, "w")
+		if err != nil {
+			return err
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.NumPending+uint64(info.NumAckPending) != 0 {
+			return fmt.Errorf("%d pending, %d unacknowledged", info.NumPending, info.NumAckPending)
+		}
+		return nil
+	})
+	cancel()
+	replicas.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	for _, u := range append(users, "slow") {
+		if d := handled[u]; len(d) != 1 || d[0] != 1 {
+			t.Errorf("%s handled on deliveries %v, want once, on the first", u, d)
+		}
+	}
+}
+
+// A model call's record published twice (its acknowledgement lost, or
+// held in a broker's queue through an outage and sent again) is stored
+// once: the call's id is its Nats-Msg-Id.
+func TestUsageRecordPublishedTwiceIsStoredOnce(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 10*time.Second)
+	p := events.NewPublisher(js, "broker-a", quiet)
+	e := events.UsageEvent{ID: "call-1", User: "ann", Provider: "deepseek", Model: "deepseek-chat", Status: 200, InputTokens: 10, OutputTokens: 5, CostMicros: 7}
+	for range 2 {
+		if err := p.Usage(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := e
+	other.ID = "call-2"
+	if err := p.Usage(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Usage(ctx, events.UsageEvent{User: "ann"}); err == nil {
+		t.Fatal("a record without a call id was published")
+	}
+	s, err := js.Stream(ctx, events.StreamUsage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 2 {
+		t.Fatalf("%d records stored, want 2 (call-1 once, call-2)", info.State.Msgs)
+	}
+	m, err := s.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := events.Decode[events.UsageEvent](m.Data)
+	if err != nil || got.ID != "call-1" || got.Broker != "broker-a" || got.V != events.SchemaVersion || m.Subject != events.UsageSubject("ann") {
+		t.Fatalf("stored %s %+v %v", m.Subject, got, err)
+	}
 }

@@ -24,6 +24,7 @@ const (
 	commandPrefix  = "aaas.cmd."
 	activityPrefix = "aaas.activity."
 	auditPrefix    = "aaas.audit."
+	usagePrefix    = "aaas.usage."
 )
 
 // Verb names a lifecycle command.
@@ -243,6 +244,39 @@ func (b Beacon) At(stamped time.Time) (lastActive time.Time, ttl time.Duration) 
 	return stamped.Add(-max(b.SentAt.Sub(b.LastActive), 0)), min(max(b.TTL, 0), MaxBeaconTTL)
 }
 
+// UsageSubject is aaas.usage.<user>.
+func UsageSubject(user string) string { return usagePrefix + user }
+
+// UsageSubjectsAll matches every usage event.
+const UsageSubjectsAll = usagePrefix + ">"
+
+// UsageEvent is one model call a broker forwarded (or refused after it
+// reached the provider). ID is the call's id, also its Nats-Msg-Id.
+type UsageEvent struct {
+	V        int    `json:"v"`
+	ID       string `json:"id"`
+	User     string `json:"user"`
+	Broker   string `json:"broker"`
+	Provider string `json:"provider"`
+	Model    string `json:"model"`
+	// Status is the HTTP status the provider answered (0: no answer).
+	Status       int   `json:"status"`
+	Stream       bool  `json:"stream,omitempty"`
+	InputTokens  int64 `json:"input_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
+	CachedTokens int64 `json:"cached_tokens"`
+	// Estimated is set when the provider reported no usage and the
+	// tokens were estimated from the bytes.
+	Estimated  bool          `json:"estimated,omitempty"`
+	CostMicros int64         `json:"cost_micros"`
+	BYOK       bool          `json:"byok,omitempty"`
+	Duration   time.Duration `json:"duration"`
+	At         time.Time     `json:"at"`
+}
+
+// Subject is where the event is published.
+func (e UsageEvent) Subject() string { return UsageSubject(e.User) }
+
 // AuditKind names an audit event.
 type AuditKind string
 
@@ -264,6 +298,9 @@ const (
 	AuditStateChange     AuditKind = "state"
 	AuditCommandFailed   AuditKind = "command_failed"
 	AuditAdmin           AuditKind = "admin"
+	// AuditCredential is a user storing or deleting their own provider
+	// key (BYOK); the key itself is never in it.
+	AuditCredential AuditKind = "credential"
 )
 
 // AuditEvent is one audit record. Detail is free text for humans and must
@@ -285,7 +322,7 @@ func (e AuditEvent) Subject() string { return AuditSubject(e.Kind, e.User) }
 
 // Decode parses a message body of any of the types above and checks its
 // schema version.
-func Decode[T Command | Beacon | AuditEvent](data []byte) (T, error) {
+func Decode[T Command | Beacon | AuditEvent | UsageEvent](data []byte) (T, error) {
 	var v T
 	if err := json.Unmarshal(data, &v); err != nil {
 		return v, fmt.Errorf("decode %T: %w", v, err)
@@ -297,6 +334,8 @@ func Decode[T Command | Beacon | AuditEvent](data []byte) (T, error) {
 	case Beacon:
 		ver = m.V
 	case AuditEvent:
+		ver = m.V
+	case UsageEvent:
 		ver = m.V
 	}
 	if ver > SchemaVersion {

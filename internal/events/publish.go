@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Publisher writes commands, beacons and audit events. Commands are
+// Publisher writes commands, beacons, model calls' usage and audit events. Commands are
 // published synchronously (the caller needs to know they are durable);
 // beacons and audit events asynchronously, so the request path never waits
 // on NATS.
@@ -95,6 +95,28 @@ func (p *Publisher) Beacon(b Beacon) (jetstream.PubAckFuture, error) {
 		return nil, fmt.Errorf("publish beacon for %s: %w", b.User, err)
 	}
 	return f, nil
+}
+
+// Usage publishes the record of one model call and waits until the stream
+// has stored it. The call's id is its Nats-Msg-Id, so a record published
+// again (its acknowledgement lost, or held by a broker while NATS was
+// unreachable) is stored once.
+func (p *Publisher) Usage(ctx context.Context, e UsageEvent) error {
+	e.V = SchemaVersion
+	if e.Broker == "" {
+		e.Broker = p.source
+	}
+	if e.ID == "" || e.User == "" {
+		return fmt.Errorf("publish usage: the call has no id or no user")
+	}
+	data, err := json.Marshal(e)
+	if err != nil {
+		return fmt.Errorf("publish usage: %w", err)
+	}
+	if _, err := p.js.PublishMsg(ctx, &nats.Msg{Subject: e.Subject(), Data: data}, jetstream.WithMsgID(e.ID)); err != nil {
+		return fmt.Errorf("publish usage of call %s: %w", e.ID, err)
+	}
+	return nil
 }
 
 // Audit records e. It does not block the caller; a failure to record is

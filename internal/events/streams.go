@@ -20,6 +20,10 @@ const (
 	StreamCommands = "AAAS_CMD"
 	StreamActivity = "AAAS_ACTIVITY"
 	StreamAudit    = "AAAS_AUDIT"
+	// StreamUsage is every model call a broker forwarded, one message
+	// each (UsageEvent): the record the monthly totals and exports are
+	// made from.
+	StreamUsage = "AAAS_USAGE"
 )
 
 // StreamsConfig sizes the streams for an environment.
@@ -33,11 +37,13 @@ type StreamsConfig struct {
 	ActivityMaxAge time.Duration
 	// AuditMaxAge is the audit trail's retention.
 	AuditMaxAge time.Duration
+	// UsageMaxAge is the model-call record's retention.
+	UsageMaxAge time.Duration
 	// CommandsMaxBytes, ActivityMaxBytes and AuditMaxBytes cap each
 	// stream's storage, so no flood can fill JetStream's store for
 	// everything else. Full, the command stream refuses new commands
 	// (their requesters get 503); activity and audit drop their oldest.
-	CommandsMaxBytes, ActivityMaxBytes, AuditMaxBytes int64
+	CommandsMaxBytes, ActivityMaxBytes, AuditMaxBytes, UsageMaxBytes int64
 }
 
 // DefaultStreamsConfig is the development sizing.
@@ -47,15 +53,17 @@ func DefaultStreamsConfig() StreamsConfig {
 		DuplicateWindow: 2 * time.Minute,
 		ActivityMaxAge:  7 * 24 * time.Hour,
 		AuditMaxAge:     30 * 24 * time.Hour,
-		// 1.5 GiB in all; with the buckets' 2 GiB within the 4 GiB the
+		UsageMaxAge:     93 * 24 * time.Hour,
+		// 1.75 GiB in all; with the buckets' 2.5 GiB within the 6 GiB the
 		// embedded server and the manifests' 8 GiB store reserve.
 		CommandsMaxBytes: 256 << 20,
 		ActivityMaxBytes: 256 << 20,
 		AuditMaxBytes:    1 << 30,
+		UsageMaxBytes:    256 << 20,
 	}
 }
 
-// StreamConfigs returns the three stream definitions.
+// StreamConfigs returns the stream definitions.
 func StreamConfigs(c StreamsConfig) []jetstream.StreamConfig {
 	return []jetstream.StreamConfig{
 		{
@@ -97,6 +105,20 @@ func StreamConfigs(c StreamsConfig) []jetstream.StreamConfig {
 			MaxAge:     c.AuditMaxAge,
 			MaxBytes:   c.AuditMaxBytes,
 			Discard:    jetstream.DiscardOld,
+			Duplicates: c.DuplicateWindow,
+		},
+		{
+			Name:        StreamUsage,
+			Description: "model calls forwarded by the brokers, one message each",
+			Subjects:    []string{usagePrefix + ">"},
+			Retention:   jetstream.LimitsPolicy,
+			Storage:     jetstream.FileStorage,
+			Replicas:    c.Replicas,
+			MaxAge:      c.UsageMaxAge,
+			MaxBytes:    c.UsageMaxBytes,
+			Discard:     jetstream.DiscardOld,
+			// A broker that publishes a call's usage again (no answer
+			// the first time) must not count it twice.
 			Duplicates: c.DuplicateWindow,
 		},
 	}

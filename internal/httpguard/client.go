@@ -27,6 +27,19 @@ type Info struct {
 	Scheme string
 	// Host is the canonical public host (lowercase, no default port).
 	Host string
+	// OnSandboxDomain: Host is one label below SANDBOX_DOMAIN, a sandbox
+	// origin's host or a name that could be one, so no gateway route
+	// serves it. Sandbox is the user whose origin it is ("" when the
+	// label names no one: nothing is served there), PreviewPort the
+	// port of a preview origin (<port>-<user>), 0 for the user's DSH.
+	OnSandboxDomain bool
+	Sandbox         string
+	PreviewPort     int
+	// Gateway is the gateway's host (the first of PublicHosts), set on
+	// requests to the sandbox domain: the edge's own pages there take
+	// their stylesheet and sign-in link from it, as every path of a
+	// sandbox origin is the tenant's.
+	Gateway string
 }
 
 // Options is the trust boundary.
@@ -34,11 +47,17 @@ type Options struct {
 	// TrustedProxies are the peers whose forwarding headers are believed.
 	TrustedProxies []netip.Prefix
 	// PublicHosts are the canonical hosts (see CanonicalHost) browsers
-	// reach the gateway by; "*" accepts any.
+	// reach the gateway by; "*" accepts any. With a SandboxDomain the
+	// first is the gateway's own host (see Info.Gateway) and must name one.
 	PublicHosts []string
 	// Unchecked paths (health probes, which use the pod's address) skip
 	// the host check.
 	Unchecked []string
+	// SandboxDomain is SANDBOX_DOMAIN (canonical, "" in path mode): every
+	// host one label below it is accepted and parsed by ParseSandboxHost
+	// with ValidUser.
+	SandboxDomain string
+	ValidUser     func(string) bool
 }
 
 // Policy applies Options to requests.
@@ -47,11 +66,24 @@ type Policy struct {
 	hosts     map[string]bool
 	anyHost   bool
 	unchecked map[string]bool
+	domain    string
+	gateway   string
+	validUser func(string) bool
 }
 
 // New validates o and returns its Policy.
 func NewPolicy(o Options) (*Policy, error) {
-	p := &Policy{trusted: o.TrustedProxies, hosts: map[string]bool{}, unchecked: map[string]bool{}}
+	p := &Policy{trusted: o.TrustedProxies, hosts: map[string]bool{}, unchecked: map[string]bool{}, validUser: o.ValidUser}
+	if o.SandboxDomain != "" {
+		d, err := ParsePublicHost(o.SandboxDomain)
+		if err != nil {
+			return nil, err
+		}
+		if o.ValidUser == nil {
+			return nil, errors.New("a sandbox domain needs a user name check")
+		}
+		p.domain = d
+	}
 	for _, h := range o.PublicHosts {
 		if h == "*" {
 			p.anyHost = true
@@ -65,6 +97,12 @@ func NewPolicy(o Options) (*Policy, error) {
 	}
 	if !p.anyHost && len(p.hosts) == 0 {
 		return nil, errors.New("no public hosts")
+	}
+	if p.domain != "" {
+		if o.PublicHosts[0] == "*" {
+			return nil, errors.New("a sandbox domain needs the gateway's own host first in the public hosts, not *")
+		}
+		p.gateway, _ = ParsePublicHost(o.PublicHosts[0])
 	}
 	for _, u := range o.Unchecked {
 		p.unchecked[u] = true
@@ -137,7 +175,53 @@ func (p *Policy) Resolve(peer netip.Addr, xff, xfp []string, host string, tls bo
 	info.Key = keyOf(info.IP)
 	h, valid := canonical(host, info.Scheme)
 	info.Host = h
-	return info, valid && (p.anyHost || p.hosts[h])
+	if !valid {
+		return info, false
+	}
+	if p.domain != "" {
+		if label, ok := strings.CutSuffix(h, "."+p.domain); ok && label != "" && !strings.Contains(label, ".") {
+			info.OnSandboxDomain, info.Gateway = true, p.gateway
+			info.Sandbox, info.PreviewPort, _ = ParseSandboxHost(h, p.domain, p.validUser)
+			return info, true
+		}
+	}
+	return info, p.anyHost || p.hosts[h]
+}
+
+// ParseSandboxHost reads a canonical host (see CanonicalHost) as a sandbox
+// origin's under the canonical domain: "<user>.<domain>" is that user's
+// DSH (port 0), "<port>-<user>.<domain>" a preview of that port. One label
+// below the domain, so one wildcard certificate covers every origin.
+// Account names start with a letter (validUser says which names are
+// accounts'), so a label starting with a digit is never a user's. ok is
+// false for anything else: another depth, another domain, a port out of
+// range or written with a leading zero, a name no account can have.
+func ParseSandboxHost(host, domain string, validUser func(string) bool) (user string, port int, ok bool) {
+	label, found := strings.CutSuffix(host, "."+domain)
+	if !found || domain == "" || label == "" || strings.Contains(label, ".") {
+		return "", 0, false
+	}
+	if c := label[0]; c >= '0' && c <= '9' {
+		digits, name, found := strings.Cut(label, "-")
+		n, err := strconv.Atoi(digits)
+		if !found || err != nil || digits[0] == '0' || n < 1 || n > 65535 || strconv.Itoa(n) != digits {
+			return "", 0, false
+		}
+		port, label = n, name
+	}
+	if !validUser(label) {
+		return "", 0, false
+	}
+	return label, port, true
+}
+
+// SandboxHost is the host of user's origin under domain (port 0: the
+// DSH's, else that preview's): what ParseSandboxHost reads back.
+func SandboxHost(user string, port int, domain string) string {
+	if port != 0 {
+		return strconv.Itoa(port) + "-" + user + "." + domain
+	}
+	return user + "." + domain
 }
 
 func (p *Policy) trustedPeer(a netip.Addr) bool {
@@ -336,6 +420,19 @@ func SameOrigin(c *fiber.Ctx) bool {
 	scheme := strings.ToLower(u.Scheme)
 	h, ok := canonical(u.Host, scheme)
 	return ok && scheme == info.Scheme && h == info.Host
+}
+
+// CrossSite reports a browser request made by a page of another origin:
+// Fetch Metadata says another site or a sibling host sent it (Sec-Fetch-Site
+// cross-site or same-site: sandbox origins are the gateway's siblings), or
+// it names an Origin that is not ours. An address typed or bookmarked
+// (none), our own pages, and clients that send neither are not.
+func CrossSite(c *fiber.Ctx) bool {
+	switch c.Get("Sec-Fetch-Site") {
+	case "cross-site", "same-site":
+		return true
+	}
+	return c.Get(fiber.HeaderOrigin) != "" && !SameOrigin(c)
 }
 
 // ForeignOrigin reports a request that names an origin other than ours;

@@ -4,7 +4,8 @@
 // that `ctr images import` (and `docker load`) accept. It describes the
 // aaas image exactly as the Dockerfile does (a test keeps them equal) and
 // the images the real-node devcluster needs: the DSH stand-in, NATS, the
-// agent-sandbox controller and the pod sandbox (pause).
+// agent-sandbox controller, the pod sandbox (pause), and this machine's
+// own programs that operators' scripts run in pods (curl).
 package image
 
 import (
@@ -13,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"sort"
@@ -54,7 +56,7 @@ type Spec struct {
 }
 
 // AAASBinaries are the commands of the aaas image, in the Dockerfile's order.
-var AAASBinaries = []string{"edge", "lifecycle", "sweeper", "setup"}
+var AAASBinaries = []string{"edge", "lifecycle", "sweeper", "broker", "setup"}
 
 // AAAS is the image the Dockerfile builds: the aaas processes and the
 // setup step in /usr/local/bin, the edge by default, running as NonRoot.
@@ -86,10 +88,10 @@ func tagOf(ref string) string {
 }
 
 // DSHSim is the DSH Web stand-in as the Dockerfile's dshsim target builds
-// it: the SandboxTemplate's args (`web --host 0.0.0.0 --port 3080`) go
+// it, with the model provider stand-in beside it: the SandboxTemplate's args (`web --host 0.0.0.0 --port 3080`) go
 // straight to it, as they would to DSH Web's own entrypoint.
 func DSHSim(binDir, ref string) Spec {
-	return Spec{Ref: ref, Files: map[string]string{"/usr/local/bin/dshsim": filepath.Join(binDir, "dshsim")},
+	return Spec{Ref: ref, Files: map[string]string{"/usr/local/bin/dshsim": filepath.Join(binDir, "dshsim"), "/usr/local/bin/providersim": filepath.Join(binDir, "providersim")},
 		Entrypoint: []string{"/usr/local/bin/dshsim"}, User: NonRoot}
 }
 
@@ -143,6 +145,38 @@ func Program(dir, pkg, ref, user string) (string, error) {
 	s := Spec{Ref: ref, Files: map[string]string{"/" + path.Base(pkg): bin}, Entrypoint: []string{"/" + path.Base(pkg)}, User: user}
 	out := filepath.Join(dir, path.Base(pkg)+".tar")
 	return out, s.Write(out)
+}
+
+// HostProgram writes into dir an image of a dynamically linked program of
+// this machine (such as Debian's curl) with the shared libraries it loads,
+// at the paths the loader looks for them, as its entrypoint's directory's
+// PATH; it returns the tarball. It is for tools that operators' scripts
+// run in a pod (scripts/preflight-sso.sh runs curl), which the real node
+// cannot pull.
+func HostProgram(dir, bin, ref, user string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	out, err := exec.Command("ldd", bin).Output()
+	if err != nil {
+		return "", fmt.Errorf("image %s: ldd %s: %w", ref, bin, err)
+	}
+	files := map[string]string{bin: bin}
+	for _, line := range strings.Split(string(out), "\n") {
+		// "libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x…)" or the
+		// loader itself, "/lib64/ld-linux-x86-64.so.2 (0x…)"; the vDSO has
+		// no file.
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 4 && f[1] == "=>":
+			files[f[2]] = f[2]
+		case len(f) == 2 && strings.HasPrefix(f[0], "/"):
+			files[f[0]] = f[0]
+		}
+	}
+	s := Spec{Ref: ref, Files: files, Entrypoint: []string{bin}, User: user}
+	tar := filepath.Join(dir, path.Base(bin)+".tar")
+	return tar, s.Write(tar)
 }
 
 // Write builds the image and writes it to out as a docker-archive tarball.

@@ -266,6 +266,7 @@ func (b *Bucket[T]) Keys(ctx context.Context, filter string) ([]string, error) {
 // writes the result with compare-and-set, retrying on conflicts. fn returns
 // write=false to leave the key alone. It returns the final entry.
 func (b *Bucket[T]) Mutate(ctx context.Context, key string, fn func(cur T, ok bool) (next T, write bool, err error), opts ...WriteOption) (Entry[T], error) {
+	start := time.Now()
 	for attempt := 0; ; attempt++ {
 		cur, err := b.Get(ctx, key)
 		ok := err == nil
@@ -285,12 +286,21 @@ func (b *Bucket[T]) Mutate(ctx context.Context, key string, fn func(cur T, ok bo
 		if err == nil {
 			return Entry[T]{Key: key, Value: next, Revision: rev}, nil
 		}
-		if !(errors.Is(err, ErrConflict) || errors.Is(err, ErrExists)) || attempt >= maxMutateAttempts {
+		if !(errors.Is(err, ErrConflict) || errors.Is(err, ErrExists)) {
+			return Entry[T]{}, err
+		}
+		// A conflict that outlasts the attempts is most likely not another
+		// writer: reads are served by any replica, and during a leader
+		// election a lagging one keeps answering an old revision. That is
+		// ridden out as long as an election is (NATS_FAILOVER_WAIT), like
+		// a read that finds no leader (TestNATSNodeLoss saw a signup
+		// refused after 8 s of conflicts, before the wait was spent).
+		if attempt >= maxMutateAttempts && time.Since(start) >= b.failover {
 			return Entry[T]{}, err
 		}
 		// Jittered: writers that collided once (forty signups behind one
 		// NAT on the rate-limit key) must not collide again in lockstep.
-		if err := sleepCtx(ctx, rand.N(time.Duration(attempt+1)*10*time.Millisecond)); err != nil {
+		if err := sleepCtx(ctx, rand.N(min(time.Duration(attempt+1)*10*time.Millisecond, 500*time.Millisecond))); err != nil {
 			return Entry[T]{}, err
 		}
 	}

@@ -21,7 +21,10 @@ import (
 // new consumer (10-20 s, while every write meanwhile stays invisible
 // here). A watchdog compares the bucket's last sequence with the last
 // revision applied and, when the watch has stopped moving while the
-// bucket has not, replaces it with one resuming after that revision.
+// bucket has not, replaces it with one resuming after that revision. The
+// same looks say how current the cache is (Current): a reader that must
+// not act on an old copy (the edge routing to a pod address) can refuse
+// to once it has not been confirmed for too long.
 type Cache[T any] struct {
 	bucket *Bucket[T]
 	index  func(key string) string
@@ -35,10 +38,22 @@ type Cache[T any] struct {
 	synced     chan struct{}
 	syncedOnce sync.Once
 	updates    atomic.Uint64
+	resumes    atomic.Uint64
 	// last is the highest revision applied (revisions are the bucket
 	// stream's sequence numbers, increasing across keys; only the watch
 	// goroutine writes it).
 	last atomic.Uint64
+	// confirmed is Current in Unix nanoseconds (0: never); pending is a
+	// look at the bucket the watch had not caught up with yet (watch
+	// goroutine only).
+	confirmed atomic.Int64
+	pending   look
+}
+
+// look is the bucket's last sequence as read at a moment.
+type look struct {
+	seq uint64
+	at  time.Time
 }
 
 // CacheOption adjusts a cache.
@@ -69,11 +84,14 @@ func NewCache[T any](ctx context.Context, b *Bucket[T], filter string, log *slog
 	for _, o := range opts {
 		o(c)
 	}
+	// The initial contents are the bucket's as of some moment after this
+	// one: once loaded, the cache is current as of it.
+	started := time.Now()
 	w, err := b.kv.Watch(ctx, filter)
 	if err != nil {
 		return nil, fmt.Errorf("watch %s: %w", b.name, err)
 	}
-	go c.run(ctx, w, filter)
+	go c.run(ctx, w, filter, started)
 	return c, nil
 }
 
@@ -81,7 +99,7 @@ func NewCache[T any](ctx context.Context, b *Bucket[T], filter string, log *slog
 // moved over two looks while the bucket has is replaced.
 const watchdogEvery = 2 * time.Second
 
-func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher, filter string) {
+func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher, filter string, started time.Time) {
 	defer func() { _ = w.Stop() }()
 	tick := time.NewTicker(watchdogEvery)
 	defer tick.Stop()
@@ -93,24 +111,38 @@ func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher, filter strin
 		case <-tick.C:
 			// Only a watch of every key must reach the stream's last
 			// sequence.
-			if filter != ">" || !c.IsSynced() || !dog.stalled(c.lastSeq(ctx), c.last.Load()) {
+			if filter != ">" || !c.IsSynced() {
+				continue
+			}
+			asked := time.Now()
+			last, ok := c.lastSeq(ctx)
+			if ok {
+				c.looked(look{seq: last, at: asked})
+			}
+			if !dog.stalled(last, c.last.Load()) {
 				continue
 			}
 			from := c.last.Load() + 1
 			nw, err := c.bucket.kv.Watch(ctx, filter, jetstream.ResumeFromRevision(from))
 			if err != nil {
+				// Still stalled: tried again at the next look.
 				c.log.Warn("stalled watch not replaced", "err", err)
 				continue
 			}
+			dog.resumed()
 			_ = w.Stop()
 			w = nw
+			c.resumes.Add(1)
 			c.log.Warn("watch stalled behind the bucket; resumed on a new one", "from_revision", from)
 		case e, ok := <-w.Updates():
 			if !ok {
 				return
 			}
 			if e == nil {
-				c.syncedOnce.Do(func() { close(c.synced) })
+				c.syncedOnce.Do(func() {
+					c.confirm(started)
+					close(c.synced)
+				})
 				continue
 			}
 			c.apply(e)
@@ -118,25 +150,60 @@ func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher, filter strin
 	}
 }
 
-// lastSeq is the bucket's last sequence, or 0 when the stream cannot say
-// (no leader right now: nothing to compare with).
-func (c *Cache[T]) lastSeq(ctx context.Context) uint64 {
+// lastSeq is the bucket's last sequence; ok is false (and the sequence 0)
+// when the stream cannot say (NATS unreachable, no leader right now:
+// nothing to compare with).
+func (c *Cache[T]) lastSeq(ctx context.Context) (uint64, bool) {
 	ctx, cancel := context.WithTimeout(ctx, watchdogEvery/2)
 	defer cancel()
 	st, err := c.bucket.kv.Status(ctx)
 	if err != nil {
-		return 0
+		return 0, false
 	}
 	if s, ok := st.(*jetstream.KeyValueBucketStatus); ok {
-		return s.StreamInfo().State.LastSeq
+		return s.StreamInfo().State.LastSeq, true
 	}
-	return 0
+	return 0, false
+}
+
+// looked takes in what the bucket said at l.at: the cache is current as
+// of then once it has applied l.seq. The oldest look not yet caught up
+// with is kept, so a watch that always trails by a little still confirms.
+func (c *Cache[T]) looked(l look) {
+	switch {
+	case c.last.Load() >= l.seq:
+		c.confirm(l.at)
+		c.pending = look{}
+	case c.pending.seq == 0:
+		c.pending = l
+	}
+}
+
+func (c *Cache[T]) confirm(at time.Time) {
+	if n := at.UnixNano(); n > c.confirmed.Load() {
+		c.confirmed.Store(n)
+	}
+}
+
+// Current is the latest moment at which the cache is known to have held
+// every write the bucket had: its initial load, then each watchdog look
+// (every watchdogEvery) whose sequence the watch has applied. Whatever the
+// cache says was true then, or later. It is kept for a watch of every key
+// (filter ">") and is zero before the initial load; while NATS cannot be
+// reached it stays where it was.
+func (c *Cache[T]) Current() time.Time {
+	n := c.confirmed.Load()
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
 }
 
 // watchdog decides from successive looks whether a watch is stuck.
 type watchdog struct {
 	applied uint64 // the revision applied at the previous look
 	behind  bool   // the previous look found the bucket ahead
+	last    uint64 // the bucket's last sequence at the previous look
 	// resumedAt is the bucket's last sequence when the watch was last
 	// replaced: a sequence the stream removed before anyone saw it (a
 	// per-key TTL) would otherwise look like a stall forever.
@@ -144,16 +211,18 @@ type watchdog struct {
 }
 
 // stalled reports whether the watch, at applied, has not moved since the
-// previous look while the bucket, at last, is ahead of it both times.
+// previous look while the bucket, at last, is ahead of it both times. It
+// keeps saying so at every look until resumed.
 func (d *watchdog) stalled(last, applied uint64) bool {
 	behind := last > applied && last != d.resumedAt
 	stuck := behind && d.behind && applied == d.applied
-	d.applied, d.behind = applied, behind
-	if stuck {
-		d.resumedAt, d.behind = last, false
-	}
+	d.applied, d.behind, d.last = applied, behind, last
 	return stuck
 }
+
+// resumed records that the watch was replaced after the look that found
+// it stalled.
+func (d *watchdog) resumed() { d.resumedAt, d.behind = d.last, false }
 
 // Note puts an entry read or written by this process (at rev) into the
 // cache without waiting for the watch to bring it: the writer's next
@@ -183,6 +252,10 @@ func (c *Cache[T]) apply(e jetstream.KeyValueEntry) {
 
 	if r := e.Revision(); r > c.last.Load() {
 		c.last.Store(r)
+		if c.pending.seq != 0 && r >= c.pending.seq {
+			c.confirm(c.pending.at)
+			c.pending = look{}
+		}
 	}
 	c.set(key, idx, entry, deleted, nil)
 }
@@ -267,6 +340,9 @@ func (c *Cache[T]) Keys() []string {
 
 // Updates counts changes applied since start (for metrics and tests).
 func (c *Cache[T]) Updates() uint64 { return c.updates.Load() }
+
+// Resumes counts the watches the watchdog replaced (for metrics and tests).
+func (c *Cache[T]) Resumes() uint64 { return c.resumes.Load() }
 
 // Range calls fn for every entry until it returns false. fn must not call
 // back into the cache.

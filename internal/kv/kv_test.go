@@ -193,20 +193,28 @@ func TestMutateRetriesConflicts(t *testing.T) {
 }
 
 func TestKeyTTLExpiresAndCachesSeeIt(t *testing.T) {
+	t.Parallel() // waits out TTLs
 	_, js := setup(t)
 	ctx := natstest.Context(t, 20*time.Second)
 	sessions := open[state.Session](t, js, state.BucketSessions)
-	cache, err := kv.NewCache(ctx, sessions, ">", quiet)
+	key := state.SessionKey("bob", "abc")
+	// Whether the cache held the session, however briefly: a poll could
+	// miss the second it lives on a loaded machine.
+	var seen atomic.Bool
+	cache, err := kv.NewCache(ctx, sessions, ">", quiet, kv.OnChange(func(k string, _ kv.Entry[state.Session], deleted bool) {
+		if k == key && !deleted {
+			seen.Store(true)
+		}
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	<-cache.Synced()
-	key := state.SessionKey("bob", "abc")
 	if _, err := sessions.Create(ctx, key, state.Session{User: "bob"}, kv.WithTTL(time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 5*time.Second, func() error {
-		if _, ok := cache.Get(key); !ok {
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if !seen.Load() {
 			return errors.New("cache has not seen the session")
 		}
 		return nil
@@ -223,21 +231,25 @@ func TestKeyTTLExpiresAndCachesSeeIt(t *testing.T) {
 }
 
 func TestUpdateWithTTLExtendsTheKey(t *testing.T) {
+	t.Parallel() // waits out TTLs
 	_, js := setup(t)
 	ctx := natstest.Context(t, 20*time.Second)
 	locks := open[kv.Holder](t, js, state.BucketLocks)
-	rev, err := locks.Create(ctx, "k", kv.Holder{ID: "a"}, kv.WithTTL(time.Second))
+	// Renewed at a tenth of the TTL, so a loaded machine may stall a
+	// renewal for most of a TTL without the key expiring.
+	const ttl = 2 * time.Second
+	rev, err := locks.Create(ctx, "k", kv.Holder{ID: "a"}, kv.WithTTL(ttl))
 	if err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	for time.Since(start) < 2500*time.Millisecond {
-		time.Sleep(300 * time.Millisecond)
-		if rev, err = locks.Update(ctx, "k", kv.Holder{ID: "a"}, rev, kv.WithTTL(time.Second)); err != nil {
+	for time.Since(start) < 5*ttl/2 {
+		time.Sleep(ttl / 10)
+		if rev, err = locks.Update(ctx, "k", kv.Holder{ID: "a"}, rev, kv.WithTTL(ttl)); err != nil {
 			t.Fatalf("renew after %s: %v", time.Since(start), err)
 		}
 	}
-	testutil.Eventually(t, 5*time.Second, func() error {
+	testutil.Eventually(t, 5*ttl, func() error {
 		if _, err := locks.Get(ctx, "k"); !errors.Is(err, kv.ErrNotFound) {
 			return fmt.Errorf("not expired: %v", err)
 		}
@@ -363,10 +375,11 @@ func TestCacheNote(t *testing.T) {
 }
 
 func TestLease(t *testing.T) {
+	t.Parallel() // waits out TTLs
 	_, js := setup(t)
 	ctx := natstest.Context(t, 30*time.Second)
 	locks := open[kv.Holder](t, js, state.BucketLocks)
-	const ttl = time.Second
+	const ttl = 2 * time.Second
 	a := kv.NewLease(locks, "sweeper", "a", ttl, quiet)
 	b := kv.NewLease(locks, "sweeper", "b", ttl, quiet)
 
@@ -376,9 +389,10 @@ func TestLease(t *testing.T) {
 	if ok, err := b.TryAcquire(ctx); ok || err != nil {
 		t.Fatalf("b took a held lease: %v %v", ok, err)
 	}
-	// Renewing keeps it past several TTLs.
-	for i := 0; i < 4; i++ {
-		time.Sleep(ttl / 2)
+	// Renewing keeps it past several TTLs (at an eighth of the TTL, so a
+	// loaded machine may stall one for most of a TTL).
+	for i := 0; i < 16; i++ {
+		time.Sleep(ttl / 8)
 		if err := a.Renew(ctx); err != nil {
 			t.Fatalf("renew %d: %v", i, err)
 		}
@@ -419,12 +433,23 @@ func TestLease(t *testing.T) {
 }
 
 func TestLeaseRunFailsOver(t *testing.T) {
+	t.Parallel() // waits out TTLs
 	_, js := setup(t)
-	ctx := natstest.Context(t, 30*time.Second)
+	ctx := natstest.Context(t, time.Minute)
 	locks := open[kv.Holder](t, js, state.BucketLocks)
+	const ttl = 3 * time.Second
+	// a's renewals, as the bucket records them.
+	var renewals atomic.Int32
+	if _, err := kv.NewCache(ctx, locks, "role", quiet, kv.OnChange(func(_ string, e kv.Entry[kv.Holder], deleted bool) {
+		if !deleted && e.Value.ID == "a" {
+			renewals.Add(1)
+		}
+	})); err != nil {
+		t.Fatal(err)
+	}
 	leading := make(chan string, 4)
 	run := func(ctx context.Context, id string) {
-		kv.NewLease(locks, "role", id, time.Second, quiet).Run(ctx, func(ctx context.Context) {
+		kv.NewLease(locks, "role", id, ttl, quiet).Run(ctx, func(ctx context.Context) {
 			leading <- id
 			<-ctx.Done()
 		})
@@ -435,10 +460,18 @@ func TestLeaseRunFailsOver(t *testing.T) {
 		t.Fatalf("first leader %s", got)
 	}
 	go run(ctx, "b")
-	select {
-	case id := <-leading:
-		t.Fatalf("%s led while a held the lease", id)
-	case <-time.After(2500 * time.Millisecond):
+	// b campaigns every quarter of the TTL, a renews every third: for three
+	// of a's renewals (a TTL, however long the machine takes for it) b
+	// tries several times and must never lead.
+	from := renewals.Load()
+	for renewals.Load() < from+3 {
+		select {
+		case id := <-leading:
+			t.Fatalf("%s led while a held the lease (renewed %d times since b started)", id, renewals.Load()-from)
+		case <-ctx.Done():
+			t.Fatalf("a renewed %d times in a minute", renewals.Load()-from)
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 	stopA()
 	select {
@@ -446,7 +479,7 @@ func TestLeaseRunFailsOver(t *testing.T) {
 		if id != "b" {
 			t.Fatalf("leader after a stopped: %s", id)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(5 * ttl):
 		t.Fatal("b never took over")
 	}
 }
@@ -476,17 +509,40 @@ func TestClusterKeepsAcknowledgedWritesThroughANodeOutage(t *testing.T) {
 			}
 		}
 	}
+	// Kill the node leading the bucket's stream, and see another lead it.
+	const stream = "KV_" + state.BucketUsers
+	killLeader := func() int {
+		t.Helper()
+		var leader string
+		testutil.Eventually(t, 30*time.Second, func() error {
+			if leader, _ = streamLeader(ctx, js, stream); leader == "" {
+				return errors.New("no leader")
+			}
+			return nil
+		})
+		i := nodeIndex(t, leader)
+		c.Kill(i)
+		testutil.Eventually(t, 30*time.Second, func() error {
+			now, _ := streamLeader(ctx, js, stream)
+			if now == "" || now == leader {
+				return fmt.Errorf("%s led the stream, now %q", leader, now)
+			}
+			t.Logf("killed %s, the stream's leader; %s leads it now", leader, now)
+			return nil
+		})
+		return i
+	}
 	write(20)
-	c.Stop(1)
+	first := killLeader()
 	before := len(acked)
 	write(20)
 	if len(acked)-before != 20 {
-		t.Fatalf("only %d of 20 writes were acknowledged with one node down", len(acked)-before)
+		t.Fatalf("only %d of 20 writes were acknowledged with the leader's node down", len(acked)-before)
 	}
-	if err := c.Restart(1); err != nil {
+	if err := c.Restart(first); err != nil {
 		t.Fatal(err)
 	}
-	c.Stop(0) // and lose another one, so the restarted node must serve
+	killLeader() // and lose the next leader, so the restarted node must serve
 	write(5)
 	for k := range acked {
 		testutil.Eventually(t, 10*time.Second, func() error {
@@ -541,17 +597,22 @@ func BenchmarkCachedSessionLookup(b *testing.B) {
 // key then never leads beside it: within a TTL of sending the last renewal
 // the server acknowledged (its Holder.Since), less the margin.
 func TestLeaseHolderStepsDownBeforeItsKeyCanExpire(t *testing.T) {
+	t.Parallel() // waits out TTLs
 	url, js := setup(t)
 	ctx := natstest.Context(t, 30*time.Second)
 	faults := testenv.NewFaults(t)
 	_, cutJS := natstest.Connect(t, faults.Links("a", []string{strings.TrimPrefix(url, "nats://")}))
-	const ttl = 2 * time.Second
+	// The holder steps down a tenth of the TTL before its key can expire:
+	// at 5 s, half a second for the test's goroutines to be scheduled on a
+	// loaded machine.
+	const ttl = 5 * time.Second
 	a := kv.NewLease(open[kv.Holder](t, cutJS, state.BucketLocks), "role", "a", ttl, quiet)
 
 	// Everything a's writes put in the key, as another client sees it.
 	locks := open[kv.Holder](t, js, state.BucketLocks)
 	var mu sync.Mutex
 	var lastSince, expired time.Time
+	renewals := 0
 	if _, err := kv.NewCache(ctx, locks, "role", quiet, kv.OnChange(func(_ string, e kv.Entry[kv.Holder], deleted bool) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -560,6 +621,7 @@ func TestLeaseHolderStepsDownBeforeItsKeyCanExpire(t *testing.T) {
 			expired = time.Now()
 		case !deleted && e.Value.ID == "a":
 			lastSince = e.Value.Since
+			renewals++
 		}
 	})); err != nil {
 		t.Fatal(err)
@@ -581,7 +643,14 @@ func TestLeaseHolderStepsDownBeforeItsKeyCanExpire(t *testing.T) {
 		}
 	})
 	<-leading
-	time.Sleep(ttl) // a few renewals
+	testutil.Eventually(t, 5*ttl, func() error { // a few renewals
+		mu.Lock()
+		defer mu.Unlock()
+		if renewals < 3 {
+			return fmt.Errorf("%d records of a", renewals)
+		}
+		return nil
+	})
 	faults.Blackhole("a")
 	cut := time.Now()
 
@@ -606,5 +675,139 @@ func TestLeaseHolderStepsDownBeforeItsKeyCanExpire(t *testing.T) {
 	if !stepDown.Before(expired) || stepDown.After(lastSince.Add(ttl)) {
 		t.Fatalf("a led until %s after its last acknowledged renewal was sent, the key expired at %s: two leaders could overlap",
 			stepDown.Sub(lastSince), expired.Sub(lastSince))
+	}
+}
+
+// nodeIndex is the index in c.Nodes of the node named name ("n2").
+func nodeIndex(t testing.TB, name string) int {
+	t.Helper()
+	var i int
+	if _, err := fmt.Sscanf(name, "n%d", &i); err != nil {
+		t.Fatalf("node name %q: %v", name, err)
+	}
+	return i
+}
+
+// streamLeader is the node leading stream now ("" while it has none).
+func streamLeader(ctx context.Context, js jetstream.JetStream, stream string) (string, []string) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil || s.CachedInfo().Cluster == nil {
+		return "", nil
+	}
+	c := s.CachedInfo().Cluster
+	peers := []string{c.Leader}
+	for _, r := range c.Replicas {
+		peers = append(peers, r.Name)
+	}
+	return c.Leader, peers
+}
+
+// The watch of a cache is an ordered consumer on one NATS node. When that
+// node dies, the client, connected elsewhere, notices only after missed
+// heartbeats (10 s and more); the watchdog sees the bucket move on without
+// the watch and replaces it, resuming after the last revision applied, so
+// the cache catches up before then (tests review T23).
+func TestCacheCatchesUpWhenItsWatchsNodeDies(t *testing.T) {
+	// Four nodes, the bucket on three: the client's node holds no replica
+	// (as clients of a larger cluster often do), so the consumer is
+	// elsewhere and the client keeps its connection when that node dies.
+	c := natstest.StartCluster(t, 4, embednats.Options{NoAdvertise: true})
+	_, admin := natstest.Connect(t, c.URLs())
+	ctx := natstest.Context(t, 3*time.Minute)
+	cfg := state.DefaultBucketsConfig()
+	cfg.Replicas = 3
+	if err := state.EnsureBuckets(ctx, admin, cfg); err != nil {
+		t.Fatal(err)
+	}
+	const stream = "KV_" + state.BucketSessions
+	_, peers := streamLeader(ctx, admin, stream)
+	client := -1
+	for i := range c.Nodes {
+		if !strings.Contains(" "+strings.Join(peers, " ")+" ", fmt.Sprintf(" n%d ", i)) {
+			client = i
+		}
+	}
+	if len(peers) != 3 || client < 0 {
+		t.Fatalf("the bucket's peers are %v: want 3 of the 4 nodes", peers)
+	}
+	_, js := natstest.Connect(t, c.Nodes[client].URL())
+	sessions := open[state.Session](t, js, state.BucketSessions)
+	cache, err := kv.NewCache(ctx, sessions, ">", quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-cache.Synced()
+	if _, err := sessions.Put(ctx, "ann.1", state.Session{User: "ann"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := cache.Wait(ctx, "ann.1", func(_ kv.Entry[state.Session], ok bool) bool { return ok }); err != nil {
+		t.Fatal(err)
+	}
+
+	// The node that delivers the watch: its consumer is the bucket's only
+	// one.
+	var host string
+	testutil.Eventually(t, 30*time.Second, func() error {
+		s, err := admin.Stream(ctx, stream)
+		if err != nil {
+			return err
+		}
+		var hosts []string
+		l := s.ListConsumers(ctx)
+		for ci := range l.Info() {
+			if ci.Cluster != nil {
+				hosts = append(hosts, ci.Cluster.Leader)
+			}
+		}
+		if len(hosts) != 1 || hosts[0] == "" {
+			return fmt.Errorf("consumers on %v (%v), want the watch's alone", hosts, l.Err())
+		}
+		host = hosts[0]
+		return nil
+	})
+	if nodeIndex(t, host) == client {
+		t.Fatalf("the watch's consumer is on the client's node %s, which holds no replica", host)
+	}
+	// Writes go on without an election: the stream is led elsewhere.
+	testutil.Eventually(t, 30*time.Second, func() error {
+		leader, _ := streamLeader(ctx, admin, stream)
+		if leader != "" && leader != host {
+			return nil
+		}
+		if leader == host {
+			_, _ = admin.Conn().Request("$JS.API.STREAM.LEADER.STEPDOWN."+stream, nil, 5*time.Second)
+		}
+		return fmt.Errorf("the stream is led by %q, the watch's node", leader)
+	})
+
+	c.Kill(nodeIndex(t, host))
+	killed := time.Now()
+	// A write the dead consumer can never deliver.
+	testutil.Eventually(t, 30*time.Second, func() error {
+		_, err := sessions.Put(ctx, "bob.1", state.Session{User: "bob"})
+		return err
+	})
+	var resumed time.Duration
+	testutil.Eventually(t, 60*time.Second, func() error {
+		if resumed == 0 && cache.Resumes() > 0 {
+			resumed = time.Since(killed)
+		}
+		if _, ok := cache.Get("bob.1"); !ok {
+			return errors.New("the cache has not seen the write made after its watch's node died")
+		}
+		return nil
+	})
+	caughtUp := time.Since(killed)
+	if cache.Resumes() == 0 {
+		t.Fatalf("the cache caught up %s after the kill without the watchdog: the client's own heartbeat check came first", caughtUp.Round(time.Millisecond))
+	}
+	t.Logf("watch of %s killed: the watchdog replaced it after %s, the cache caught up after %s",
+		host, resumed.Round(time.Millisecond), caughtUp.Round(time.Millisecond))
+	// The replacement lives on a node that is up, and resumed where the
+	// old one stopped: nothing written before is missing.
+	if _, ok := cache.Get("ann.1"); !ok || cache.Len() != 2 {
+		t.Fatalf("cache holds %d entries after the resume, want ann.1 and bob.1", cache.Len())
 	}
 }

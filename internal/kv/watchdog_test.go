@@ -27,7 +27,25 @@ func TestWatchdog(t *testing.T) {
 				if got := d.stalled(l.last, l.applied); got != l.stalled {
 					t.Fatalf("look %d (last %d, applied %d): stalled %v, want %v", i, l.last, l.applied, got, l.stalled)
 				}
+				if l.stalled {
+					d.resumed()
+				}
 			}
 		})
+	}
+}
+
+// A replacement that failed (no leader to create the new consumer on) is
+// tried again at the next look, though the bucket has not moved since.
+func TestWatchdogTriesAFailedReplacementAgain(t *testing.T) {
+	var d watchdog
+	for i, want := range []bool{false, true, true} {
+		if got := d.stalled(20, 15); got != want {
+			t.Fatalf("look %d: stalled %v, want %v", i, got, want)
+		}
+	}
+	d.resumed()
+	if d.stalled(20, 15) {
+		t.Fatal("stalled again right after the replacement")
 	}
 }

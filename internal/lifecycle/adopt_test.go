@@ -2,21 +2,25 @@ package lifecycle_test
 
 import (
 	"bytes"
-	"encoding/json"
+	"context"
+	"fmt"
+	"maps"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	k8stesting "k8s.io/client-go/testing"
-	extfake "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned/fake"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
+	extclient "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned"
+	claimsv1beta1 "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned/typed/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/aaas-project/aaas/internal/lifecycle"
 	"github.com/aaas-project/aaas/internal/sandbox"
+	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 const seedHash = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
@@ -171,44 +175,116 @@ func TestAdoptOptionsValidate(t *testing.T) {
 	}
 }
 
-// TestAdoptPatchesOnlyCandidates runs Adopt against a fake API: a dry run
-// sends nothing but lists; --apply sends exactly one merge patch per
-// candidate, carrying the resourceVersion it decided on; a conflict is
-// reported, fails the run, and does not stop the other claims.
-func TestAdoptPatchesOnlyCandidates(t *testing.T) {
-	alice, carol, dave := seedClaim("dsh-alice"), seedClaim("dsh-carol"), seedClaim("dsh-dave")
-	delete(carol.Annotations, sandbox.TokenHashAnnotation)
-	dave.ResourceVersion = "7"
-	managed := seedClaim("dsh-bob")
-	managed.Labels = map[string]string{"aaas.example.com/managed-by": "dsh-gateway"}
-	other := seedClaim("notebook")
-	fake := extfake.NewSimpleClientset(&alice, &carol, &dave, &managed, &other)
-	var patches []k8stesting.PatchAction
-	fake.PrependReactor("patch", "sandboxclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		p := a.(k8stesting.PatchAction)
-		patches = append(patches, p)
-		if p.GetName() == "dsh-dave" {
-			return true, nil, apierrors.NewConflict(schema.GroupResource{Group: "extensions.agents.x-k8s.io", Resource: "sandboxclaims"}, "dsh-dave", nil)
-		}
-		return false, nil, nil
-	})
-	claims := fake.ExtensionsV1beta1().SandboxClaims("ns")
+// changedAfterListing is the API server's claims, with someone else
+// changing one claim right after Adopt listed them: between its plan and
+// its patch.
+type changedAfterListing struct {
+	claimsv1beta1.SandboxClaimInterface
+	once   sync.Once
+	change func()
+}
 
-	var out bytes.Buffer
-	sum, err := lifecycle.Adopt(t.Context(), claims, adoptOptions(), &out)
-	if err != nil || len(patches) != 0 || sum[lifecycle.ActionAdopt] != 2 || sum[lifecycle.ActionSkipped] != 2 || sum[lifecycle.ActionManaged] != 1 {
-		t.Fatalf("dry run: %v, %d patches, %v\n%s", err, len(patches), sum, out.String())
+func (c *changedAfterListing) List(ctx context.Context, o metav1.ListOptions) (*extv1beta1.SandboxClaimList, error) {
+	l, err := c.SandboxClaimInterface.List(ctx, o)
+	if err == nil {
+		c.once.Do(c.change)
 	}
-	for _, want := range []string{"in namespace ns (dry run: nothing is changed)", "dsh-alice  alice  adopt\n", "dsh-bob    bob    already managed\n", "dsh-carol  carol  skipped: no token hash", "notebook   -      skipped: not a user's claim", "run again with --apply"} {
+	return l, err
+}
+
+// TestAdoptPatchesOnlyCandidates runs Adopt against the API server, as the
+// lifecycle ServiceAccount: a dry run lists and changes nothing; --apply
+// adopts each candidate with a patch carrying the resourceVersion it
+// decided on, so a claim changed between plan and patch gets the API
+// server's 409, is reported, fails the run, and does not stop the others.
+func TestAdoptPatchesOnlyCandidates(t *testing.T) {
+	f := setup(t, nil)
+	_, admin, err := pkg.Cluster.SandboxClients()
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminClaims := admin.ExtensionsV1beta1().SandboxClaims(f.NS.Name)
+	mk := func(name string, mutate func(*extv1beta1.SandboxClaim)) {
+		c := seedClaim(name)
+		c.Namespace, c.ResourceVersion = "", ""
+		c.Spec = extv1beta1.SandboxClaimSpec{WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: "dsh-pool"}}
+		if mutate != nil {
+			mutate(&c)
+		}
+		if _, err := adminClaims.Create(ctx(t), &c, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("dsh-alice", nil)
+	mk("dsh-carol", func(c *extv1beta1.SandboxClaim) { delete(c.Annotations, sandbox.TokenHashAnnotation) })
+	mk("dsh-dave", nil)
+	mk("dsh-bob", func(c *extv1beta1.SandboxClaim) {
+		c.Labels = map[string]string{"aaas.example.com/managed-by": "dsh-gateway"}
+	})
+	mk("notebook", nil)
+	// The controller binds each claim to a sandbox, writes its status and,
+	// its last write, stamps when it was first Ready; after that, nothing
+	// but this test changes them.
+	testutil.Eventually(t, 2*time.Minute, func() error {
+		l, err := adminClaims.List(ctx(t), metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, c := range l.Items {
+			if !meta.IsStatusConditionTrue(c.Status.Conditions, "Ready") || c.Annotations["agents.x-k8s.io/claim-first-ready-at"] == "" {
+				return fmt.Errorf("claim %s not settled yet", c.Name)
+			}
+		}
+		return nil
+	})
+	versions := func() map[string]string {
+		l, err := adminClaims.List(ctx(t), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := map[string]string{}
+		for _, c := range l.Items {
+			v[c.Name] = c.ResourceVersion
+		}
+		return v
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", f.NS.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asLifecycle, err := extclient.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims := asLifecycle.ExtensionsV1beta1().SandboxClaims(f.NS.Name)
+	o := adoptOptions()
+	o.Namespace = f.NS.Name
+
+	before := versions()
+	var out bytes.Buffer
+	sum, err := lifecycle.Adopt(ctx(t), claims, o, &out)
+	if err != nil || sum[lifecycle.ActionAdopt] != 2 || sum[lifecycle.ActionSkipped] != 2 || sum[lifecycle.ActionManaged] != 1 {
+		t.Fatalf("dry run: %v, %v\n%s", err, sum, out.String())
+	}
+	for _, want := range []string{"in namespace " + f.NS.Name + " (dry run: nothing is changed)", "dsh-alice  alice  adopt\n", "dsh-bob    bob    already managed\n", "dsh-carol  carol  skipped: no token hash", "notebook   -      skipped: not a user's claim", "run again with --apply"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("dry run output lacks %q:\n%s", want, out.String())
 		}
 	}
+	if after := versions(); !maps.Equal(after, before) {
+		t.Fatalf("the dry run changed claims: %v, before %v", after, before)
+	}
 
 	out.Reset()
-	o := adoptOptions()
 	o.Apply = true
-	sum, err = lifecycle.Adopt(t.Context(), claims, o, &out)
+	changed := &changedAfterListing{SandboxClaimInterface: claims, change: func() {
+		// An operator labels dave while adopt is deciding.
+		patch := []byte(`{"metadata":{"labels":{"team":"blue"}}}`)
+		if _, err := adminClaims.Patch(ctx(t), "dsh-dave", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Error(err)
+		}
+	}}
+	sum, err = lifecycle.Adopt(ctx(t), changed, o, &out)
 	if err == nil || !strings.Contains(err.Error(), "1 of 2 claims could not be adopted") {
 		t.Fatalf("apply with a conflict: err %v\n%s", err, out.String())
 	}
@@ -218,36 +294,19 @@ func TestAdoptPatchesOnlyCandidates(t *testing.T) {
 	if strings.Contains(out.String(), seedHash[:16]) {
 		t.Fatalf("the output shows a token hash:\n%s", out.String())
 	}
-	if len(patches) != 2 {
-		t.Fatalf("%d patches, want alice's and dave's", len(patches))
-	}
-	for _, p := range patches {
-		var body struct {
-			Metadata struct {
-				ResourceVersion string            `json:"resourceVersion"`
-				Labels          map[string]string `json:"labels"`
-				Annotations     map[string]string `json:"annotations"`
-			} `json:"metadata"`
-		}
-		if err := json.Unmarshal(p.GetPatch(), &body); err != nil {
-			t.Fatal(err)
-		}
-		user, _ := sandbox.UserOf(p.GetName())
-		wantRV := map[string]string{"alice": "41", "dave": "7"}[user]
-		m := body.Metadata
-		if p.GetPatchType() != "application/merge-patch+json" || m.ResourceVersion != wantRV ||
-			len(m.Labels) != 2 || m.Labels["aaas.example.com/managed-by"] != "dsh-gateway" || m.Labels[sandbox.UserLabel] != user ||
-			len(m.Annotations) != 1 || m.Annotations[sandbox.TokenHashAnnotation] != seedHash {
-			t.Errorf("patch of %s (%s): %s", p.GetName(), p.GetPatchType(), p.GetPatch())
-		}
-	}
-	got, err := claims.Get(t.Context(), "dsh-alice", metav1.GetOptions{})
-	if err != nil || got.Labels["aaas.example.com/managed-by"] != "dsh-gateway" || got.Labels[sandbox.UserLabel] != "alice" || got.Annotations["aaas.example.com/managed-by"] != "dsh-gateway" {
+	got, err := adminClaims.Get(ctx(t), "dsh-alice", metav1.GetOptions{})
+	if err != nil || got.Labels["aaas.example.com/managed-by"] != "dsh-gateway" || got.Labels[sandbox.UserLabel] != "alice" ||
+		got.Annotations["aaas.example.com/managed-by"] != "dsh-gateway" || got.Annotations[sandbox.TokenHashAnnotation] != seedHash {
 		t.Fatalf("alice after adoption: %v %+v", err, got.ObjectMeta)
 	}
-	for _, name := range []string{"dsh-carol", "notebook", "dsh-dave"} {
-		if c, _ := claims.Get(t.Context(), name, metav1.GetOptions{}); len(c.Labels) != 0 {
-			t.Errorf("%s was changed: %v", name, c.Labels)
+	dave, err := adminClaims.Get(ctx(t), "dsh-dave", metav1.GetOptions{})
+	if err != nil || len(dave.Labels) != 1 || dave.Labels["team"] != "blue" {
+		t.Fatalf("dave after the conflict: %v, labels %v (want only the operator's)", err, dave.Labels)
+	}
+	after := versions()
+	for _, name := range []string{"dsh-carol", "notebook", "dsh-bob"} {
+		if after[name] != before[name] {
+			t.Errorf("%s was changed (resourceVersion %s, was %s)", name, after[name], before[name])
 		}
 	}
 }

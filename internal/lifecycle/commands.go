@@ -22,9 +22,22 @@ import (
 	"github.com/aaas-project/aaas/internal/state"
 )
 
-// permanentKube marks Kubernetes errors that retrying cannot fix.
-func permanentKube(err error) error {
-	if apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) {
+// kubeFail counts a failed Kubernetes call (op) and marks the errors that
+// retrying cannot fix. A refusal is one only from an API server that is
+// serving: one that has just started answers Forbidden to everything its
+// RBAC caches do not hold yet, exactly as for a verb the Role lacks, and
+// only its readiness tells the two apart. Taken as final, that passing
+// refusal failed a handshake for good right after an API server restart
+// (TestAPIServerRestartMidOperation).
+func (w *Worker) kubeFail(ctx context.Context, op string, err error) error {
+	err = w.kubeErr(op, err)
+	switch {
+	case apierrors.IsForbidden(err):
+		if !w.k8s.Serving(ctx) {
+			return err
+		}
+		return events.Permanent(err)
+	case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err):
 		return events.Permanent(err)
 	}
 	return err
@@ -45,13 +58,13 @@ func (w *Worker) claim(ctx context.Context, c events.Command) (string, error) {
 	claim, err := w.k8s.CreateClaim(ctx, c.User, hash)
 	if apierrors.IsAlreadyExists(err) {
 		if claim, err = w.k8s.GetClaim(ctx, c.User); err != nil {
-			return "", permanentKube(w.kubeErr("get claim", err))
+			return "", w.kubeFail(ctx, "get claim", err)
 		}
 		if !w.k8s.Managed(claim) || !sameHash(claim.Annotations[sandbox.TokenHashAnnotation], hash) {
 			return w.conflict(ctx, c, "claim exists")
 		}
 	} else if err != nil {
-		return "", permanentKube(w.kubeErr("create claim", err))
+		return "", w.kubeFail(ctx, "create claim", err)
 	}
 	if err := w.recordClaim(ctx, c.User, hash, claim); err != nil {
 		return "", err
@@ -110,7 +123,7 @@ func (w *Worker) wake(ctx context.Context, c events.Command) (string, error) {
 // even when the cache already says Running: the cache may lag a suspend.
 func (w *Worker) start(ctx context.Context, user string, sb *sandboxv1beta1.Sandbox, detail string) error {
 	if err := w.k8s.SetMode(ctx, sb.Name, sandboxv1beta1.SandboxOperatingModeRunning); err != nil {
-		return permanentKube(w.kubeErr("wake", err))
+		return w.kubeFail(ctx, "wake", err)
 	}
 	if sb.Spec.OperatingMode != sandboxv1beta1.SandboxOperatingModeRunning {
 		w.pub.Audit(events.AuditEvent{Kind: events.AuditWake, User: user, Outcome: "woken", Detail: strings.TrimSpace("sandbox " + sb.Name + " " + detail)})
@@ -139,7 +152,7 @@ func (w *Worker) suspend(ctx context.Context, c events.Command) (string, error) 
 		return "skipped", nil
 	}
 	if err := w.k8s.SetMode(ctx, st.Sandbox.Name, sandboxv1beta1.SandboxOperatingModeSuspended); err != nil {
-		return "", permanentKube(w.kubeErr("suspend", err))
+		return "", w.kubeFail(ctx, "suspend", err)
 	}
 	if _, err := w.handshakes.PurgePrefix(ctx, c.User); err != nil {
 		return "", err
@@ -171,7 +184,7 @@ func (w *Worker) delete(ctx context.Context, c events.Command) (string, error) {
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		return "", permanentKube(w.kubeErr("get claim", err))
+		return "", w.kubeFail(ctx, "get claim", err)
 	case !w.k8s.Managed(claim):
 		_ = w.answer(ctx, c, state.OutcomeFailed, "claim is not managed by this gateway")
 		return "", events.Permanent(fmt.Errorf("claim %s is not managed by this gateway", claim.Name))
@@ -183,7 +196,7 @@ func (w *Worker) delete(ctx context.Context, c events.Command) (string, error) {
 			return "", err
 		}
 		if err := w.k8s.DeleteClaim(ctx, c.User, claim.UID, false); err != nil {
-			return "", permanentKube(w.kubeErr("delete claim", err))
+			return "", w.kubeFail(ctx, "delete claim", err)
 		}
 	}
 	if err := w.forget(ctx, c.User); err != nil {
@@ -259,7 +272,7 @@ func (w *Worker) recreate(ctx context.Context, c events.Command) (string, error)
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		return "", permanentKube(w.kubeErr("get claim", err))
+		return "", w.kubeFail(ctx, "get claim", err)
 	case !w.k8s.Managed(old):
 		return "", events.Permanent(fmt.Errorf("claim %s is not managed by this gateway", old.Name))
 	case string(old.UID) != u.Value.ClaimUID && sameHash(old.Annotations[sandbox.TokenHashAnnotation], u.Value.TokenHash):
@@ -275,7 +288,7 @@ func (w *Worker) recreate(ctx context.Context, c events.Command) (string, error)
 		claim, err = w.k8s.GetClaim(ctx, c.User)
 	}
 	if err != nil {
-		return "", permanentKube(w.kubeErr("create claim", err))
+		return "", w.kubeFail(ctx, "create claim", err)
 	}
 	if err := w.recordClaim(ctx, c.User, u.Value.TokenHash, claim); err != nil {
 		return "", err
@@ -292,7 +305,7 @@ func (w *Worker) recreate(ctx context.Context, c events.Command) (string, error)
 func (w *Worker) replace(ctx context.Context, user string, uid types.UID) error {
 	old := w.k8s.Lookup(user).Sandbox
 	if err := w.k8s.DeleteClaim(ctx, user, uid, true); err != nil {
-		return permanentKube(w.kubeErr("delete claim", err))
+		return w.kubeFail(ctx, "delete claim", err)
 	}
 	if _, err := w.sandboxes.Put(ctx, user, state.Sandbox{User: user, Phase: state.PhaseDeleting, Managed: true, Updated: time.Now().UTC()}); err != nil {
 		return err
@@ -314,26 +327,75 @@ func (w *Worker) replace(ctx context.Context, user string, uid types.UID) error 
 // handshake reads the launch token from the pod log, trades it for DSH's
 // auth cookie with the browser's Host, and stores the cookie sealed. A
 // failure is stored too, with its reason, so the waiting edge can say why.
+//
+// The pod is the tenant's, so the whole handshake (every log read,
+// candidate token and retry) ends within HandshakeTimeout, and one asked
+// for again soon after the last waits its turn (LifecycleRefreshes): a pod
+// that refuses every cookie costs a handshake now and then, not one per
+// request.
 func (w *Worker) handshake(ctx context.Context, c events.Command) (string, error) {
 	a := c.Handshake
 	key := state.HandshakeKey(c.User, a.PodUID, a.Host)
-	st, ok := w.podFor(ctx, c.User, a.PodUID)
+	cur, err := w.handshakes.Get(ctx, key)
+	switch {
+	case err == nil && cur.Revision > a.StaleRevision:
+		// Done again since the asker looked (another edge asked first):
+		// the newer record is its answer.
+		return "fresh", nil
+	case err != nil && !errors.Is(err, kv.ErrNotFound):
+		return "", err
+	}
+	if a.StaleRevision != 0 && err == nil {
+		if wait := w.refreshes.Next(key, time.Now()); wait > 0 {
+			return w.refreshRefused(ctx, key, cur, wait)
+		}
+	}
+	hctx, cancel := context.WithTimeout(ctx, w.o.HandshakeTimeout)
+	defer cancel()
+	cookie, failure, err := w.exchange(hctx, c.User, a)
+	if (failure != nil || err != nil) && hctx.Err() != nil && ctx.Err() == nil {
+		failure, err = fmt.Errorf("%w (HANDSHAKE_TIMEOUT %s)", errHandshakeDeadline, w.o.HandshakeTimeout), nil
+	}
+	switch {
+	case err != nil:
+		return "", err
+	case failure != nil:
+		return w.handshakeFailed(ctx, c, key, failure)
+	}
+	sealed := w.o.Sealer.Seal([]byte(cookie), []byte(key))
+	if _, err := w.handshakes.Put(ctx, key, state.Handshake{User: c.User, PodUID: a.PodUID, Host: a.Host, Sealed: sealed, At: time.Now().UTC()}, kv.WithTTL(w.o.HandshakeTTL)); err != nil {
+		return "", err
+	}
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditHandshake, User: c.User, Outcome: "ok", Detail: "pod " + a.PodUID + " host " + a.Host})
+	return "ok", nil
+}
+
+// exchange finds the pod, reads its log and trades the newest token DSH
+// accepts for its cookie. failure is the pod's answer, to be recorded; err
+// is a passing fault worth a redelivery.
+func (w *Worker) exchange(ctx context.Context, user string, a *events.HandshakeArgs) (cookie string, failure, err error) {
+	st, ok := w.podFor(ctx, user, a.PodUID)
 	if !ok {
-		return w.handshakeFailed(ctx, c, key, errPodChanged)
+		return "", errPodChanged, nil
 	}
 	req := handshake.Request{Address: w.k8s.Address(st), Host: a.Host, Proto: a.Proto, Prefix: a.Prefix}
-	var cookie string
 	for attempt := 0; ; attempt++ {
 		log, err := w.k8s.LogTail(ctx, st.Pod, w.o.LogTailLines)
 		if err != nil {
-			if err = permanentKube(w.kubeErr("pod log", err)); events.IsPermanent(err) {
-				return w.handshakeFailed(ctx, c, key, fmt.Errorf("cannot read the DSH log: %w", err))
+			if err = w.kubeFail(ctx, "pod log", err); events.IsPermanent(err) {
+				return "", fmt.Errorf("cannot read the DSH log: %w", err), nil
 			}
-			return "", err
+			return "", nil, err
 		}
+		w.m.logBytes.Observe(float64(len(log)))
 		tokens, err := handshake.TokensFromLog(log)
 		if err != nil {
-			return w.handshakeFailed(ctx, c, key, err)
+			if w.o.LogLimitBytes > 0 && int64(len(log)) >= w.o.LogLimitBytes {
+				// The read stopped at the limit: say so, or the operator
+				// looks for a DSH that printed no token.
+				err = fmt.Errorf("%w in the %d bytes read of the log's last %d lines (DSH_LOG_LIMIT_BYTES, DSH_LOG_TAIL_LINES)", err, w.o.LogLimitBytes, w.o.LogTailLines)
+			}
+			return "", err, nil
 		}
 		// The tenant writes the log too: a line printed after the real one
 		// may only look like a token. Try them newest first.
@@ -348,27 +410,44 @@ func (w *Worker) handshake(ctx context.Context, c events.Command) (string, error
 		if errors.As(err, &herr) && herr.Status == 401 && attempt == 0 {
 			continue
 		}
-		if err != nil {
-			return w.handshakeFailed(ctx, c, key, err)
-		}
-		break
+		return cookie, err, nil
 	}
-	sealed := w.o.Sealer.Seal([]byte(cookie), []byte(key))
-	if _, err := w.handshakes.Put(ctx, key, state.Handshake{User: c.User, PodUID: a.PodUID, Host: a.Host, Sealed: sealed, At: time.Now().UTC()}, kv.WithTTL(w.o.HandshakeTTL)); err != nil {
+}
+
+// backoffNote ends the reason of a failed handshake that was asked for
+// again before its turn.
+const backoffNote = "; the next handshake for this pod waits "
+
+// refreshRefused answers a handshake asked for again before its turn by
+// writing the key's record again: the asker's wait ends at once instead of
+// after HANDSHAKE_TIMEOUT, a cookie stays the one it was (another edge may
+// be using it; the asker finds DSH still refusing it, or that it cannot
+// open it), and a failure keeps its reason, saying when the next handshake
+// may go. Neither the pod nor the audit stream hears of it: the pacing
+// exists so that a pod refusing every cookie fills neither.
+func (w *Worker) refreshRefused(ctx context.Context, key string, cur kv.Entry[state.Handshake], wait time.Duration) (string, error) {
+	w.m.handshakeFailures.WithLabelValues("backoff").Inc()
+	rec, ttl := cur.Value, w.o.HandshakeTTL
+	if rec.Error != "" {
+		why, _, _ := strings.Cut(rec.Error, backoffNote)
+		rec.Error, rec.At, ttl = why+backoffNote+wait.Round(100*time.Millisecond).String(), time.Now().UTC(), failedHandshakeTTL
+	}
+	if _, err := w.handshakes.Put(ctx, key, rec, kv.WithTTL(ttl)); err != nil {
 		return "", err
 	}
-	w.pub.Audit(events.AuditEvent{Kind: events.AuditHandshake, User: c.User, Outcome: "ok", Detail: "pod " + a.PodUID + " host " + a.Host})
-	return "ok", nil
+	return "backoff", nil
 }
 
 // podFor waits briefly for this replica's cache to show the pod the edge
-// asked about: the edge learnt its UID from the mirror, which may run on a
-// replica whose informer is a little ahead of ours.
+// asked about, with its address: the edge learnt its UID from the mirror,
+// which may run on a replica whose informer is a little ahead of ours,
+// and an older copy of the same pod may not have its IP yet (the fault
+// suite caught a handshake dialling ":3080" after an API server restart).
 func (w *Worker) podFor(ctx context.Context, user, podUID string) (sandbox.State, bool) {
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		st := w.k8s.Lookup(user)
-		if st.Pod != nil && string(st.Pod.UID) == podUID && st.Pod.DeletionTimestamp == nil {
+		if st.Pod != nil && string(st.Pod.UID) == podUID && st.Pod.DeletionTimestamp == nil && st.Pod.Status.PodIP != "" {
 			return st, true
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -382,7 +461,11 @@ func (w *Worker) podFor(ctx context.Context, user, podUID string) (sandbox.State
 // read it, not so long that it shadows a later success.
 const failedHandshakeTTL = time.Minute
 
-var errPodChanged = errors.New("the sandbox's pod changed or stopped before the handshake")
+var (
+	errPodChanged        = errors.New("the sandbox's pod changed or stopped before the handshake")
+	errHandshakeDeadline = errors.New("the sandbox's DSH did not complete the handshake in time")
+	errHandshakesBusy    = errors.New("too many handshakes under way; try again in a moment")
+)
 
 func (w *Worker) handshakeFailed(ctx context.Context, c events.Command, key string, cause error) (string, error) {
 	w.m.handshakeFailures.WithLabelValues(failureLabel(cause)).Inc()
@@ -400,6 +483,10 @@ func failureLabel(err error) string {
 		return "missing_token"
 	case errors.Is(err, errPodChanged):
 		return "pod_changed"
+	case errors.Is(err, errHandshakeDeadline):
+		return "deadline"
+	case errors.Is(err, errHandshakesBusy):
+		return "busy"
 	case errors.As(err, &herr) && herr.Status == 0:
 		return "unreachable"
 	case errors.As(err, &herr):

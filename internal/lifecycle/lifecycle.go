@@ -28,18 +28,31 @@ import (
 
 // Options wires a Worker.
 type Options struct {
-	Cluster         *sandbox.Cluster
-	JS              jetstream.JetStream
-	Publisher       *events.Publisher
-	Sealer          *handshake.Sealer
-	LogTailLines    int
-	HandshakeTTL    time.Duration
-	RecreateTimeout time.Duration
+	Cluster      *sandbox.Cluster
+	JS           jetstream.JetStream
+	Publisher    *events.Publisher
+	Sealer       *handshake.Sealer
+	LogTailLines int
+	// LogLimitBytes is the most of the pod log a handshake reads (the
+	// Cluster cuts it); a failure to find the token says when it was cut.
+	LogLimitBytes int64
+	HandshakeTTL  time.Duration
+	// HandshakeTimeout bounds one handshake command, all of it.
+	HandshakeTimeout time.Duration
+	// HandshakeWorkers is how many commands may be handshakes at once: a
+	// handshake talks to the tenant's pod, and the rest of the workers
+	// stay free for claims and wakes however pods answer.
+	HandshakeWorkers int
+	RecreateTimeout  time.Duration
 	// Limits cap running sandboxes and concurrent starts; wakes beyond
 	// them wait in the queue, which the lease holder admits from.
 	Limits  capacity.Limits
 	Log     *slog.Logger
 	Metrics prometheus.Registerer
+
+	// PruneInterval is how often the lease holder removes the sessions of
+	// accounts that are gone (prune.go).
+	PruneInterval time.Duration
 }
 
 // Worker handles commands and, while it holds the lease, runs the mirror.
@@ -64,11 +77,17 @@ type Worker struct {
 
 	locks  keyedMutex
 	mirror *mirror
+	pruner *pruner
+	// handshakeSlots holds one token per handshake under way.
+	handshakeSlots chan struct{}
+	// refreshes paces handshakes asked for again (LifecycleRefreshes).
+	refreshes *handshake.Backoff
 }
 
 // New opens the buckets and caches Worker needs; ctx bounds the caches.
 func New(ctx context.Context, o Options) (*Worker, error) {
-	w := &Worker{o: o, log: o.Log, m: newMetrics(o.Metrics), pub: o.Publisher, k8s: o.Cluster, http: handshake.Client()}
+	w := &Worker{o: o, log: o.Log, m: newMetrics(o.Metrics), pub: o.Publisher, k8s: o.Cluster, http: handshake.Client(),
+		handshakeSlots: make(chan struct{}, max(o.HandshakeWorkers, 1)), refreshes: handshake.LifecycleRefreshes()}
 	var err error
 	if w.users, err = kv.Open[state.User](ctx, o.JS, state.BucketUsers); err != nil {
 		return nil, err
@@ -93,6 +112,7 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 	// watch brings late) is a reason to look at that user again, or a
 	// decision taken on the stale record ("unchanged") would stand.
 	w.mirror = newMirror(w)
+	w.pruner = newPruner(w, o.PruneInterval, o.Metrics)
 	if w.userCache, err = kv.NewCache(ctx, w.users, ">", o.Log, requeue[state.User](w.mirror)); err != nil {
 		return nil, err
 	}
@@ -114,7 +134,9 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 		Name: "aaas_lifecycle_warm_pool_ready", Help: "Ready spare sandboxes in the warm pool: what the next signups adopt at once.",
 	}, func() float64 { return float64(o.Cluster.Spares()) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "aaas_lifecycle_wake_queue", Help: "Wakes waiting for a free place (MAX_RUNNING_SANDBOXES, MAX_CONCURRENT_STARTS).",
-	}, func() float64 { return float64(w.queueCache.Len()) }))
+	}, func() float64 { return float64(w.queueCache.Len()) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "aaas_lifecycle_kubernetes_watch_refusals_total", Help: "Lists and watches of the informers that Kubernetes refused (forbidden, unauthorized): the Role lacks a verb.",
+	}, func() float64 { return float64(o.Cluster.Refusals()) }))
 	return w, nil
 }
 
@@ -153,7 +175,39 @@ func (w *Worker) Handle(ctx context.Context, d events.Delivery) error {
 		err = c.Validate()
 	}
 	if err != nil {
-		return events.Permanent(fmt.Errorf("undecodable command on %s: %w", d.Subject, err))
+		return events.Permanent(fmt.Errorf("undecodable command on %s: %w", clip(d.Subject), err))
+	}
+	// Counted at receipt, whatever becomes of this delivery, so that the
+	// commands handled less the redeliveries is the commands asked for.
+	if d.Delivered > 1 {
+		w.m.redelivered.WithLabelValues(string(c.Verb)).Inc()
+	}
+	// NATS grants subjects, not bodies: the sweeper may publish suspends
+	// only, so a body naming another verb or user than its subject is
+	// forged. It is refused: nothing of it is done, answered, or
+	// attributed to the user it names (Exhausted records it).
+	if d.Subject != c.Subject() {
+		w.m.commands.WithLabelValues(string(c.Verb), "refused").Observe(0)
+		return events.Permanent(fmt.Errorf("%w: %s carries a %s command for %q", errWrongSubject, clip(d.Subject), c.Verb, clip(c.User)))
+	}
+	// Handshakes talk to tenants' pods, which may answer as slowly as
+	// HANDSHAKE_TIMEOUT allows: they hold at most HandshakeWorkers, and
+	// the next goes back to the queue, so claims and wakes always find a
+	// worker.
+	if c.Verb == events.VerbHandshake {
+		select {
+		case w.handshakeSlots <- struct{}{}:
+			defer func() { <-w.handshakeSlots }()
+		default:
+			w.m.commands.WithLabelValues(string(c.Verb), "busy").Observe(0)
+			if d.Last {
+				// Its last delivery: answer the waiting edge now, and with
+				// a record, so that its next request asks afresh.
+				_, err := w.handshakeFailed(ctx, c, state.HandshakeKey(c.User, c.Handshake.PodUID, c.Handshake.Host), errHandshakesBusy)
+				return err
+			}
+			return events.Later(errHandshakesBusy, busyDelay(d.Delivered))
+		}
 	}
 	// One user's commands never hold more than one worker: while one runs
 	// (a recreate takes up to RECREATE_TIMEOUT), the next goes back to the
@@ -164,8 +218,9 @@ func (w *Worker) Handle(ctx context.Context, d events.Delivery) error {
 		return events.Later(fmt.Errorf("another command of %s is running", c.User), busyDelay(d.Delivered))
 	}
 	defer unlock()
-	// seq names the message across replicas and redeliveries: the fault
-	// tests count each one's deliveries and completions from these lines.
+	running := w.m.running.WithLabelValues(string(c.Verb))
+	running.Inc()
+	defer running.Dec()
 	w.log.Debug("command received", "verb", c.Verb, "user", c.User, "seq", d.StreamSeq, "delivered", d.Delivered)
 
 	start := time.Now()
@@ -216,13 +271,26 @@ func (w *Worker) dispatch(ctx context.Context, c events.Command) (string, error)
 
 // Exhausted records a command that will never be handled, and answers its
 // requester so nobody waits for it in vain.
+//
+// Only a valid command on its own subject is attributed to its user and
+// answered: anything else may name a victim's user or request id, and is
+// recorded under no user with the subject it came on.
 func (w *Worker) Exhausted(d events.Delivery, err error) {
 	w.m.deadLettered.Inc()
 	c, derr := events.Decode[events.Command](d.Data)
-	user, verb, req := "", events.Verb(""), ""
 	if derr == nil {
-		user, verb, req = c.User, c.Verb, c.RequestID
+		derr = c.Validate()
 	}
+	if derr != nil || d.Subject != c.Subject() {
+		outcome := "exhausted"
+		if errors.Is(err, errWrongSubject) || events.IsPermanent(err) {
+			outcome = "refused"
+		}
+		w.pub.Audit(events.AuditEvent{Kind: events.AuditCommandFailed, Outcome: outcome,
+			Detail: fmt.Sprintf("message on %s (stream seq %d, %d deliveries): %v", clip(d.Subject), d.StreamSeq, d.Delivered, err)})
+		return
+	}
+	user, verb, req := c.User, c.Verb, c.RequestID
 	w.pub.Audit(events.AuditEvent{Kind: events.AuditCommandFailed, User: user, RequestID: req, Outcome: "exhausted",
 		Detail: fmt.Sprintf("%s command (stream seq %d, %d deliveries) failed: %v", verb, d.StreamSeq, d.Delivered, err)})
 	if req != "" {
@@ -247,6 +315,19 @@ func (w *Worker) kubeErr(op string, err error) error {
 		w.m.kubeErrors.WithLabelValues(op).Inc()
 	}
 	return err
+}
+
+// errWrongSubject marks a command whose body does not match its subject.
+var errWrongSubject = errors.New("command body does not match its subject")
+
+// clip bounds a value a publisher chose (a subject, a user name) before it
+// goes into an error, a log line or an audit event.
+func clip(s string) string {
+	const n = 120
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // newerSchemaDelay is how long a command of a newer schema waits before

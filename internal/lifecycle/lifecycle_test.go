@@ -47,11 +47,20 @@ type fixture struct {
 	handshakes *kv.Bucket[state.Handshake]
 	requests   *kv.Bucket[state.Result]
 	boxes      *kv.Cache[state.Sandbox]
+	// readyIn is how long a fresh worker took to become ready (rbac_test).
+	readyIn time.Duration
 }
 
-func setup(t testing.TB, mutate func(*extv1beta1.SandboxTemplate, *extv1beta1.SandboxWarmPool)) *fixture {
+// setup makes a fixture on a fresh stack, or on stack[0] when given (made
+// with the options a test needs; mutate is then ignored).
+func setup(t testing.TB, mutate func(*extv1beta1.SandboxTemplate, *extv1beta1.SandboxWarmPool), stack ...*testenv.Stack) *fixture {
 	t.Helper()
-	st := pkg.NewStack(t, testenv.StackOptions{Sandbox: mutate})
+	var st *testenv.Stack
+	if len(stack) > 0 {
+		st = stack[0]
+	} else {
+		st = pkg.NewStack(t, testenv.StackOptions{Sandbox: mutate})
+	}
 	ctx := testenv.Context(t, 5*time.Minute)
 	f := &fixture{Stack: st, t: t, pub: events.NewPublisher(st.JS, "test", testenv.Logger())}
 	k, _ := handshake.ParseKey(st.Key)
@@ -322,6 +331,7 @@ func TestCompareAndSuspendRefusesWhenActivityIsNewer(t *testing.T) {
 func TestUnmanagedClaimIsNeverSuspendedOrTaken(t *testing.T) {
 	f := setup(t, nil)
 	f.lifecycle("lc-a")
+	f.signup("ctl") // managed: the control suspended in the same window
 	_, ext, _ := pkg.Cluster.SandboxClients()
 	sc, _, _ := pkg.Cluster.SandboxClients()
 	// An operator applies dsh-alice by hand, without our label.
@@ -340,8 +350,12 @@ func TestUnmanagedClaimIsNeverSuspendedOrTaken(t *testing.T) {
 		sbName = c.Status.SandboxStatus.Name
 		return nil
 	})
+	ctl, _ := f.boxes.Get("ctl")
 	f.command(events.NewSuspend("alice", 1<<40, 1, time.Now()))
 	f.command(events.NewSuspend("alice", 1<<40, 2, time.Now()))
+	f.command(events.NewSuspend("ctl", f.lastActivitySeq("ctl"), ctl.Revision, time.Now()))
+	f.waitPhase("ctl", state.PhaseSuspended)
+	f.drained(t) // alice's suspends were handled, not left waiting
 	if res := f.command(events.NewClaim("alice", "req-alice", tokenHash())); res.Outcome != state.OutcomeConflict {
 		t.Fatalf("signup as alice: %+v", res)
 	}
@@ -361,20 +375,20 @@ func TestUnmanagedClaimIsNeverSuspendedOrTaken(t *testing.T) {
 }
 
 func TestKilledWorkerMidClaimAndMidWakeIsFinishedByAnother(t *testing.T) {
-	f := setup(t, nil)
+	// Every lifecycle's Kubernetes API traffic goes through a fault link,
+	// so a worker can be cut off from the API server with a command in
+	// hand: it is then surely in the middle of it when it is killed.
+	st := pkg.NewStack(t, testenv.StackOptions{Faults: true})
+	f := setup(t, nil, st)
 	a := f.lifecycle("lc-a")
+	f.Faults.Blackhole("kube-lc-a")
 	hash := tokenHash()
 	if _, err := f.pub.Command(ctx(t), events.NewClaim("finn", "req-finn", hash)); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 20*time.Second, func() error {
-		if !strings.Contains(a.Logs(), `"verb":"claim","user":"finn"`) {
-			return errors.New("a has not taken the claim")
-		}
-		return nil
-	})
+	f.takenNotDone(t)
 	a.Kill()
-	f.lifecycle("lc-b")
+	b := f.lifecycle("lc-b")
 	testutil.Eventually(t, 60*time.Second, func() error {
 		e, err := f.requests.Get(ctx(t), "req-finn")
 		if err != nil {
@@ -385,6 +399,10 @@ func TestKilledWorkerMidClaimAndMidWakeIsFinishedByAnother(t *testing.T) {
 		}
 		return nil
 	})
+	// b finished it from a redelivery of the message a held.
+	if v := metric(b, `aaas_lifecycle_commands_redelivered_total{verb="claim"}`); v < 1 {
+		t.Fatalf("b took up %v claims from a redelivery, want the one a held", v)
+	}
 	f.waitPhase("finn", state.PhaseReady)
 	if n := len(f.claims()); n != 1 {
 		t.Fatalf("%d claims after the crash, want 1", n)
@@ -394,30 +412,45 @@ func TestKilledWorkerMidClaimAndMidWakeIsFinishedByAnother(t *testing.T) {
 	box, _ := f.boxes.Get("finn")
 	f.command(events.NewSuspend("finn", f.lastActivitySeq("finn"), box.Revision, time.Now()))
 	f.waitPhase("finn", state.PhaseSuspended)
-	b := f.Procs[len(f.Procs)-1]
+	f.drained(t)
+	f.Faults.Blackhole("kube-lc-b")
 	susp, _ := f.boxes.Get("finn")
 	if _, err := f.pub.Command(ctx(t), events.NewWake("finn", susp.Revision)); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 20*time.Second, func() error {
-		if !strings.Contains(b.Logs(), `"verb":"wake","user":"finn"`) {
-			return errors.New("b has not taken the wake")
-		}
-		return nil
-	})
+	f.takenNotDone(t)
 	b.Kill()
-	f.lifecycle("lc-c")
+	c := f.lifecycle("lc-c")
 	ready := f.waitPhase("finn", state.PhaseReady)
+	if v := metric(c, `aaas_lifecycle_commands_redelivered_total{verb="wake"}`); v < 1 {
+		t.Fatalf("c took up %v wakes from a redelivery, want the one b held", v)
+	}
 
 	// KV matches the cluster.
-	st := f.claims()
-	if len(st) != 1 {
-		t.Fatalf("%d claims", len(st))
+	claims := f.claims()
+	if len(claims) != 1 {
+		t.Fatalf("%d claims", len(claims))
 	}
 	pod, err := pkg.Cluster.Client.CoreV1().Pods(f.NS.Name).Get(ctx(t), ready.PodName, metav1.GetOptions{})
 	if err != nil || string(pod.UID) != ready.PodUID || pod.Status.PodIP+":3080" != ready.Address {
 		t.Fatalf("KV %+v does not match pod %v (%v)", ready, pod.UID, err)
 	}
+}
+
+// takenNotDone waits until the one command published last has been
+// delivered to a worker and not acknowledged.
+func (f *fixture) takenNotDone(t *testing.T) {
+	t.Helper()
+	testutil.Eventually(t, 20*time.Second, func() error {
+		c, err := f.JS.Consumer(ctx(t), events.StreamCommands, events.CommandConsumer)
+		if err != nil {
+			return err
+		}
+		if i := c.CachedInfo(); i.NumPending != 0 || i.NumAckPending != 1 {
+			return fmt.Errorf("consumer: %d pending, %d awaiting an ack; want the command taken", i.NumPending, i.NumAckPending)
+		}
+		return nil
+	})
 }
 
 func TestTokenRotationAndMissingToken(t *testing.T) {
@@ -640,7 +673,14 @@ func TestMirrorSetsRightARecordChangedBehindItsBack(t *testing.T) {
 	ready, _ := f.boxes.Get("rita")
 	f.command(events.NewSuspend("rita", f.lastActivitySeq("rita"), ready.Revision, time.Now()))
 	suspended := f.waitPhase("rita", state.PhaseSuspended)
-	time.Sleep(2 * time.Second) // the pod's last events are over
+	// The pod's last events are over: it is gone from the API server.
+	testutil.Eventually(t, 30*time.Second, func() error {
+		_, err := pkg.Cluster.Client.CoreV1().Pods(f.NS.Name).Get(ctx(t), ready.Value.PodName, metav1.GetOptions{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("pod %s still there: %v", ready.Value.PodName, err)
+		}
+		return nil
+	})
 	wrong := ready.Value
 	wrong.Phase = state.PhaseSuspending
 	rev, err := f.sandboxes.Put(ctx(t), "rita", wrong)

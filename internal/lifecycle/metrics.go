@@ -9,7 +9,10 @@ type metrics struct {
 	mirrorWrites      *prometheus.CounterVec
 	podRestarts       prometheus.Counter
 	deadLettered      prometheus.Counter
+	redelivered       *prometheus.CounterVec
+	logBytes          prometheus.Histogram
 	leading           prometheus.Gauge
+	running           *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -33,10 +36,23 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		deadLettered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "aaas_lifecycle_commands_dead_lettered_total", Help: "Commands given up after COMMAND_MAX_DELIVER deliveries.",
 		}),
+		logBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "aaas_lifecycle_handshake_log_bytes", Help: "Bytes of pod log one handshake read (at most DSH_LOG_LIMIT_BYTES).",
+			Buckets: prometheus.ExponentialBuckets(1024, 4, 6),
+		}),
 		leading: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "aaas_lifecycle_mirror_leader", Help: "1 while this replica mirrors Kubernetes into KV.",
 		}),
 	}
-	reg.MustRegister(m.commands, m.kubeErrors, m.handshakeFailures, m.mirrorWrites, m.podRestarts, m.deadLettered, m.leading)
+	// A worker that died mid-command shows only as the next one's
+	// redelivery: the fault tests find the worker to kill by what it is
+	// running, and prove the survivor took the command over.
+	m.running = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "aaas_lifecycle_commands_running", Help: "Commands this replica is carrying out now, by verb.",
+	}, []string{"verb"})
+	m.redelivered = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "aaas_lifecycle_commands_redelivered_total", Help: "Commands taken up again after an earlier delivery ended without an acknowledgement (its worker died or asked for a retry), by verb.",
+	}, []string{"verb"})
+	reg.MustRegister(m.commands, m.kubeErrors, m.handshakeFailures, m.mirrorWrites, m.podRestarts, m.deadLettered, m.redelivered, m.logBytes, m.leading, m.running)
 	return m
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -62,7 +63,7 @@ func (m *mirror) recover(ctx context.Context, user string, pod *corev1.Pod, next
 		m.queue.AddAfter(user, wait)
 	} else {
 		if err := m.w.k8s.DeletePod(ctx, pod); err != nil {
-			return next, err
+			return next, m.w.kubeErr("delete pod", err)
 		}
 		m.restarts[user] = restart{count: r.count + 1, at: time.Now()}
 		m.w.m.podRestarts.Inc()
@@ -79,15 +80,23 @@ func (m *mirror) recover(ctx context.Context, user string, pod *corev1.Pod, next
 func (m *mirror) enqueue(user string) { m.queue.Add(user) }
 
 // Lead mirrors until ctx ends: first every user Kubernetes or KV knows,
-// then whatever changes. The lease runs it.
+// then whatever changes. The lease runs it. It returns only once the
+// term's admission and pruning have stopped too: the lease may start the
+// next term the moment it returns, and two terms never run at once, not
+// even in one process.
 func (w *Worker) Lead(ctx context.Context) {
 	m := w.mirror
 	w.m.leading.Set(1)
 	defer w.m.leading.Set(0)
 	w.log.Info("mirroring kubernetes into kv")
+	var term sync.WaitGroup
+	defer term.Wait()
+	ctx, end := context.WithCancel(ctx)
+	defer end() // before the Wait: the mirror may stop first (its queue shut down)
 	if w.o.Limits.On() {
-		go w.admit(ctx)
+		term.Go(func() { w.admit(ctx) })
 	}
+	term.Go(func() { w.pruner.run(ctx) })
 	for _, u := range w.k8s.Users() {
 		m.enqueue(u)
 	}

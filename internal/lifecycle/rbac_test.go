@@ -16,8 +16,10 @@ import (
 
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/lifecycle"
+	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/sandbox"
 	"github.com/aaas-project/aaas/internal/state"
+	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
 
@@ -28,8 +30,19 @@ import (
 func TestLifecycleRoleIsMinimal(t *testing.T) {
 	f := setup(t, nil)
 	full := f.NS.Role.DeepCopy()
-	f.lifecycle("lc-full")
+	lc := f.lifecycle("lc-full")
 	f.signup("mo")
+	// The control for the informer probes: the same probe, under the full
+	// Role, becomes ready, and how long it took bounds how long the others
+	// are watched.
+	start := time.Now()
+	control := f.probe(t)
+	control.WaitReady(t, time.Minute)
+	f.readyIn = time.Since(start)
+	if v := metric(control, "aaas_lifecycle_kubernetes_watch_refusals_total"); v != 0 {
+		t.Fatalf("the probe was refused %v lists or watches under the full Role", v)
+	}
+	control.Stop()
 
 	n := 0
 	probes := map[string]func(t *testing.T, verb string){
@@ -57,10 +70,12 @@ func TestLifecycleRoleIsMinimal(t *testing.T) {
 			box, _ := f.boxes.Get("mo")
 			f.command(events.NewSuspend("mo", f.lastActivitySeq("mo"), box.Revision, time.Now()))
 			testutil.Eventually(t, 30*time.Second, func() error {
-				if !strings.Contains(f.AuditLog(), `"kind":"command_failed","user":"mo"`) {
-					return errors.New("no failure recorded")
+				for _, e := range f.auditEvents(events.AuditCommandFailed) {
+					if e.User == "mo" && strings.Contains(e.Detail, "suspend command") {
+						return nil
+					}
 				}
-				return nil
+				return errors.New("no failure recorded")
 			})
 			if b, _ := f.boxes.Get("mo"); b.Value.Phase != state.PhaseReady {
 				t.Fatalf("phase %s after a refused suspend", b.Value.Phase)
@@ -69,17 +84,19 @@ func TestLifecycleRoleIsMinimal(t *testing.T) {
 		// Recovering a pod that ended for good: without delete the mirror
 		// is refused, says so, and retries.
 		"pods/delete": func(t *testing.T, _ string) {
-			lc := f.Procs[len(f.Procs)-1]
 			f.signup("po")
+			pod := f.Box("po").PodName
+			refused := metric(lc, `aaas_lifecycle_kubernetes_errors_total{op="delete pod"}`)
 			f.EndPod("po", "Evicted", "The node was low on resource: memory.")
 			testutil.Eventually(t, 30*time.Second, func() error {
-				for _, l := range strings.Split(lc.Logs(), "\n") {
-					if strings.Contains(l, `"user":"po"`) && strings.Contains(l, "delete pod") && strings.Contains(l, "forbidden") {
-						return nil
-					}
+				if v := metric(lc, `aaas_lifecycle_kubernetes_errors_total{op="delete pod"}`); v <= refused {
+					return errors.New("no refused pod deletion counted")
 				}
-				return errors.New("no refused pod deletion for po in the log")
+				return nil
 			})
+			if _, err := pkg.Cluster.Client.CoreV1().Pods(f.NS.Name).Get(ctx(t), pod, metav1.GetOptions{}); err != nil {
+				t.Fatalf("the ended pod was deleted without the verb: %v", err)
+			}
 		},
 		// Adopting the seed gateway's claims (lifecycle adopt) patches them.
 		"sandboxclaims/patch": func(t *testing.T, _ string) {
@@ -156,15 +173,40 @@ func (f *fixture) setRole(t *testing.T, role *rbacv1.Role, rule rbacv1.PolicyRul
 	})
 }
 
-// notReady starts a fresh worker and expects it never to report ready.
+// probe starts a fresh lifecycle worker with the environment of every
+// other (its own NATS identity, the namespace's kubeconfig, the stack's
+// settings) without waiting for it.
+func (f *fixture) probe(t *testing.T) *testenv.Proc {
+	env := map[string]string{
+		"NATS_URL": f.NATSURLs(), "NATS_NKEY": f.IDs.SeedFile(natsauth.Lifecycle), "HANDSHAKE_KEYS": f.Key,
+		"KUBECONFIG": f.NS.Kubeconfig, "SANDBOX_NAMESPACE": f.NS.Name, "INSTANCE_ID": "lc-probe",
+	}
+	for k, v := range f.Env {
+		env[k] = v
+	}
+	return pkg.Start(t, "lifecycle", env)
+}
+
+// notReady starts a probe and expects it to be refused a list or watch,
+// and to stay alive and unready for three times as long as the control
+// took to become ready under the full Role.
 func (f *fixture) notReady(t *testing.T, verb string) {
-	p := pkg.Start(t, "lifecycle", map[string]string{
-		"NATS_URL": f.NATS.URL(), "KUBECONFIG": f.NS.Kubeconfig, "NAMESPACE": f.NS.Name,
-		"HANDSHAKE_KEYS": f.Key, "INSTANCE_ID": "lc-probe",
-	})
+	p := f.probe(t)
 	defer p.Stop()
-	for deadline := time.Now().Add(8 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		if p.IsReady() {
+	testutil.Eventually(t, time.Minute, func() error {
+		if p.Exited() {
+			t.Fatalf("the probe exited without %s:\n%s", verb, p.Logs())
+		}
+		if metric(p, "aaas_lifecycle_kubernetes_watch_refusals_total") == 0 {
+			return errors.New("no list or watch refused yet")
+		}
+		return nil
+	})
+	for deadline := time.Now().Add(3 * f.readyIn); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		switch {
+		case p.Exited():
+			t.Fatalf("the probe exited without %s:\n%s", verb, p.Logs())
+		case p.IsReady():
 			t.Fatalf("lifecycle became ready without %s", verb)
 		}
 	}

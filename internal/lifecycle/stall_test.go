@@ -3,6 +3,7 @@ package lifecycle_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,8 +13,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
+	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
@@ -76,9 +80,11 @@ func TestOneUsersCommandsHoldOneWorker(t *testing.T) {
 	lc := f.lifecycle("lc-a")
 	f.signup("ann")
 	box, _ := f.boxes.Get("ann")
-	// Two long handshakes for ann (different hosts), then wakes: before,
-	// each parked a worker on her lock.
-	for _, host := range []string{"a.example", "b.example"} {
+	// Two long handshakes for ann (different hosts DSH trusts, so that the
+	// silent pod holds each until the exchange times out), then wakes:
+	// before, each parked a worker on her lock.
+	hosts := []string{"localhost", "127.0.0.1"}
+	for _, host := range hosts {
 		if _, err := f.pub.Command(ctx(t), events.NewHandshake("ann", events.HandshakeArgs{PodUID: box.Value.PodUID, Host: host, Proto: "http"})); err != nil {
 			t.Fatal(err)
 		}
@@ -88,10 +94,35 @@ func TestOneUsersCommandsHoldOneWorker(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	start := time.Now()
-	f.signup("dan")
-	if took := time.Since(start); took > handshake.Timeout/2 {
-		t.Fatalf("dan's signup took %s behind ann's commands", took)
+	hash := tokenHash()
+	if res := f.command(events.NewClaim("dan", "req-dan", hash)); res.Outcome != state.OutcomeCreated {
+		t.Fatalf("dan's signup: %+v", res)
+	}
+	answered, err := f.requests.Get(ctx(t), "req-dan")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Dan was answered while ann's first long handshake still held its
+	// worker: it ends (with a failure record) only when the silent pod's
+	// exchange times out.
+	var ended time.Time
+	testutil.Eventually(t, time.Minute, func() error {
+		for _, host := range hosts {
+			e, err := f.handshakes.Get(ctx(t), state.HandshakeKey("ann", box.Value.PodUID, host))
+			if err == nil && e.Value.Error != "" && (ended.IsZero() || e.Value.At.Before(ended)) {
+				if !strings.Contains(e.Value.Error, "unreachable") && !strings.Contains(e.Value.Error, "too many handshakes") {
+					t.Fatalf("ann's handshake for %s ended with %q, not held by the silent pod", host, e.Value.Error)
+				}
+				ended = e.Value.At
+			}
+		}
+		if ended.IsZero() {
+			return errors.New("no handshake of ann has ended yet")
+		}
+		return nil
+	})
+	if !answered.Value.At.Before(ended) {
+		t.Fatalf("dan was answered at %s, after ann's first handshake ended (%s)", answered.Value.At, ended)
 	}
 	testutil.Eventually(t, 30*time.Second, func() error {
 		if v := metric(lc, `aaas_lifecycle_command_duration_seconds_count{outcome="busy",verb="wake"}`); v == 0 {
@@ -99,6 +130,106 @@ func TestOneUsersCommandsHoldOneWorker(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// Security review S5: a pod that prints fake token lines and answers each
+// exchange with 401 after 9 s (just inside the exchange's timeout) made one
+// handshake hold a worker for minutes. Now the whole command, every
+// candidate and the re-read of the log included, ends within
+// HANDSHAKE_TIMEOUT, with a failure that says so.
+func TestHostilePodsHandshakeEndsWithinHandshakeTimeout(t *testing.T) {
+	const timeout = 15 * time.Second
+	f := setup(t, hostilePods)
+	f.Env["HANDSHAKE_TIMEOUT"] = timeout.String()
+	lc := f.lifecycle("lc-a")
+	f.signup("hal")
+	_, failure := f.handshake("hal", "localhost", 0)
+	if !strings.Contains(failure, "HANDSHAKE_TIMEOUT "+timeout.String()) {
+		t.Fatalf("handshake with a hostile pod: %q", failure)
+	}
+	took := metric(lc, `aaas_lifecycle_command_duration_seconds_sum{outcome="failed",verb="handshake"}`)
+	// At least one 9 s refusal was waited for (the pod did hold it), and the
+	// command ended at the deadline: before, it took 9 s per candidate,
+	// nine candidates, twice.
+	if took < 9 || took > (timeout+3*time.Second).Seconds() {
+		t.Fatalf("the hostile handshake took %.1fs, want 9s..%s", took, timeout+3*time.Second)
+	}
+	if v := metric(lc, `aaas_lifecycle_handshake_failures_total{reason="deadline"}`); v != 1 {
+		t.Fatalf("%v failures for the deadline", v)
+	}
+	t.Logf("a pod with 8 fake token lines answering 401 after 9 s: the handshake command took %.1fs", took)
+}
+
+// hostilePods print 8 fake token lines after the real one and answer every
+// handshake with 401 after 9 s.
+func hostilePods(tmpl *extv1beta1.SandboxTemplate, pool *extv1beta1.SandboxWarmPool) {
+	withEnv("DSHSIM_FAKE_TOKENS", "8")(tmpl, pool)
+	withEnv("DSHSIM_REFUSE_HANDSHAKE_AFTER", "9s")(tmpl, pool)
+}
+
+// Security review S5: with twice COMMAND_WORKERS users whose pods hold
+// every handshake as long as they can, another user's signup completes
+// within WAKE_TIMEOUT (what an edge waits): handshakes hold at most
+// HANDSHAKE_WORKERS, the rest go back to the queue. The hostile handshakes
+// are still under way when it does.
+func TestHostileHandshakesLeaveWorkersForSignups(t *testing.T) {
+	const workers = 2
+	f := setup(t, hostilePods)
+	f.Env["COMMAND_WORKERS"] = fmt.Sprint(workers)
+	f.lifecycle("lc-a")
+	var hostile []string
+	for i := range 2 * workers {
+		u := fmt.Sprintf("hostile%d", i)
+		f.signup(u)
+		hostile = append(hostile, u)
+	}
+	for _, u := range hostile {
+		if _, err := f.pub.Command(ctx(t), events.NewHandshake(u, events.HandshakeArgs{PodUID: f.Box(u).PodUID, Host: "localhost", Proto: "http"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// WAKE_TIMEOUT as an edge reads it, by default.
+	wake, err := config.LoadEdge(config.FromMap(map[string]string{"OPEN_SIGNUP": "1", "PUBLIC_HOSTS": "x.example", "NATS_ALLOW_ANONYMOUS": "1", "HANDSHAKE_KEYS": f.Key}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	hash := tokenHash()
+	if _, err := f.pub.Command(ctx(t), events.NewClaim("zed", "req-zed", hash)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.boxes.Wait(testenv.Context(t, wake.WakeTimeout), "zed", func(e kv.Entry[state.Sandbox], ok bool) bool {
+		return ok && e.Value.Phase == state.PhaseReady
+	}); err != nil {
+		t.Fatalf("zed's signup did not complete within WAKE_TIMEOUT (%s) behind %d hostile handshakes", wake.WakeTimeout, len(hostile))
+	}
+	took := time.Since(start)
+	// And zed was answered before any hostile handshake ended: it did not
+	// wait for one to give its worker back.
+	answered, err := f.requests.Get(ctx(t), "req-zed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first time.Time
+	testutil.Eventually(t, time.Minute, func() error {
+		for _, u := range hostile {
+			e, err := f.handshakes.Get(ctx(t), state.HandshakeKey(u, f.Box(u).PodUID, "localhost"))
+			if err == nil && e.Value.Error != "" && (first.IsZero() || e.Value.At.Before(first)) {
+				if !strings.Contains(e.Value.Error, "HANDSHAKE_TIMEOUT") && !strings.Contains(e.Value.Error, "too many handshakes") {
+					t.Fatalf("%s's handshake ended with %q, not held by its pod", u, e.Value.Error)
+				}
+				first = e.Value.At
+			}
+		}
+		if first.IsZero() {
+			return errors.New("no hostile handshake has ended yet")
+		}
+		return nil
+	})
+	if !answered.Value.At.Before(first) {
+		t.Fatalf("zed was answered at %s, after the first hostile handshake ended (%s): it waited for a worker", answered.Value.At.Format(time.StampMilli), first.Format(time.StampMilli))
+	}
+	t.Logf("zed's signup completed in %s behind %d hostile handshakes", took.Round(time.Millisecond), len(hostile))
 }
 
 // A command of a newer schema (a newer replica's, during a rolling
@@ -129,8 +260,8 @@ func TestNewerSchemaIsHandedBackNotDropped(t *testing.T) {
 	if info.State.Msgs != 1 {
 		t.Fatalf("the newer command is gone from the queue: %d messages", info.State.Msgs)
 	}
-	if strings.Contains(f.AuditLog(), "exhausted") {
-		t.Fatal("the newer command was recorded as exhausted")
+	if failed := f.auditEvents(events.AuditCommandFailed); len(failed) != 0 {
+		t.Fatalf("the newer command was recorded as failed: %+v", failed)
 	}
 }
 

@@ -71,6 +71,18 @@ func RenderKustomization(kustomization string) ([]*unstructured.Unstructured, er
 	if err != nil {
 		return nil, err
 	}
+	if err := mem.WriteFile("/install/kustomization.yaml", []byte(Localize(kustomization, "../manifests"))); err != nil {
+		return nil, err
+	}
+	return run(mem, "/install")
+}
+
+// Localize rewrites an operator's kustomization so that what it takes from
+// this repository by Source (any ?ref=) comes from dir instead, a copy of
+// manifests/ given relative to the kustomization's own directory
+// (kustomize refuses absolute paths to bases): kubectl apply -k then
+// builds it without the network.
+func Localize(kustomization, dir string) string {
 	var lines []string
 	for _, l := range strings.Split(kustomization, "\n") {
 		if i := strings.Index(l, Source); i >= 0 {
@@ -78,14 +90,11 @@ func RenderKustomization(kustomization string) ([]*unstructured.Unstructured, er
 			if j := strings.IndexAny(ref, "? \t#"); j >= 0 {
 				ref = ref[:j]
 			}
-			l = l[:i] + "../manifests/" + ref
+			l = l[:i] + strings.TrimSuffix(dir, "/") + "/" + ref
 		}
 		lines = append(lines, l)
 	}
-	if err := mem.WriteFile("/install/kustomization.yaml", []byte(strings.Join(lines, "\n"))); err != nil {
-		return nil, err
-	}
-	return run(mem, "/install")
+	return strings.Join(lines, "\n")
 }
 
 // embedded is an in-memory file system with manifests/ at its root.

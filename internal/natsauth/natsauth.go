@@ -32,13 +32,15 @@ const (
 	Edge      Role = "edge"
 	Lifecycle Role = "lifecycle"
 	Sweeper   Role = "sweeper"
+	// Broker is the model-API broker (cmd/broker).
+	Broker Role = "broker"
 	// Setup provisions streams, buckets and consumers, and does nothing else.
 	Setup Role = "setup"
 )
 
 // Roles are the identities a deployment has, in the order the
 // configuration lists them.
-var Roles = []Role{Edge, Lifecycle, Sweeper, Setup}
+var Roles = []Role{Edge, Lifecycle, Sweeper, Broker, Setup}
 
 // Permissions are the subjects an identity may publish to and subscribe
 // to; anything not listed is refused by the server.
@@ -71,31 +73,51 @@ type durable struct{ stream, name string }
 
 var grants = map[Role]grant{
 	// Signup, login and logout write sessions and the shared rate limit's
-	// log. Accounts, sandboxes and DSH cookies are read only: lifecycle
+	// log; sign-in on sandbox origins writes and takes the single-use
+	// codes, which no other identity may touch (a code is a session to
+	// whoever can write one). Accounts, sandboxes and DSH cookies are read only: lifecycle
 	// alone writes them. Every command (suspend for the admin view), beacons
-	// and audit events; every edge's beacons for the admin view.
+	// and audit events; every edge's beacons for the admin view. Model
+	// spend is read (usage, and the usage stream for the admin's
+	// per-call export); budget overrides (admin), users' sealed own
+	// keys and the SSO groups users sign in with are written.
 	Edge: {
-		writes: []string{state.BucketSessions, state.BucketRateLimit},
-		reads:  []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketQueue},
+		writes: []string{state.BucketSessions, state.BucketRateLimit, state.BucketSigninCodes, state.BucketBudgets, state.BucketCredentials, state.BucketUserGroups},
+		reads:  []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketQueue, state.BucketUsage},
 		publishes: append(commandSubjects(events.VerbClaim, events.VerbWake, events.VerbHandshake, events.VerbSuspend, events.VerbDelete, events.VerbRecreate),
 			events.ActivitySubject("*", "*"), events.AuditSubjectsAll),
-		consumes: []string{events.StreamActivity},
+		consumes: []string{events.StreamActivity, events.StreamUsage},
 	},
 	// The commands' durable consumer (pull and acknowledge only), every
-	// record, and the newest beacon of a user for compare-and-suspend.
+	// record (pruning the sessions of deleted accounts too), and the newest
+	// beacon of a user for compare-and-suspend.
 	Lifecycle: {
 		writes:    []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketSessions, state.BucketLocks, state.BucketQueue},
 		publishes: []string{events.AuditSubjectsAll},
 		gets:      []string{events.StreamActivity},
 		durable:   &durable{events.StreamCommands, events.CommandConsumer},
 	},
-	// Idle clocks from the activity stream, suspend commands only, the
-	// lease, and pruning the sessions of deleted accounts.
+	// Idle clocks from the activity stream, suspend commands only, and the
+	// lease. No session: NATS cannot tell a purge from a put on a key's
+	// subject, so an identity that may remove sessions may forge them, and
+	// pruning the sessions of deleted accounts is lifecycle's, which
+	// writes them anyway.
 	Sweeper: {
-		writes:    []string{state.BucketSessions, state.BucketLocks},
+		writes:    []string{state.BucketLocks},
 		reads:     []string{state.BucketSandboxes, state.BucketUsers, state.BucketQueue},
 		publishes: append(commandSubjects(events.VerbSuspend), events.AuditSubjectsAll),
 		consumes:  []string{events.StreamActivity},
+	},
+	// A model call's attribution (sandboxes: the Ready pod's address), the
+	// budget that applies (budgets, user_groups) and the user's own key
+	// (credentials, sealed to the brokers) are read; what a call spent
+	// (usage) and the calls in flight (model_calls) are written, and each
+	// call's record and its user's activity published. No command, no
+	// audit event, no session: a broker acts on nothing but model calls.
+	Broker: {
+		writes:    []string{state.BucketUsage, state.BucketModelCalls},
+		reads:     []string{state.BucketSandboxes, state.BucketBudgets, state.BucketUserGroups, state.BucketCredentials},
+		publishes: []string{events.UsageSubject("*"), events.ActivitySubject("*", "*")},
 	},
 	Setup: {api: true},
 }

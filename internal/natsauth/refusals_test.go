@@ -2,6 +2,8 @@ package natsauth_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -208,4 +210,186 @@ func TestEachIdentityIsRefusedWhatIsNotItsJob(t *testing.T) {
 		_, err := setup.js.Conn().Request("$KV.sessions.ann", []byte("{}"), time.Second)
 		return err
 	})
+}
+
+// The sweeper may write no session (security review S4): NATS cannot tell
+// a purge from a put on a key's subject, so an identity allowed to prune
+// sessions could mint one, sessions/<admin>.<sha256(sid)>, and sign in as
+// anyone. Pruning is lifecycle's, which may write and purge them.
+func TestTheSweeperCannotWriteASession(t *testing.T) {
+	b := newBus(t)
+	sum := sha256.Sum256([]byte("a session id the forger picked"))
+	key := state.SessionKey("ops", hex.EncodeToString(sum[:]))
+	forged := state.Session{User: "ops", Created: time.Now(), Expires: time.Now().Add(time.Hour), Via: "login"}
+
+	lc := b.as(natsauth.Lifecycle)
+	lc.allowed(t, "lifecycle writes a session", put(lc.js, state.BucketSessions, key))
+	lc.allowed(t, "lifecycle purges it", func(ctx context.Context) error {
+		s, err := kv.Open[state.Session](ctx, lc.js, state.BucketSessions)
+		if err != nil {
+			return err
+		}
+		return s.Purge(ctx, key)
+	})
+
+	sweeper := b.as(natsauth.Sweeper)
+	// Through the KV client (refused at opening the bucket already, or at
+	// the key), and as a forger would: a bare publish on the key's subject.
+	sweeper.refused(t, "sweeper writes a session", `\$KV\.sessions\.|KV_sessions"`, put(sweeper.js, state.BucketSessions, key))
+	sweeper.refused(t, "sweeper publishes a session on its key's subject", regexp.QuoteMeta("$KV.sessions."+key), publish(sweeper.js, "$KV.sessions."+key, forged))
+
+	// Nothing of the sweeper's landed: the key holds lifecycle's purge.
+	admin := b.as(natsauth.Admin)
+	ctx := natstest.Context(t, 10*time.Second)
+	sessions, err := kv.Open[state.Session](ctx, admin.js, state.BucketSessions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := sessions.Get(ctx, key); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("the forged session is there: %+v %v", e, err)
+	}
+}
+
+// Sign-in codes are the edge's alone (subdomain mode): a code whoever
+// writes it becomes a sandbox session for its user, so no other identity
+// may write one, nor read one (a code waiting to be traded is as good as
+// the session it makes).
+func TestOnlyTheEdgeTouchesSigninCodes(t *testing.T) {
+	b := newBus(t)
+	code := state.SigninCode{User: "ann", Host: "ann.sbx.example", Parent: strings.Repeat("ab", 32), Expires: time.Now().Add(time.Minute)}
+	key := strings.Repeat("cd", 32)
+
+	edge := b.as(natsauth.Edge)
+	edge.allowed(t, "edge mints a code", func(ctx context.Context) error {
+		codes, err := kv.Open[state.SigninCode](ctx, edge.js, state.BucketSigninCodes)
+		if err != nil {
+			return err
+		}
+		_, err = codes.Create(ctx, key, code)
+		return err
+	})
+	for _, role := range []natsauth.Role{natsauth.Lifecycle, natsauth.Sweeper} {
+		c := b.as(role)
+		c.refused(t, string(role)+" writes a code", `\$KV\.signin_codes\.|KV_signin_codes"`, put(c.js, state.BucketSigninCodes, strings.Repeat("ef", 32)))
+		c.refused(t, string(role)+" publishes a code on its key's subject", regexp.QuoteMeta("$KV.signin_codes."+key), publish(c.js, "$KV.signin_codes."+key, code))
+		c.refused(t, string(role)+" reads a code", `KV_signin_codes`, func(ctx context.Context) error {
+			codes, err := kv.Open[state.SigninCode](ctx, c.js, state.BucketSigninCodes)
+			if err != nil {
+				return err
+			}
+			_, err = codes.Get(ctx, key)
+			return err
+		})
+	}
+	setup := b.as(natsauth.Setup)
+	setup.refused(t, "setup writes a code", regexp.QuoteMeta("$KV.signin_codes.x"), func(ctx context.Context) error {
+		_, err := setup.js.Conn().Request("$KV.signin_codes.x", []byte("{}"), time.Second)
+		return err
+	})
+	edge.allowed(t, "edge takes the code", func(ctx context.Context) error {
+		codes, err := kv.Open[state.SigninCode](ctx, edge.js, state.BucketSigninCodes)
+		if err != nil {
+			return err
+		}
+		e, err := codes.Get(ctx, key)
+		if err != nil {
+			return err
+		}
+		if v := e.Value; v.User != code.User || v.Host != code.Host || v.Parent != code.Parent || !v.Expires.Equal(code.Expires) {
+			return errors.New("the code was changed")
+		}
+		return codes.Delete(ctx, key, e.Revision)
+	})
+}
+
+func get(js jetstream.JetStream, bucket, key string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		b, err := kv.Open[map[string]any](ctx, js, bucket)
+		if err != nil {
+			return err
+		}
+		if _, err = b.Get(ctx, key); errors.Is(err, kv.ErrNotFound) {
+			return nil // read and found nothing: allowed
+		}
+		return err
+	}
+}
+
+// The broker (issue 23) attributes calls from sandboxes, applies budgets
+// and users' own keys, and meters: it writes what calls spent and the
+// calls in flight, publishes their records and their users' activity, and
+// nothing else. A broker that a tenant's call subverted can neither
+// create, wake or delete a sandbox, forge a session or a budget, read a
+// DSH cookie or a session, nor write the audit trail.
+func TestTheBrokerIsRefusedWhatIsNotItsJob(t *testing.T) {
+	b := newBus(t)
+	br := b.as(natsauth.Broker)
+	// Its own work is allowed, so the refusals below are not a dead line.
+	for _, bucket := range []string{state.BucketUsage, state.BucketModelCalls} {
+		br.allowed(t, "broker writes "+bucket, put(br.js, bucket, "ann.x"))
+	}
+	for _, bucket := range []string{state.BucketSandboxes, state.BucketBudgets, state.BucketUserGroups, state.BucketCredentials} {
+		br.allowed(t, "broker reads "+bucket, get(br.js, bucket, "ann"))
+	}
+	br.allowed(t, "broker publishes a call's usage", publish(br.js, events.UsageSubject("ann"), events.UsageEvent{V: 1, ID: "c1", User: "ann"}))
+	br.allowed(t, "broker publishes ann's activity", publish(br.js, events.ActivitySubject("ann", "broker-a"), events.Beacon{V: 1, User: "ann", Edge: "broker-a", InFlight: 1}))
+
+	for _, bucket := range []string{state.BucketSandboxes, state.BucketUsers, state.BucketSessions, state.BucketBudgets, state.BucketCredentials, state.BucketUserGroups, state.BucketSigninCodes, state.BucketLocks, state.BucketQueue} {
+		br.refused(t, "broker writes "+bucket, `\$KV\.`+bucket+`\.ann|KV_`+bucket+`"`, put(br.js, bucket, "ann"))
+	}
+	// A raw publish on a budget's key subject, as a forger would: a
+	// broker cannot raise anyone's budget.
+	br.refused(t, "broker publishes a budget on its key's subject", regexp.QuoteMeta("$KV.budgets."+state.BudgetKey(state.BudgetUser, "ann")),
+		publish(br.js, "$KV.budgets."+state.BudgetKey(state.BudgetUser, "ann"), state.Budget{Scope: state.BudgetUser, Name: "ann", Unlimited: true}))
+	for _, bucket := range []string{state.BucketHandshakes, state.BucketSessions, state.BucketSigninCodes, state.BucketUsers, state.BucketRequests} {
+		br.refused(t, "broker reads "+bucket, `KV_`+bucket, get(br.js, bucket, "ann"))
+	}
+	for _, v := range []events.Verb{events.VerbClaim, events.VerbWake, events.VerbSuspend, events.VerbDelete, events.VerbRecreate, events.VerbHandshake} {
+		br.refused(t, "broker publishes "+string(v), regexp.QuoteMeta(events.CommandSubject(v, "ann")), publish(br.js, events.CommandSubject(v, "ann"), events.Command{V: 1, ID: "b-" + string(v), Verb: v, User: "ann"}))
+	}
+	br.refused(t, "broker writes the audit trail", regexp.QuoteMeta("aaas.audit."), publish(br.js, "aaas.audit.admin.ann", events.AuditEvent{V: 1, Kind: events.AuditAdmin, User: "ann"}))
+	br.refused(t, "broker reads the usage stream", regexp.QuoteMeta("$JS.API.CONSUMER.CREATE."+events.StreamUsage), func(ctx context.Context) error {
+		_, err := br.js.OrderedConsumer(ctx, events.StreamUsage, jetstream.OrderedConsumerConfig{})
+		return err
+	})
+	br.refused(t, "broker consumes commands", regexp.QuoteMeta("$JS.API.CONSUMER.INFO."+events.StreamCommands+"."+events.CommandConsumer), func(ctx context.Context) error {
+		_, err := br.js.Consumer(ctx, events.StreamCommands, events.CommandConsumer)
+		return err
+	})
+	br.refused(t, "broker deletes the usage stream", regexp.QuoteMeta("$JS.API.STREAM.DELETE."+events.StreamUsage), func(ctx context.Context) error {
+		return br.js.DeleteStream(ctx, events.StreamUsage)
+	})
+	br.refused(t, "broker reads the edge's replies", regexp.QuoteMeta("_INBOX_edge.>"), func(ctx context.Context) error {
+		sub, err := br.js.Conn().SubscribeSync("_INBOX_edge.>")
+		if err != nil {
+			return err
+		}
+		defer sub.Unsubscribe()
+		_, err = sub.NextMsgWithContext(ctx)
+		if err == nil || errors.Is(err, context.DeadlineExceeded) {
+			return errors.New("subscribed")
+		}
+		return err
+	})
+}
+
+// The edge sets budgets (admin page), stores the keys users bring and the
+// SSO groups they sign in with, and shows the month's spend; it cannot
+// write a spend (only a broker meters) nor hold a model-call slot.
+func TestTheEdgeSetsBudgetsButNeverMeters(t *testing.T) {
+	b := newBus(t)
+	edge := b.as(natsauth.Edge)
+	for _, bucket := range []string{state.BucketBudgets, state.BucketCredentials, state.BucketUserGroups} {
+		edge.allowed(t, "edge writes "+bucket, put(edge.js, bucket, "ann"))
+	}
+	edge.allowed(t, "edge reads usage", get(edge.js, state.BucketUsage, state.UsageKey("ann", "2026-12")))
+	for _, bucket := range []string{state.BucketUsage, state.BucketModelCalls} {
+		edge.refused(t, "edge writes "+bucket, `\$KV\.`+bucket+`\.ann|KV_`+bucket+`"`, put(edge.js, bucket, "ann"))
+	}
+	edge.refused(t, "edge publishes a call's usage", regexp.QuoteMeta(events.UsageSubject("ann")), publish(edge.js, events.UsageSubject("ann"), events.UsageEvent{V: 1, ID: "forged", User: "ann"}))
+	for _, role := range []natsauth.Role{natsauth.Lifecycle, natsauth.Sweeper} {
+		c := b.as(role)
+		c.refused(t, string(role)+" writes budgets", `\$KV\.budgets\.|KV_budgets"`, put(c.js, state.BucketBudgets, "user.ann"))
+		c.refused(t, string(role)+" reads credentials", `KV_credentials`, get(c.js, state.BucketCredentials, "ann.openai"))
+	}
 }

@@ -53,3 +53,37 @@ func BenchmarkProxy(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPreview is one request at a time through a preview origin, with
+// the DSH origin's cached path as its baseline (the same fixture, one
+// sandbox) and a preview port nothing listens on (the 502 page).
+func BenchmarkPreview(b *testing.B) {
+	pf := newPreviewFixture(b, nil)
+	pf.seal(pf.localHost())
+	client := &http.Client{}
+	for _, c := range []struct {
+		name, host, path string
+		status           int
+	}{
+		{"dsh", fixtureUser + "." + fixtureDomain, "/echo", http.StatusOK},
+		{"preview", previewHost(pf.app, fixtureUser), "/echo", http.StatusOK},
+		{"nothing-listening", previewHost(pf.idle, fixtureUser), "/", http.StatusBadGateway},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				req, _ := http.NewRequest("GET", pf.url+c.path, nil)
+				req.Host = c.host
+				req.Header.Set("Authorization", fixtureToken)
+				resp, err := client.Do(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != c.status {
+					b.Fatalf("%s: %d", c.name, resp.StatusCode)
+				}
+			}
+		})
+	}
+}

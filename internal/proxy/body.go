@@ -51,7 +51,7 @@ func (p *Proxy) requestBody(c *fiber.Ctx) *bodyReader {
 	if !httpguard.HasBody(c) {
 		return nil
 	}
-	return &bodyReader{r: c.Context().RequestBodyStream(), conn: c.Context().Conn(), read: p.o.ReadTimeout, max: p.o.MaxBody,
+	return &bodyReader{r: httpguard.Body(c), conn: c.Context().Conn(), read: p.o.ReadTimeout, max: p.o.MaxBody,
 		size: int64(c.Request().Header.ContentLength())}
 }
 

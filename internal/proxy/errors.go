@@ -69,7 +69,11 @@ var (
 		Detail: "This gateway replica is shutting down; reconnect."}
 	errBusy = &proxyError{Status: http.StatusServiceUnavailable, Title: "Too many requests",
 		Detail: "Too many requests to your sandbox are in flight; retry shortly."}
-	errNotYours  = &proxyError{Status: http.StatusForbidden, Title: "Not your sandbox", Detail: "This sandbox belongs to another user."}
+	errStale = &proxyError{Status: http.StatusServiceUnavailable, Title: "Sandbox unreachable for now",
+		Detail: "This gateway has lost touch with its state store for too long to be sure where your sandbox is, so it sends it nothing; try again shortly."}
+	errNotYours       = &proxyError{Status: http.StatusForbidden, Title: "Not your sandbox", Detail: "This sandbox belongs to another user."}
+	errNotYourPreview = &proxyError{Status: http.StatusForbidden, Title: "Not your preview",
+		Detail: "This preview belongs to another user's sandbox, and this gateway shows previews to their owner only (PREVIEW_ACCESS=owner)."}
 	errCrossSite = &proxyError{Status: http.StatusForbidden, Title: "Cross-site request refused",
 		Detail: "Requests that change something must come from this gateway's own pages."}
 	errNoSandbox = &proxyError{Status: http.StatusNotFound, Title: "No such sandbox", Detail: "There is no sandbox at this address."}

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/embednats"
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
@@ -34,7 +35,9 @@ import (
 type fixture struct {
 	t        testing.TB
 	url      string // the edge, http://127.0.0.1:port
+	nats     *embednats.Server
 	natsURL  string
+	metrics  *prometheus.Registry
 	js       jetstream.JetStream
 	boxes    *kv.Bucket[state.Sandbox]
 	hs       *kv.Bucket[state.Handshake]
@@ -55,6 +58,12 @@ const (
 	fixtureUser  = "bob"
 	fixturePod   = "pod-1"
 	fixtureToken = "Bearer good"
+	// fixtureGateway is the gateway's host and fixtureDomain the
+	// SANDBOX_DOMAIN in subdomain mode; gatewayStatus is what the
+	// gateway's stand-in routes answer.
+	fixtureGateway = "gw.test"
+	fixtureDomain  = "sbx.test"
+	gatewayStatus  = 299
 )
 
 // newFixture starts everything; upstream answers requests that carry the
@@ -72,7 +81,7 @@ func newFixture(t testing.TB, upstream http.Handler, mutate func(*Options)) *fix
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	f := &fixture{t: t, js: js, natsURL: ns.URL()}
+	f := &fixture{t: t, js: js, nats: ns, natsURL: ns.URL(), metrics: prometheus.NewRegistry()}
 	f.boxes = open[state.Sandbox](t, js, state.BucketSandboxes)
 	f.hs = open[state.Handshake](t, js, state.BucketHandshakes)
 	boxes, err := kv.NewCache(ctx, f.boxes, ">", log)
@@ -110,7 +119,7 @@ func newFixture(t testing.TB, upstream http.Handler, mutate func(*Options)) *fix
 		WakeTimeout: 5 * time.Second, HandshakeTimeout: 5 * time.Second,
 		MaxBody: 1 << 20, WSMaxMessage: 1 << 20,
 		BeaconInterval: time.Second, BeaconTTL: 3 * time.Second, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, Revalidate: time.Second,
-		Log: log, Metrics: prometheus.NewRegistry(),
+		Log: log, Metrics: f.metrics,
 	}
 	if mutate != nil {
 		mutate(&o)
@@ -118,14 +127,25 @@ func newFixture(t testing.TB, upstream http.Handler, mutate func(*Options)) *fix
 	f.proxy = New(o)
 	go f.proxy.Run(ctx)
 
-	clients, err := httpguard.NewPolicy(httpguard.Options{PublicHosts: []string{"*"}})
+	// In subdomain mode (a mutate that sets SandboxDomain) the gateway is
+	// fixtureGateway, as the edge refuses * with a sandbox domain.
+	public := []string{"*"}
+	if o.SandboxDomain != "" {
+		public = []string{fixtureGateway}
+	}
+	clients, err := httpguard.NewPolicy(httpguard.Options{PublicHosts: public, SandboxDomain: o.SandboxDomain, ValidUser: o.ValidUser})
 	if err != nil {
 		t.Fatal(err)
 	}
 	app := fiber.New(fiber.Config{DisableStartupMessage: true, StreamRequestBody: true, BodyLimit: int(o.MaxBody),
 		ReadBufferSize: 16 << 10, CaseSensitive: true, StrictRouting: true})
-	app.Use(httpguard.ConsumeBody, httpguard.Recover(log), clients.Middleware)
+	app.Use(httpguard.ConsumeBody, httpguard.Recover(log), clients.Middleware, f.proxy.Origins)
 	f.proxy.Register(app)
+	// Stand-ins for the gateway's own routes, which a sandbox origin must
+	// never reach.
+	for _, path := range []string{"/", "/login", "/users", "/_/*"} {
+		app.All(path, func(c *fiber.Ctx) error { return c.Status(gatewayStatus).SendString("gateway route") })
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

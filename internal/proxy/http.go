@@ -60,7 +60,7 @@ func (p *Proxy) forward(r *request) (status int, owned bool, err error) {
 		return 0, false, tooLarge(p.o.MaxBody)
 	}
 	navigation := r.method == fiber.MethodGet && strings.Contains(c.Get(fiber.HeaderAccept), "text/html")
-	up, err := p.resolver.Resolve(r.ctx, r.target(), !navigation)
+	up, err := p.resolve(r, !navigation)
 	if err != nil {
 		return 0, false, err
 	}
@@ -71,7 +71,8 @@ func (p *Proxy) forward(r *request) (status int, owned bool, err error) {
 	// unread, httpguard.ConsumeBody drains or the connection closes.
 	defer body.detach()
 	a, err := p.send(r, up, body)
-	if err == nil && a.Header.StatusCode() == http.StatusUnauthorized && (body == nil || body.untouched()) {
+	// A preview's 401 is its app's own answer: it carries no cookie of ours.
+	if err == nil && r.port == 0 && a.Header.StatusCode() == http.StatusUnauthorized && (body == nil || body.untouched()) {
 		// DSH's cookie expired or its token rotated: one fresh handshake,
 		// one retry. Expect: 100-continue kept the body unread for it.
 		_ = a.Close()
@@ -93,8 +94,8 @@ func (p *Proxy) forward(r *request) (status int, owned bool, err error) {
 		if r.ctx.Err() == nil {
 			p.m.upstreamErrors.WithLabelValues("request").Inc()
 		}
-		return 0, false, err
-	case a.Header.StatusCode() == http.StatusUnauthorized:
+		return 0, false, r.unreachable(err)
+	case r.port == 0 && a.Header.StatusCode() == http.StatusUnauthorized:
 		_ = a.Close()
 		return 0, false, errRefusedTwice
 	}
@@ -106,27 +107,31 @@ func (p *Proxy) forward(r *request) (status int, owned bool, err error) {
 
 // outgoing is the request DSH gets: the browser's headers that may pass
 // and the ones that are ours to set.
-func (p *Proxy) outgoing(r *request, cookie string, body *bodyReader) *outgoing {
+func (p *Proxy) outgoing(r *request, up Upstream, body *bodyReader) *outgoing {
 	hdr := &r.c.Request().Header
 	o := outgoings.Get().(*outgoing)
 	b := o.header[:0]
-	b = appendHeader(b, "Host", r.host)
+	b = appendHeader(b, "Host", up.Host)
 	extra := connectionTokens(hdr.PeekAll(fiber.HeaderConnection))
-	hdr.VisitAll(func(k, v []byte) {
+	for k, v := range hdr.All() {
 		name := string(k)
 		if isHopByHop(name, extra) || !p.headers.pass(name) {
-			return
+			continue
 		}
 		b = append(b, k...)
 		b = append(b, ": "...)
 		b = append(b, v...)
 		b = append(b, "\r\n"...)
-	})
-	b = appendHeader(b, "Cookie", cookie)
+	}
+	if up.Cookie != "" { // a preview gets none
+		b = appendHeader(b, "Cookie", up.Cookie)
+	}
 	b = appendHeader(b, "X-Forwarded-For", httpguard.IP(r.c))
 	b = appendHeader(b, "X-Forwarded-Proto", r.scheme)
 	b = appendHeader(b, "X-Forwarded-Host", r.host)
-	b = appendHeader(b, "X-Forwarded-Prefix", "/u/"+r.user)
+	if !r.origin {
+		b = appendHeader(b, "X-Forwarded-Prefix", "/u/"+r.user)
+	}
 	*o = outgoing{method: r.method, uri: r.uri(), header: b, body: body, head: r.method == fiber.MethodHead}
 	return o
 }
@@ -137,7 +142,7 @@ var outgoings = sync.Pool{New: func() any { return &outgoing{header: make([]byte
 
 // send is one round trip with a pooled outgoing.
 func (p *Proxy) send(r *request, up Upstream, body *bodyReader) (*answer, error) {
-	o := p.outgoing(r, up.Cookie, body)
+	o := p.outgoing(r, up, body)
 	a, err := p.upstream.roundTrip(r.ctx, up.Address, o)
 	o.body = nil
 	outgoings.Put(o)
@@ -162,8 +167,11 @@ func (p *Proxy) respond(r *request, up Upstream, a *answer) (int, bool, error) {
 	for name := range httpguard.PageHeaders {
 		out.Del(name)
 	}
-	loc := location{prefix: "/u/" + r.user, host: r.host, upstream: up.Address}
-	if err := p.headers.response(a.Header.VisitAll, loc, out.AddBytesKV); err != nil {
+	loc := location{prefix: "/u/" + r.user, host: r.host, upstream: up.Address, scheme: r.scheme, base: r.rest}
+	if r.origin {
+		loc.prefix, loc.local = "", true
+	}
+	if err := p.headers.response(a.Header.All(), loc, out.AddBytesKV); err != nil {
 		_ = a.Close()
 		p.m.upstreamErrors.WithLabelValues("response").Inc()
 		return 0, false, responseRefused(err)

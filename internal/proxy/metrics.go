@@ -15,6 +15,7 @@ type metrics struct {
 	inFlight       prometheus.Gauge
 	websockets     prometheus.Gauge
 	revoked        prometheus.Counter
+	staleRefusals  prometheus.Counter
 	// Body bytes by direction, resolved once: they are counted on every
 	// request and WebSocket message.
 	bytesUp, bytesDown prometheus.Counter
@@ -54,6 +55,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		revoked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "aaas_edge_revoked_streams_total", Help: "WebSockets and streamed responses ended because their credentials were revoked.",
 		}),
+		staleRefusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "aaas_edge_stale_route_refusals_total", Help: "Requests and WebSockets refused because the sandboxes cache was not confirmed current within ROUTE_MAX_STALENESS.",
+		}),
 	}
 	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "aaas_edge_proxied_bytes_total", Help: "Body bytes proxied, by direction (up: to DSH, down: to browsers).",
@@ -62,8 +66,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for i, c := range classes {
 		m.byClass[i], m.durByClass[i] = m.requests.WithLabelValues(c), m.durations.WithLabelValues(c)
 	}
-	reg.MustRegister(m.requests, m.durations, m.upstreamErrors, m.wakes, m.wakeDuration, m.inFlight, m.websockets, m.revoked, bytes)
+	reg.MustRegister(m.requests, m.durations, m.upstreamErrors, m.wakes, m.wakeDuration, m.inFlight, m.websockets, m.revoked, m.staleRefusals, bytes)
 	return m
+}
+
+// registerStateAge exposes how long ago the sandboxes cache was last
+// confirmed current: what ROUTE_MAX_STALENESS is compared with.
+func registerStateAge(reg prometheus.Registerer, current func() time.Time) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "aaas_edge_sandboxes_state_age_seconds", Help: "Seconds since this edge last confirmed its copy of the sandboxes bucket current (ROUTE_MAX_STALENESS bounds it for routing).",
+	}, func() float64 { return time.Since(current()).Seconds() }))
 }
 
 // classIndex is code's status class in classes (499 for clients that

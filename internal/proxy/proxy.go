@@ -1,5 +1,7 @@
 // Package proxy is the edge's hot path: it streams HTTP, SSE and WebSocket
-// traffic under /u/<user>/ to that user's DSH pod, wakes sleeping
+// traffic to each user's DSH pod (on the user's own origin,
+// <user>.<SANDBOX_DOMAIN>, or in path mode under /u/<user>/ on the
+// gateway's), wakes sleeping
 // sandboxes on connect, performs the DSH handshake through lifecycle,
 // enforces the per-user limits, and reports activity. A request for a Ready
 // sandbox with a cached handshake costs no NATS round trip.
@@ -12,6 +14,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -45,8 +48,18 @@ type ValidUser func(string) bool
 
 // Options wires a Proxy.
 type Options struct {
-	Auth       Authenticator
-	ValidUser  ValidUser
+	Auth      Authenticator
+	ValidUser ValidUser
+	// SandboxDomain is SANDBOX_DOMAIN (canonical): set, sandboxes are
+	// served on their own origins only (Origins) and the gateway's /u/
+	// paths redirect there; empty, they are served under /u/<user>/.
+	SandboxDomain string
+	// SignIn serves auth.SandboxSignInPath on sandbox origins: the one
+	// path of a sandbox origin the edge answers itself. Gateway is the
+	// gateway's host (the first of PUBLIC_HOSTS), where a browser on a
+	// sandbox origin without a session is sent to sign in.
+	SignIn     fiber.Handler
+	Gateway    string
 	Sandboxes  *kv.Cache[state.Sandbox]
 	Handshakes *kv.Cache[state.Handshake]
 	// Queue shows a user whose wake waits for a place their position.
@@ -59,11 +72,18 @@ type Options struct {
 	Slots            *Slots
 	WakeTimeout      time.Duration
 	HandshakeTimeout time.Duration
-	MaxBody          int64
-	WSMaxMessage     int64
-	HeaderAllowlist  []string
+	// MaxStaleness is ROUTE_MAX_STALENESS (0: no bound, for tests).
+	MaxStaleness    time.Duration
+	MaxBody         int64
+	WSMaxMessage    int64
+	HeaderAllowlist []string
 	// IdentityHeaders are the SSO headers, never forwarded to DSH.
 	IdentityHeaders []string
+	// PreviewPorts is PREVIEW_PORTS, sorted: the ports a preview host may
+	// name. PreviewUsers (PREVIEW_ACCESS=users) opens previews to every
+	// signed-in user; otherwise only the sandbox's owner is admitted.
+	PreviewPorts []int
+	PreviewUsers bool
 	// BeaconInterval and BeaconTTL are the activity beacons' period while
 	// busy and how long each is trusted.
 	BeaconInterval, BeaconTTL time.Duration
@@ -100,6 +120,7 @@ type Proxy struct {
 // to end long-lived exchanges.
 func New(o Options) *Proxy {
 	m := newMetrics(o.Metrics)
+	registerStateAge(o.Metrics, o.Sandboxes.Current)
 	up := newUpstream()
 	return &Proxy{
 		o:       o,
@@ -107,7 +128,7 @@ func New(o Options) *Proxy {
 		headers: newHeaderPolicy(o.HeaderAllowlist, o.IdentityHeaders),
 		resolver: &Resolver{
 			Sandboxes: o.Sandboxes, Queue: o.Queue, Handshakes: o.Handshakes, Commands: o.Publisher, Sealer: o.Sealer,
-			WakeTimeout: o.WakeTimeout, HandshakeTimeout: o.HandshakeTimeout, m: m,
+			WakeTimeout: o.WakeTimeout, HandshakeTimeout: o.HandshakeTimeout, MaxStaleness: o.MaxStaleness, m: m,
 		},
 		upstream: up,
 		dialer: &websocket.Dialer{
@@ -120,9 +141,94 @@ func New(o Options) *Proxy {
 	}
 }
 
-// Register mounts the proxy routes.
-func (p *Proxy) Register(app *fiber.App) {
-	app.All("/u/*", p.serve)
+// Register mounts the proxy's gateway routes: in path mode the sandboxes
+// under /u/<user>/, in subdomain mode the redirects from there to each
+// user's origin, so old links and bookmarks keep working and no tenant
+// byte is served on the gateway's origin. Each of before runs ahead of
+// them and may answer instead (the admin hosts' refusal of /u/).
+func (p *Proxy) Register(app *fiber.App, before ...fiber.Handler) {
+	if p.o.SandboxDomain != "" {
+		app.All("/u/*", append(before, p.toOrigin)...)
+		return
+	}
+	app.All("/u/*", append(before, p.serve)...)
+}
+
+// Origins is the middleware that serves sandbox origins, placed after
+// httpguard's: a request to a host below SANDBOX_DOMAIN never reaches a
+// gateway route (its /_/…, /login, /users, the landing page). The edge
+// answers auth.SandboxSignInPath there; every other path goes, whole and as it
+// arrived, to the sandbox of the user the host names: the user comes from
+// the host alone. A host that names no one gets the 404 page and nothing
+// is proxied. Other requests pass to the gateway's routes.
+func (p *Proxy) Origins(c *fiber.Ctx) error {
+	info := httpguard.Get(c)
+	if !info.OnSandboxDomain {
+		return c.Next()
+	}
+	raw := string(c.Request().URI().PathOriginal())
+	if raw == auth.SandboxSignInPath && p.o.SignIn != nil {
+		return p.o.SignIn(c)
+	}
+	rid := requestID(c)
+	ws := websocket.FastHTTPIsWebSocketUpgrade(c.Context())
+	if info.Sandbox == "" || !strings.HasPrefix(raw, "/") {
+		return p.refuse(c, rid, ws, errNoSandbox)
+	}
+	if info.PreviewPort != 0 {
+		return p.servePreview(c, rid, info.Sandbox, raw, info.PreviewPort, ws)
+	}
+	return p.serveUser(c, rid, info.Sandbox, raw, 0, ws)
+}
+
+// toOrigin answers the gateway's /u/<user>/<rest>?<query> in subdomain
+// mode: a permanent redirect to <scheme>://<user>.<SANDBOX_DOMAIN>/<rest>
+// with the query kept (301 for GET and HEAD, 308, which keeps the method
+// and body, otherwise). The user is read as in path mode, so a path a
+// browser reads under another user's prefix is refused, not redirected.
+func (p *Proxy) toOrigin(c *fiber.Ctx) error {
+	user, rest, ok := splitUserPath(string(c.Request().URI().PathOriginal()))
+	if !ok || !p.o.ValidUser(user) {
+		return p.refuse(c, requestID(c), false, errNoSandbox)
+	}
+	if rest == "" {
+		rest = "/"
+	}
+	loc := httpguard.Scheme(c) + "://" + httpguard.SandboxHost(user, 0, p.o.SandboxDomain) + rest
+	if q := c.Request().URI().QueryString(); len(q) > 0 {
+		loc += "?" + string(q)
+	}
+	return c.Redirect(loc, permanentRedirect(c.Method()))
+}
+
+// signInFirst: a top-level navigation (GET or HEAD of a page) to a
+// sandbox origin refused for want of credentials is sent to sign in
+// rather than shown a 401; everything else gets the 401 as it would.
+func (p *Proxy) signInFirst(c *fiber.Ctx, pe *proxyError) bool {
+	return pe.Status == fiber.StatusUnauthorized && p.o.Gateway != "" && httpguard.Get(c).OnSandboxDomain &&
+		(c.Method() == fiber.MethodGet || c.Method() == fiber.MethodHead) && web.WantsHTML(c)
+}
+
+// toSignIn sends the browser to the gateway's auth.SandboxMintPath with
+// the URL it asked for, which mints a sign-in code for this origin and
+// sends it back (303).
+func (p *Proxy) toSignIn(c *fiber.Ctx) error {
+	scheme := httpguard.Scheme(c)
+	next := scheme + "://" + httpguard.Host(c) + string(c.Request().URI().PathOriginal())
+	if q := c.Request().URI().QueryString(); len(q) > 0 {
+		next += "?" + string(q)
+	}
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	return c.Redirect(scheme+"://"+p.o.Gateway+auth.SandboxMintPath+"?next="+url.QueryEscape(next), fiber.StatusSeeOther)
+}
+
+// permanentRedirect is 301 for GET and HEAD, 308 (method and body kept)
+// for the rest.
+func permanentRedirect(method string) int {
+	if method != fiber.MethodGet && method != fiber.MethodHead {
+		return fiber.StatusPermanentRedirect
+	}
+	return fiber.StatusMovedPermanently
 }
 
 // Run publishes activity beacons, cancels the requests of clients that
@@ -149,22 +255,40 @@ func (p *Proxy) Drain() {
 // splitUserPath takes /u/<user>/<rest> apart on the raw path, exactly as
 // it arrived: the user that is authorised is the user whose pod gets the
 // request, and the rest is forwarded unchanged, so no encoding trick can
-// move a request from one user's prefix to another's pod.
+// move a request from one user's prefix to another's pod. A path that a
+// browser reads under another prefix ("/u/alice/../bob/", with "%2e" or
+// backslashes too) is refused: browsers resolve dot segments before they
+// send a path, so only a crafted request has one that climbs out.
 func splitUserPath(raw string) (user, rest string, ok bool) {
 	tail, ok := strings.CutPrefix(raw, "/u/")
 	if !ok {
 		return "", "", false
 	}
 	user, rest, found := strings.Cut(tail, "/")
+	if readUser(raw) != user {
+		return "", "", false
+	}
 	if !found {
 		return user, "", true
 	}
 	return user, "/" + rest, true
 }
 
-// serve is the route: everything that decides whether a request may go to
-// a sandbox at all, then HTTP or WebSocket. Refusals take one error path
-// (fail, or close codes for WebSockets).
+// readUser is the user segment of path as browsers read it (WHATWG URL:
+// tabs and newlines dropped, backslashes as slashes, dot segments in any
+// percent-encoding resolved), the reading redirects are judged by too.
+func readUser(path string) string {
+	p := removeDots(strings.ReplaceAll(cleanURL(path), `\`, "/"))
+	tail, ok := strings.CutPrefix(p, "/u/")
+	if !ok {
+		return ""
+	}
+	user, _, _ := strings.Cut(tail, "/")
+	return user
+}
+
+// serve is the /u/<user>/ route: the user and the rest of the path, and
+// the redirect of the bare prefix.
 func (p *Proxy) serve(c *fiber.Ctx) error {
 	rid := requestID(c)
 	user, rest, ok := splitUserPath(string(c.Request().URI().PathOriginal()))
@@ -176,13 +300,16 @@ func (p *Proxy) serve(c *fiber.Ctx) error {
 		if q := c.Request().URI().QueryString(); len(q) > 0 {
 			loc += "?" + string(q)
 		}
-		code := fiber.StatusMovedPermanently
-		if c.Method() != fiber.MethodGet && c.Method() != fiber.MethodHead {
-			code = fiber.StatusPermanentRedirect
-		}
-		return c.Redirect(loc, code)
+		return c.Redirect(loc, permanentRedirect(c.Method()))
 	}
-	ws := websocket.FastHTTPIsWebSocketUpgrade(c.Context())
+	return p.serveUser(c, rid, user, rest, 0, websocket.FastHTTPIsWebSocketUpgrade(c.Context()))
+}
+
+// serveUser takes a request for user's sandbox (rest: the path the
+// upstream gets) from authentication to HTTP or WebSocket, wherever it
+// arrived: to DSH, or with port set to that port's preview. Refusals take
+// one error path (fail, or close codes for WebSockets).
+func (p *Proxy) serveUser(c *fiber.Ctx, rid, user, rest string, port int, ws bool) error {
 	// A request that still reaches a draining edge (on a front's pooled
 	// connection, or before the endpoint list catches up) is served, and
 	// its connection closed so the next request goes elsewhere: a 503 here
@@ -197,9 +324,16 @@ func (p *Proxy) serve(c *fiber.Ctx) error {
 	}
 	id, err := p.o.Auth.AuthenticateFor(c, user)
 	switch {
+	case err != nil && !ws && p.signInFirst(c, authFailed(err)):
+		return p.toSignIn(c)
 	case err != nil:
 		return p.refuse(c, rid, ws, authFailed(err))
-	case id.User != user:
+	case id.User != user && port != 0 && !p.o.PreviewUsers:
+		return p.refuse(c, rid, ws, errNotYourPreview)
+	case id.User != user && port != 0 && !p.resolver.Exists(user):
+		// Another user's preview of a sandbox there is not: no wait for it.
+		return p.refuse(c, rid, ws, errNoSandbox)
+	case id.User != user && port == 0:
 		return p.refuse(c, rid, ws, errNotYours)
 	// Credentials the browser attaches by itself (the session cookie, the
 	// SSO proxy's header) must not let another site drive the agent: a
@@ -214,6 +348,7 @@ func (p *Proxy) serve(c *fiber.Ctx) error {
 		return p.refuse(c, rid, ws, errBusy)
 	}
 	r := p.begin(c, rid, user, rest, id)
+	r.port = port
 	if ws {
 		return p.serveWebSocket(r)
 	}
@@ -241,7 +376,8 @@ func (p *Proxy) fail(c *fiber.Ctx, rid string, err error) int {
 		c.Set(fiber.HeaderRetryAfter, "2")
 		c.Set(fiber.HeaderCacheControl, "no-store")
 		c.Type("html")
-		_ = web.RenderStarting(c, web.Starting{User: starting.User, Phase: string(starting.Phase), Reason: starting.Reason})
+		_ = web.RenderStarting(c, web.Starting{User: starting.User, Phase: string(starting.Phase), Reason: starting.Reason,
+			Reload: httpguard.Get(c).OnSandboxDomain})
 		return fiber.StatusServiceUnavailable
 	}
 	pe := asProxyError(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/state"
 	tu "github.com/aaas-project/aaas/internal/testutil"
 )
@@ -165,6 +166,8 @@ func (f *fixture) lifecycle(t *testing.T) *atomic.Int64 {
 // the body (kept unread by Expect: 100-continue) sent once.
 func TestRefusedCookieIsRefreshedOnce(t *testing.T) {
 	f := newFixture(t, echoHandler, nil)
+	// Two rotations in a row: not paced here (TestRefreshesArePacedPerPodAndHost is).
+	f.proxy.resolver.refreshes = handshake.NewBackoff(0, 0)
 	handshakes := f.lifecycle(t)
 	var refused atomic.Int64
 	f.onRefuse = func() { refused.Add(1) }

@@ -26,11 +26,17 @@ type request struct {
 	rid    string
 	method string
 	user   string
-	// rest is the path after /u/<user>, as it arrived.
+	// rest is the path DSH gets, as it arrived: after /u/<user> in path
+	// mode, the whole path on a sandbox origin.
 	rest string
+	// port is the preview's port, 0 for a request to DSH.
+	port int
 	id   auth.Identity
-	// host and scheme are the browser's, as httpguard resolved them.
+	// host and scheme are the browser's, as httpguard resolved them;
+	// origin says host is the user's sandbox origin (subdomain mode), not
+	// the gateway's with the sandbox under /u/<user>.
 	host, scheme string
+	origin       bool
 	start        time.Time
 }
 
@@ -95,14 +101,14 @@ func (p *Proxy) begin(c *fiber.Ctx, rid, user, rest string, id auth.Identity) *r
 	ctx, cancel := context.WithCancel(context.Background())
 	info := httpguard.Get(c)
 	r := &request{c: c, ctx: ctx, cancel: cancel, rid: rid, method: c.Method(), user: user, rest: rest, id: id,
-		host: info.Host, scheme: info.Scheme, start: time.Now()}
+		host: info.Host, scheme: info.Scheme, origin: info.OnSandboxDomain, start: time.Now()}
 	p.departures.add(r, c.Context().Conn())
 	return r
 }
 
 // target is what the resolver needs to know of the request.
 func (r *request) target() Target {
-	return Target{User: r.user, Host: r.host, Scheme: r.scheme}
+	return Target{User: r.user, Host: r.host, Scheme: r.scheme, Origin: r.origin}
 }
 
 // uri is the path and query DSH gets.

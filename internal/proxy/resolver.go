@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -21,9 +22,11 @@ type Commander interface {
 }
 
 // Target is what a request asks for: user's DSH, as seen from the
-// browser's host and scheme (DSH's auth cookie is per host).
+// browser's host and scheme (DSH's auth cookie is per host). Origin: the
+// request came to the user's sandbox origin (subdomain mode).
 type Target struct {
 	User, Host, Scheme string
+	Origin             bool
 }
 
 // Upstream is where a request goes and the cookie it carries.
@@ -31,6 +34,9 @@ type Upstream struct {
 	Address string
 	PodUID  string
 	Cookie  string
+	// Host is the Host header DSH gets, the one its handshake was made
+	// for (see upstreamHost).
+	Host string
 	// rev is the handshake's revision: Refresh asks for a newer one.
 	rev uint64
 }
@@ -59,13 +65,21 @@ type Resolver struct {
 	Sealer           *handshake.Sealer
 	WakeTimeout      time.Duration
 	HandshakeTimeout time.Duration
-	m                *metrics
+	// MaxStaleness is ROUTE_MAX_STALENESS: an address is used only while
+	// Sandboxes was confirmed current within it (0: always, for tests).
+	MaxStaleness time.Duration
+	m            *metrics
 
 	// opened keeps decrypted cookies while the handshakes cache has not
 	// changed since (its update count), so the cached path neither builds
 	// the handshake key nor decrypts.
 	mu     sync.RWMutex
 	opened map[cookieKey]openedCookie
+
+	// refreshes paces this edge's refreshes of each (user, pod, host);
+	// made on first use.
+	refreshOnce sync.Once
+	refreshes   *handshake.Backoff
 }
 
 type cookieKey struct{ user, pod, host string }
@@ -88,11 +102,40 @@ func (r *Resolver) Resolve(ctx context.Context, t Target, wait bool) (Upstream, 
 	if err != nil {
 		return Upstream{}, err
 	}
+	if err := r.fresh(); err != nil {
+		return Upstream{}, err
+	}
 	return r.cookie(ctx, t, box, 0)
 }
 
+// fresh refuses to route from a copy of the sandboxes bucket that has not
+// been confirmed current for longer than MaxStaleness (security review
+// S8). A pod at a recorded address cannot prove it is the recorded pod: it
+// may be another tenant's that was given the address since, and it can
+// answer anything. What the edge can know is how old its knowledge is, so
+// it stops sending requests, bodies and DSH cookies to addresses it has
+// not been able to check for that long.
+func (r *Resolver) fresh() error {
+	if r.MaxStaleness <= 0 || time.Since(r.Sandboxes.Current()) <= r.MaxStaleness {
+		return nil
+	}
+	r.m.staleRefusals.Inc()
+	return errStale
+}
+
 // Refresh returns up with a fresh cookie, after DSH refused up.Cookie.
+// Refreshes of one (user, pod, host) are paced (handshake.EdgeRefreshes):
+// a DSH that refuses every cookie gets a handshake now and then, not one
+// per request, and in between its requests are answered as refused.
 func (r *Resolver) Refresh(ctx context.Context, t Target, up Upstream) (Upstream, error) {
+	r.refreshOnce.Do(func() {
+		if r.refreshes == nil {
+			r.refreshes = handshake.EdgeRefreshes()
+		}
+	})
+	if r.refreshes.Next(state.HandshakeKey(t.User, up.PodUID, up.Host), time.Now()) > 0 {
+		return Upstream{}, errRefusedTwice
+	}
 	return r.cookie(ctx, t, state.Sandbox{Address: up.Address, PodUID: up.PodUID}, up.rev)
 }
 
@@ -162,8 +205,9 @@ const freshFailure = 5 * time.Second
 // for one when none is cached or the cached one (revision stale) was
 // refused.
 func (r *Resolver) cookie(ctx context.Context, t Target, box state.Sandbox, stale uint64) (Upstream, error) {
-	up := Upstream{Address: box.Address, PodUID: box.PodUID}
-	ck := cookieKey{t.User, box.PodUID, t.Host}
+	host, prefix := upstreamHost(t, box.Address)
+	up := Upstream{Address: box.Address, PodUID: box.PodUID, Host: host}
+	ck := cookieKey{t.User, box.PodUID, host}
 	updates := r.Handshakes.Updates()
 	r.mu.RLock()
 	o, ok := r.opened[ck]
@@ -172,7 +216,7 @@ func (r *Resolver) cookie(ctx context.Context, t Target, box state.Sandbox, stal
 		up.Cookie, up.rev = o.cookie, o.rev
 		return up, nil
 	}
-	key := state.HandshakeKey(t.User, box.PodUID, t.Host)
+	key := state.HandshakeKey(t.User, box.PodUID, host)
 	e, ok := r.Handshakes.Get(key)
 	if ok && e.Revision > stale {
 		if e.Value.Error == "" {
@@ -194,7 +238,7 @@ func (r *Resolver) cookie(ctx context.Context, t Target, box state.Sandbox, stal
 		stale = e.Revision
 	}
 	if _, err := r.Commands.Command(ctx, events.NewHandshake(t.User, events.HandshakeArgs{
-		PodUID: box.PodUID, Host: t.Host, Proto: t.Scheme, Prefix: "/u/" + t.User, StaleRevision: stale,
+		PodUID: box.PodUID, Host: host, Proto: t.Scheme, Prefix: prefix, StaleRevision: stale,
 	})); err != nil {
 		if ctx.Err() != nil {
 			return Upstream{}, ctx.Err()
@@ -218,4 +262,23 @@ func (r *Resolver) cookie(ctx context.Context, t Target, box state.Sandbox, stal
 	}
 	up.Cookie, up.rev = string(c), e.Revision
 	return up, nil
+}
+
+// upstreamHost is the Host DSH gets for t at address, and the prefix it
+// is told it is served under; the handshake is made for that Host and
+// keyed on it. In path mode it is the browser's (a public host, which
+// DSH_TRUSTED_HOSTS lists) and the prefix /u/<user>. On a sandbox origin
+// it is localhost:<pod port>, which DSH always trusts whatever its
+// DSH_TRUSTED_HOSTS (UPSTREAM.md), and no prefix, as DSH is at the
+// origin's root: no per-user host needs trusting, one handshake per pod
+// serves every way the sandbox is reached, and the browser's host goes
+// along as X-Forwarded-Host.
+func upstreamHost(t Target, address string) (host, prefix string) {
+	if !t.Origin {
+		return t.Host, "/u/" + t.User
+	}
+	if _, port, err := net.SplitHostPort(address); err == nil && port != "" {
+		return "localhost:" + port, ""
+	}
+	return "localhost", ""
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -227,35 +228,50 @@ func (u *upstream) exchange(ctx context.Context, conn *upConn, o *outgoing) (*an
 		// DSH says 100 Continue when it wants the body, or answers at once
 		// (a refusal: the body stays unread, for a retry); a server that
 		// says nothing gets the body after continueFor, as with net/http.
+		// Other interim answers (102, 103) are no answer: the wait goes on.
 		send := true
-		conn.readDeadline(time.Now().Add(u.continueFor))
-		_, err := conn.br.Peek(1)
-		conn.readDeadline(time.Time{})
-		var ne net.Error
-		switch {
-		case err == nil:
-			if err := a.Header.Read(conn.br); err != nil {
+		deadline := time.Now().Add(u.continueFor)
+	wait:
+		for {
+			conn.readDeadline(deadline)
+			_, err := conn.br.Peek(1)
+			conn.readDeadline(time.Time{})
+			var ne net.Error
+			switch {
+			case err == nil:
+				if _, err := readHead(&a.Header, conn.br); err != nil {
+					return fail(&staleError{err})
+				}
+				switch code := a.Header.StatusCode(); {
+				case code == fasthttp.StatusContinue:
+					a.Header.Reset()
+					break wait
+				case code == fasthttp.StatusSwitchingProtocols:
+					return fail(errSwitched)
+				case code < 200:
+					a.Header.Reset()
+				default:
+					got, send = true, false
+					// The body was announced and not sent: the connection's
+					// framing is lost.
+					a.reusable = false
+					break wait
+				}
+			case errors.As(err, &ne) && ne.Timeout() && ctx.Err() == nil:
+				break wait
+			default:
 				return fail(&staleError{err})
 			}
-			if a.Header.StatusCode() == fasthttp.StatusContinue {
-				a.Header.Reset()
-			} else {
-				got, send = true, false
-				// The body was announced and not sent: the connection's
-				// framing is lost.
-				a.reusable = false
-			}
-		case errors.As(err, &ne) && ne.Timeout() && ctx.Err() == nil:
-		default:
-			return fail(&staleError{err})
 		}
 		if send {
 			a.sending = make(chan error, 1)
 			go sendBody(conn, o.body, a.sending)
 		}
 	}
+	closes := false // DSH said it closes the connection after the answer
 	for !got {
-		if err := a.Header.Read(conn.br); err != nil {
+		var err error
+		if closes, err = readHead(&a.Header, conn.br); err != nil {
 			if a.sending == nil {
 				return fail(&staleError{err})
 			}
@@ -281,11 +297,163 @@ func (u *upstream) exchange(ctx context.Context, conn *upConn, o *outgoing) (*an
 			a.Header.Reset()
 		}
 	}
-	if a.Header.ConnectionClose() {
+	if closes || a.Header.ConnectionClose() {
 		a.reusable = false
 	}
 	a.frame(o.head)
 	return a, nil
+}
+
+// malformedError: DSH's answer is not framed as RFC 9112 says.
+type malformedError struct{ what string }
+
+func (e *malformedError) Error() string { return "DSH sent a malformed answer: " + e.what }
+
+// readHead reads one response head into h, once its raw bytes passed
+// checkHead. fasthttp's reader alone is lenient where leniency moves the
+// end of a message or changes its bytes: it reads a Transfer-Encoding of
+// any value but "identity" as chunked, lets the last of differing
+// Content-Lengths win, takes any word for the protocol and any number for
+// the status, and unfolds an obs-fold line inside its read buffer,
+// overwriting the body's first byte. It reads "Connection: close" only
+// when that is the field's whole value and the last Connection field, so
+// closes reports whether any Connection field names close.
+func readHead(h *fasthttp.ResponseHeader, br *bufio.Reader) (closes bool, err error) {
+	var n int
+	for {
+		b, _ := br.Peek(br.Buffered())
+		if n, closes, err = checkHead(b); err != nil {
+			return false, err
+		}
+		if n >= 0 {
+			break
+		}
+		if _, err := br.Peek(len(b) + 1); err != nil {
+			if errors.Is(err, bufio.ErrBufferFull) {
+				return false, &malformedError{"its header exceeds " + strconv.Itoa(bufSize) + " bytes"}
+			}
+			return false, err
+		}
+	}
+	before := br.Buffered()
+	if err := h.Read(br); err != nil {
+		return false, err
+	}
+	if before-br.Buffered() != n {
+		return false, &malformedError{"its header ends where fasthttp does not see it end"}
+	}
+	return closes, nil
+}
+
+// checkHead checks the response head at the start of b and returns its
+// length, or -1 when it has not all arrived, and whether a Connection
+// field names close. It wants a status line "HTTP/1.x NNN reason", field
+// lines of a token, a colon and a value of visible characters, spaces and
+// tabs (no obs-fold), lines ending in CRLF, and framing fields a strict
+// reader frames alike: one Content-Length of digits only, Transfer-Encoding
+// "chunked" only, once, and not in HTTP/1.0. Bare LF line ends and a
+// repeated Content-Length, which RFC 9112 lets a recipient accept, are
+// refused as fasthttp's reader refuses them: one rule for both readers.
+func checkHead(b []byte) (n int, closes bool, err error) {
+	var length []byte
+	encodings := 0
+	http10 := false
+	for off, first := 0, true; ; first = false {
+		i := bytes.IndexByte(b[off:], '\n')
+		if i < 0 {
+			return -1, false, nil
+		}
+		line, crlf := bytes.CutSuffix(b[off:off+i], []byte("\r"))
+		off += i + 1
+		if !crlf {
+			return 0, false, &malformedError{"a line of its head does not end in CRLF"}
+		}
+		if first {
+			if !statusLine(line) {
+				return 0, false, &malformedError{"its status line is not HTTP/1.0 or HTTP/1.1 with a status code"}
+			}
+			http10 = line[7] == '0'
+			continue
+		}
+		if len(line) == 0 {
+			if encodings > 0 && http10 {
+				return 0, false, &malformedError{"an HTTP/1.0 answer has a Transfer-Encoding"}
+			}
+			return off, closes, nil
+		}
+		name, value, ok := field(line)
+		if !ok {
+			return 0, false, &malformedError{"a header line is not a field name, a colon and a value"}
+		}
+		switch {
+		case bytes.EqualFold(name, []byte("Content-Length")):
+			if !digits(value) || length != nil {
+				return 0, false, &malformedError{"its Content-Length is not one number"}
+			}
+			length = value
+		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
+			if encodings++; encodings > 1 || !bytes.EqualFold(value, []byte("chunked")) {
+				return 0, false, &malformedError{"its Transfer-Encoding is not chunked alone"}
+			}
+		case bytes.EqualFold(name, []byte("Connection")):
+			for t := range bytes.SplitSeq(value, []byte(",")) {
+				closes = closes || bytes.EqualFold(bytes.Trim(t, " \t"), []byte("close"))
+			}
+		}
+	}
+}
+
+// statusLine: "HTTP/1.0" or "HTTP/1.1", a space, a status from 100 to
+// 599, and nothing or a space and a reason.
+func statusLine(l []byte) bool {
+	if len(l) < 12 || !bytes.HasPrefix(l, []byte("HTTP/1.")) || l[7] != '0' && l[7] != '1' || l[8] != ' ' ||
+		l[9] < '1' || l[9] > '5' || !digits(l[10:12]) || len(l) > 12 && l[12] != ' ' {
+		return false
+	}
+	return validValue(l[12:])
+}
+
+// field splits a field line into its name and its value without the
+// spaces around it; ok is false for anything else.
+func field(line []byte) (name, value []byte, ok bool) {
+	name, value, ok = bytes.Cut(line, []byte(":"))
+	if !ok || len(name) == 0 || !validValue(value) {
+		return nil, nil, false
+	}
+	for _, c := range name {
+		if !tchar(c) {
+			return nil, nil, false
+		}
+	}
+	return name, bytes.Trim(value, " \t"), true
+}
+
+// tchar: a character of a token (RFC 9110 §5.6.2).
+func tchar(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || bytes.IndexByte([]byte("!#$%&'*+-.^_`|~"), c) >= 0
+}
+
+// validValue: visible characters, obs-text, spaces and tabs only.
+func validValue(v []byte) bool {
+	for _, c := range v {
+		if c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// digits: one to 18 decimal digits (a length that fits an int64).
+func digits(v []byte) bool {
+	if len(v) == 0 || len(v) > 18 {
+		return false
+	}
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // sendBody writes the body while the answer is read. When the browser's
@@ -423,7 +591,8 @@ func (b *lengthBody) Read(p []byte) (int, error) {
 }
 
 // chunkedBody is a chunked body; at its end the trailer section is read
-// (and dropped: trailers are not passed on).
+// (and dropped: trailers are not passed on) as net/http reads it: field
+// lines ending in CRLF up to an empty one, 4 KiB at most.
 type chunkedBody struct {
 	a  *answer
 	br *bufio.Reader
@@ -436,16 +605,39 @@ func (b *chunkedBody) Read(p []byte) (int, error) {
 	}
 	n, err := b.r.Read(p)
 	if err == io.EOF {
-		for {
-			line, lerr := b.br.ReadSlice('\n')
-			if lerr != nil {
-				return n, lerr
-			}
-			if len(line) <= 2 { // "\r\n": the end of the message
-				break
-			}
+		if terr := b.trailer(); terr != nil {
+			return n, terr
 		}
 		b.a.complete.Store(true)
 	}
 	return n, err
+}
+
+// maxTrailer bounds the trailer section as net/http's reader does (it
+// must end within its 4 KiB buffer).
+const maxTrailer = 4 << 10
+
+// trailer reads the trailer section; the message ends with its empty line.
+func (b *chunkedBody) trailer() error {
+	for size := 0; ; {
+		line, err := b.br.ReadSlice('\n')
+		if errors.Is(err, io.EOF) {
+			return io.ErrUnexpectedEOF // io.EOF would read as the body's end
+		}
+		if err != nil {
+			return err
+		}
+		size += len(line)
+		switch {
+		case size > maxTrailer:
+			return &malformedError{"its trailer section exceeds 4 KiB"}
+		case !bytes.HasSuffix(line, []byte("\r\n")):
+			return &malformedError{"a trailer line does not end in CRLF"}
+		case len(line) == 2: // the end of the message
+			return nil
+		}
+		if _, _, ok := field(line[:len(line)-2]); !ok {
+			return &malformedError{"a trailer line is not a field name, a colon and a value"}
+		}
+	}
 }

@@ -59,12 +59,12 @@ func closeCode(pe *proxyError) int {
 // Failures before the bridge exists are reported the way browsers can see
 // them: the upgrade succeeds and is closed at once with a code and reason.
 func (p *Proxy) serveWebSocket(r *request) error {
-	up, err := p.resolver.Resolve(r.ctx, r.target(), true)
+	up, err := p.resolve(r, true)
 	var conn *websocket.Conn
 	if err == nil {
 		var resp *http.Response
 		conn, resp, err = p.dial(r, up)
-		if resp != nil && resp.StatusCode == http.StatusUnauthorized {
+		if r.port == 0 && resp != nil && resp.StatusCode == http.StatusUnauthorized {
 			if up, err = p.resolver.Refresh(r.ctx, r.target(), up); err == nil {
 				conn, _, err = p.dial(r, up)
 			}
@@ -75,7 +75,9 @@ func (p *Proxy) serveWebSocket(r *request) error {
 		var pe *proxyError
 		if err != nil && r.ctx.Err() == nil && !errors.As(err, &pe) {
 			p.m.upstreamErrors.WithLabelValues("websocket_dial").Inc()
-			err = &proxyError{Status: http.StatusBadGateway, Detail: "your sandbox did not accept the connection", Err: err}
+			if err = r.unreachable(err); !errors.As(err, &pe) {
+				err = &proxyError{Status: http.StatusBadGateway, Detail: "your sandbox did not accept the connection", Err: err}
+			}
 		}
 	}
 	p.departures.remove(r)
@@ -134,7 +136,7 @@ func (p *Proxy) closeAtOnce(c *fiber.Ctx, code int, text string) error {
 func (p *Proxy) dial(r *request, up Upstream) (*websocket.Conn, *http.Response, error) {
 	// The headers HTTP requests get, read back from their wire form.
 	h := http.Header{}
-	o := p.outgoing(r, up.Cookie, nil)
+	o := p.outgoing(r, up, nil)
 	for line := range bytes.SplitSeq(o.header, []byte("\r\n")) {
 		if k, v, ok := bytes.Cut(line, []byte(": ")); ok {
 			h.Add(string(k), string(v))

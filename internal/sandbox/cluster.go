@@ -88,6 +88,8 @@ type Cluster struct {
 	// deniedAt is when a list or watch was last refused (unix nanos): an
 	// informer that cannot watch goes stale without failing.
 	deniedAt atomic.Int64
+	// refusals counts those refusals.
+	refusals atomic.Uint64
 }
 
 // deniedGrace is how long after a refused list or watch the caches count
@@ -191,9 +193,27 @@ func (c *Cluster) Healthy() bool {
 	return c.claims.HasSynced() && c.sandboxes.HasSynced() && c.pods.HasSynced()
 }
 
+// Serving reports whether the API server says it is ready (/readyz, which
+// every identity may read): a fresh one refuses requests its authorizer
+// has not loaded the rules for yet, and is not ready until it has.
+func (c *Cluster) Serving(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, servingTimeout)
+	defer cancel()
+	_, err := c.core.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+	return err == nil
+}
+
+// servingTimeout bounds the readiness check.
+const servingTimeout = 5 * time.Second
+
+// Refusals counts the lists and watches Kubernetes refused (forbidden or
+// unauthorized) since New: the Role lacks a verb the informers need.
+func (c *Cluster) Refusals() uint64 { return c.refusals.Load() }
+
 func (c *Cluster) watchError(r *cache.Reflector, err error) {
 	if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
 		c.deniedAt.Store(time.Now().UnixNano())
+		c.refusals.Add(1)
 		c.cfg.Log.Error("kubernetes refused a list or watch: check the lifecycle Role", "informer", r.TypeDescription(), "err", err)
 		return
 	}

@@ -59,7 +59,7 @@ func (c *Cluster) Derive(user string, s State, prev state.Sandbox) state.Sandbox
 		r.Phase, r.Reason = podPhase(s.Pod, starting)
 	}
 	if r.Phase == state.PhaseReady {
-		r.Address = c.Address(s)
+		r.Address, r.PodIP = c.Address(s), s.Pod.Status.PodIP
 		r.ReadySince = prev.ReadySince
 		if prev.Phase != state.PhaseReady || prev.PodUID != r.PodUID || r.ReadySince.IsZero() {
 			r.ReadySince = r.Updated

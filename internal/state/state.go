@@ -28,6 +28,9 @@ const (
 	BucketRateLimit  = "ratelimit"
 	BucketLocks      = "locks"
 	BucketQueue      = "queue"
+	// BucketSigninCodes holds the single-use codes that carry a gateway
+	// session to a sandbox origin (subdomain mode).
+	BucketSigninCodes = "signin_codes"
 )
 
 // BucketsConfig sizes the buckets for an environment.
@@ -41,16 +44,20 @@ type BucketsConfig struct {
 	RequestTTL time.Duration
 	// RateWindow is AUTH_RATE_WINDOW; attempt logs live at most two windows.
 	RateWindow time.Duration
+	// SigninCodeTTL is SIGNIN_CODE_TTL: how long a sign-in code for a
+	// sandbox origin stays good (at most a minute).
+	SigninCodeTTL time.Duration
 }
 
 // DefaultBucketsConfig is the development sizing.
 func DefaultBucketsConfig() BucketsConfig {
 	return BucketsConfig{
-		Replicas:     1,
-		SessionTTL:   7 * 24 * time.Hour,
-		HandshakeTTL: 23 * time.Hour,
-		RequestTTL:   15 * time.Minute,
-		RateWindow:   time.Minute,
+		Replicas:      1,
+		SessionTTL:    7 * 24 * time.Hour,
+		HandshakeTTL:  23 * time.Hour,
+		RequestTTL:    15 * time.Minute,
+		RateWindow:    time.Minute,
+		SigninCodeTTL: 30 * time.Second,
 	}
 }
 
@@ -58,7 +65,7 @@ func DefaultBucketsConfig() BucketsConfig {
 // every watcher to see them.
 const markerTTL = time.Minute
 
-// BucketConfigs returns every bucket definition. Each has a MaxBytes (2 GiB
+// BucketConfigs returns every bucket definition. Each has a MaxBytes (2.5 GiB
 // in all) so that no flood of sessions, handshakes or rate-limit entries
 // can fill the JetStream store the others share; a full bucket refuses
 // writes, which the edge answers with 503.
@@ -71,6 +78,12 @@ func BucketConfigs(c BucketsConfig) []jetstream.KeyValueConfig {
 		{Bucket: BucketRequests, Description: "outcomes of commands a requester waits for", TTL: c.RequestTTL, MaxBytes: 256 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
 		{Bucket: BucketRateLimit, Description: "auth attempts per client per window", TTL: 2 * c.RateWindow, LimitMarkerTTL: markerTTL, MaxBytes: 256 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
 		{Bucket: BucketLocks, Description: "leases for one-active-replica roles", LimitMarkerTTL: markerTTL, MaxBytes: 16 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketSigninCodes, Description: "single-use sign-in codes for sandbox origins, by sha256 of the code", TTL: c.SigninCodeTTL, LimitMarkerTTL: markerTTL, MaxBytes: 32 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketUsage, Description: "model-call totals per user and month, written by the brokers", TTL: 400 * 24 * time.Hour, MaxBytes: 256 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketBudgets, Description: "monthly model budgets set by administrators, per user and SSO group", MaxBytes: 32 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketModelCalls, Description: "model calls in flight per user, for the concurrency cap", TTL: 24 * time.Hour, LimitMarkerTTL: markerTTL, MaxBytes: 32 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketCredentials, Description: "provider keys users brought, sealed to the brokers", MaxBytes: 64 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketUserGroups, Description: "SSO groups each user last signed in with", TTL: c.SessionTTL, LimitMarkerTTL: markerTTL, MaxBytes: 64 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
 		{Bucket: BucketQueue, Description: "wakes waiting for a free place (MAX_RUNNING_SANDBOXES, MAX_CONCURRENT_STARTS), admitted oldest first", MaxBytes: 16 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
 	}
 }
@@ -96,8 +109,29 @@ type Session struct {
 	User    string    `json:"user"`
 	Created time.Time `json:"created"`
 	Expires time.Time `json:"expires"`
-	// Via says how it started: signup, login or sso.
+	// Via says how it started: signup, login, sso, or sandbox for a
+	// sandbox origin's session.
 	Via string `json:"via"`
+	// Host is the sandbox host a sandbox origin's session is for (subdomain
+	// mode), "" for a gateway session. A sandbox session holds only on its
+	// host and only while what it was made from holds: Parent, the SHA-256
+	// (hex) of the gateway session, or for SSO (no gateway session) Bound,
+	// the account's binding then.
+	Host   string `json:"host,omitempty"`
+	Parent string `json:"parent,omitempty"`
+	Bound  string `json:"bound,omitempty"`
+}
+
+// SigninCode is a single-use code that carries a gateway sign-in to a
+// sandbox origin; its key is the hex SHA-256 of the code, which itself
+// only ever is in the browser's URL. Parent and Bound are the future
+// sandbox session's (see Session).
+type SigninCode struct {
+	User    string    `json:"user"`
+	Host    string    `json:"host"`
+	Parent  string    `json:"parent,omitempty"`
+	Bound   string    `json:"bound,omitempty"`
+	Expires time.Time `json:"expires"`
 }
 
 // SessionKey is <user>.<hex sha256 of the session id>.
@@ -165,7 +199,10 @@ type Sandbox struct {
 	PodUID  string `json:"pod_uid,omitempty"`
 	// Address is host:port of the DSH server (pod IP or Service FQDN).
 	Address string `json:"address,omitempty"`
-	Reason  string `json:"reason,omitempty"`
+	// PodIP is the Ready pod's IP: the address its connections come
+	// from, by which the model broker knows whose call it is.
+	PodIP  string `json:"pod_ip,omitempty"`
+	Reason string `json:"reason,omitempty"`
 	// ReadySince is when the sandbox last became Ready; the sweeper uses it
 	// as the idle clock of a sandbox nobody has touched through the gateway.
 	ReadySince time.Time `json:"ready_since,omitzero"`

@@ -104,15 +104,33 @@ func (c *clocks) view(user string, now time.Time) view {
 	return v
 }
 
-// forget drops users no longer worth a clock.
-func (c *clocks) forget(keep func(user string) bool) {
+// forget drops the clocks of users gone says have no sandbox, once no
+// beacon of theirs can change a decision any more: each is older than its
+// TTL (it pins nothing) and than keep, the idle timeout (its last activity
+// would not keep a sandbox awake). A beacon is read before the sandbox it
+// is about, more often than not: the activity stream and the sandboxes
+// bucket are read apart, and either can lag. Forgetting such a clock at
+// once would let its sandbox, when it shows up, be judged by its Ready
+// time alone, and a busy one suspended.
+func (c *clocks) forget(gone func(user string) bool, now time.Time, keep time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for u := range c.users {
-		if !keep(u) {
+	for u, cl := range c.users {
+		if gone(u) && cl.spent(now, keep) {
 			delete(c.users, u)
 		}
 	}
+}
+
+// spent reports whether every beacon of the clock is older, at now, than
+// its TTL and than keep.
+func (cl *clock) spent(now time.Time, keep time.Duration) bool {
+	for _, b := range cl.edges {
+		if now.Sub(b.sentAt) < max(b.ttl, keep) {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *clocks) len() int {

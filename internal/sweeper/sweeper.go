@@ -2,10 +2,8 @@ package sweeper
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,8 +25,6 @@ type Options struct {
 	IdleTimeout time.Duration
 	// Interval is how often the active sweeper looks.
 	Interval time.Duration
-	// PruneInterval is how often orphaned sessions are removed.
-	PruneInterval time.Duration
 	// IdleEvict suspends the longest-idle sandboxes while wakes wait for
 	// a place under MaxRunning (MAX_RUNNING_SANDBOXES).
 	IdleEvict  bool
@@ -40,34 +36,29 @@ type Options struct {
 // Sweeper keeps idle clocks on every replica, so a standby that takes the
 // lease decides with complete clocks at once.
 type Sweeper struct {
-	o        Options
-	m        *metrics
-	clocks   *clocks
-	boxes    *kv.Cache[state.Sandbox]
-	users    *kv.Cache[state.User]
-	queue    *kv.Cache[state.Queued]
-	sessions *kv.Bucket[state.Session]
-	synced   atomic.Bool
+	o      Options
+	m      *metrics
+	clocks *clocks
+	boxes  *kv.Cache[state.Sandbox]
+	users  *kv.Cache[state.User]
+	queue  *kv.Cache[state.Queued]
+	synced atomic.Bool
 
-	// Only the leader's loop touches these.
-	issued  map[string]issue
-	orphans map[string]bool
+	// Only the leader's loop touches it.
+	issued map[string]issue
 }
 
 type issue struct{ rev, seq uint64 }
 
 // New opens the buckets and caches; Run starts following the stream.
 func New(ctx context.Context, o Options) (*Sweeper, error) {
-	s := &Sweeper{o: o, m: newMetrics(o.Metrics), clocks: newClocks(), issued: map[string]issue{}, orphans: map[string]bool{}}
+	s := &Sweeper{o: o, m: newMetrics(o.Metrics), clocks: newClocks(), issued: map[string]issue{}}
 	boxes, err := kv.Open[state.Sandbox](ctx, o.JS, state.BucketSandboxes)
 	if err != nil {
 		return nil, err
 	}
 	users, err := kv.Open[state.User](ctx, o.JS, state.BucketUsers)
 	if err != nil {
-		return nil, err
-	}
-	if s.sessions, err = kv.Open[state.Session](ctx, o.JS, state.BucketSessions); err != nil {
 		return nil, err
 	}
 	if s.boxes, err = kv.NewCache(ctx, boxes, ">", o.Log); err != nil {
@@ -141,8 +132,6 @@ func (s *Sweeper) Lead(ctx context.Context) {
 	s.o.Log.Info("sweeping", "idle_timeout", s.o.IdleTimeout.String())
 	tick := time.NewTicker(s.o.Interval)
 	defer tick.Stop()
-	prune := time.NewTicker(s.o.PruneInterval)
-	defer prune.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -150,10 +139,6 @@ func (s *Sweeper) Lead(ctx context.Context) {
 		case <-tick.C:
 			if s.Ready() {
 				s.Sweep(ctx, time.Now())
-			}
-		case <-prune.C:
-			if s.Ready() {
-				s.prune(ctx)
 			}
 		}
 	}
@@ -235,6 +220,7 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 		}
 		s.issued[a.user] = issue{a.rev, a.seq}
 	}
+	s.forget(now)
 	s.m.tracked.Set(float64(s.clocks.len()))
 	s.m.idle.Set(float64(idle))
 	s.m.tick.Observe(time.Since(start).Seconds())
@@ -274,45 +260,26 @@ func (s *Sweeper) publish(ctx context.Context, asks []ask) {
 	wg.Wait()
 }
 
-// prune removes sessions of accounts that no longer exist (their claim was
-// deleted while no edge or lifecycle could purge them), and forgets idle
-// clocks of users without a sandbox. A session is removed only when its
-// user has been missing on two passes in a row, so an account whose
-// record is still on its way is not mistaken for a deleted one.
-func (s *Sweeper) prune(ctx context.Context) {
-	keys, err := s.sessions.Keys(ctx, ">")
-	if err != nil {
-		s.o.Log.Warn("prune: list sessions", "err", err)
+// forget drops the idle clocks, and the record of suspends asked, of users
+// without a sandbox (deleted), so neither holds more users than there are
+// sandboxes. It looks only when one of them does (then some user in it
+// certainly has no sandbox): a pass over every clock costs about as much as
+// the sweep itself. A clock goes only once it can decide nothing (clocks
+// forget): its sandbox record may simply not have reached this replica yet,
+// and when it comes its ReadySince need not be newer than the activity (a
+// record written again, a bucket restored), so a busy sandbox would be
+// judged idle.
+func (s *Sweeper) forget(now time.Time) {
+	if n := s.boxes.Len(); s.clocks.len() <= n && len(s.issued) <= n {
 		return
 	}
-	missing := map[string]bool{}
-	removed := 0
-	for _, k := range keys {
-		user, _, _ := strings.Cut(k, ".")
-		if _, ok := s.users.Get(user); ok {
-			continue
-		}
-		missing[user] = true
-		if !s.orphans[user] {
-			continue
-		}
-		if err := s.sessions.Purge(ctx, k); err != nil && !errors.Is(err, context.Canceled) {
-			s.o.Log.Warn("prune: purge session", "user", user, "err", err)
-			continue
-		}
-		removed++
-	}
-	s.orphans = missing
-	if removed > 0 {
-		s.m.pruned.Add(float64(removed))
-		s.o.Log.Info("pruned orphaned sessions", "sessions", removed)
-	}
-	s.clocks.forget(func(user string) bool {
+	gone := func(user string) bool {
 		_, ok := s.boxes.Get(user)
-		return ok
-	})
+		return !ok
+	}
+	s.clocks.forget(gone, now, s.o.IdleTimeout)
 	for u := range s.issued {
-		if _, ok := s.boxes.Get(u); !ok {
+		if gone(u) {
 			delete(s.issued, u)
 		}
 	}
@@ -323,7 +290,6 @@ type metrics struct {
 	idle     prometheus.Gauge
 	suspends *prometheus.CounterVec
 	tick     prometheus.Histogram
-	pruned   prometheus.Counter
 	leader   prometheus.Gauge
 }
 
@@ -338,9 +304,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "aaas_sweeper_tick_seconds", Help: "Time to make one round of decisions.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 		}),
-		pruned: prometheus.NewCounter(prometheus.CounterOpts{Name: "aaas_sweeper_pruned_sessions_total", Help: "Sessions removed because their account is gone."}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "aaas_sweeper_leader", Help: "1 while this replica is the active sweeper."}),
 	}
-	reg.MustRegister(m.tracked, m.idle, m.suspends, m.tick, m.pruned, m.leader)
+	reg.MustRegister(m.tracked, m.idle, m.suspends, m.tick, m.leader)
 	return m
 }

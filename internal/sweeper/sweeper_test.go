@@ -2,6 +2,7 @@ package sweeper_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -32,6 +33,8 @@ type world struct {
 	pub   *events.Publisher
 	boxes *kv.Bucket[state.Sandbox]
 	now   time.Time
+	// reg holds the metrics of the sweeper started last.
+	reg *prometheus.Registry
 }
 
 func setup(t testing.TB) *world {
@@ -53,7 +56,8 @@ func (w *world) sweeper() *sweeper.Sweeper {
 	w.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	w.t.Cleanup(cancel)
-	s, err := sweeper.New(ctx, sweeper.Options{JS: w.js, Publisher: events.NewPublisher(w.js, "sweeper", quiet), IdleTimeout: idle, Interval: time.Hour, PruneInterval: time.Hour, Log: quiet, Metrics: prometheus.NewRegistry()})
+	w.reg = prometheus.NewRegistry()
+	s, err := sweeper.New(ctx, sweeper.Options{JS: w.js, Publisher: events.NewPublisher(w.js, "sweeper", quiet), IdleTimeout: idle, Interval: time.Hour, Log: quiet, Metrics: w.reg})
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -113,6 +117,22 @@ func (w *world) suspends() map[string]events.Command {
 		}
 	}
 	return out
+}
+
+// gauge is the value of the sweeper's metric name.
+func (w *world) gauge(name string) float64 {
+	w.t.Helper()
+	mfs, err := w.reg.Gather()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	w.t.Fatalf("no gauge %s", name)
+	return 0
 }
 
 func TestDecisions(t *testing.T) {
@@ -179,6 +199,110 @@ func TestClocksSurviveARestart(t *testing.T) {
 	second.Sweep(context.Background(), w.now.Add(idle/2+time.Second))
 	if _, ok := w.suspends()["a"]; !ok {
 		t.Fatal("the restarted sweeper lost the idle clock")
+	}
+}
+
+// A user whose sandbox is deleted behind the sweeper's back loses its idle
+// clock once the clocks outnumber the sandboxes and the clock can decide
+// nothing any more (its beacons older than their TTL and IDLE_TIMEOUT):
+// aaas_sweeper_users_tracked drops, and a sandbox of the same name made
+// later is judged without that user's old activity, while another user's
+// clock stays and still decides for it.
+func TestSweepsForgetTheClocksOfDeletedSandboxes(t *testing.T) {
+	w := setup(t)
+	ctx := natstest.Context(t, time.Minute)
+	long := w.now.Add(-2 * idle)
+	w.sandbox("gone", state.PhaseReady, true, long)
+	w.beacon("gone", "edge-a", 0, idle/2, time.Second) // active half an idle timeout ago
+	w.sandbox("kept", state.PhaseReady, true, long)
+	w.beacon("kept", "edge-a", 1, 2*idle, 3*idle) // a WebSocket open
+	s := w.sweeper()
+	s.Sweep(ctx, w.now)
+	if n := w.gauge("aaas_sweeper_users_tracked"); n != 2 {
+		t.Fatalf("%v users tracked, want 2", n)
+	}
+	if got := w.suspends(); len(got) != 0 {
+		t.Fatalf("suspended users active half an idle timeout ago or busy: %v", got)
+	}
+
+	if err := w.boxes.Delete(ctx, "gone", 0); err != nil {
+		t.Fatal(err)
+	}
+	ready := func() float64 {
+		mfs, _ := w.reg.Gather()
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				if mf.GetName() == "aaas_sandboxes" && len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == string(state.PhaseReady) {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+		return -1
+	}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if n := ready(); n != 1 {
+			return fmt.Errorf("the sweeper's cache holds %v Ready sandboxes, want 1", n)
+		}
+		return nil
+	})
+	// Its sandbox is gone, but the clock could still decide (active within
+	// IDLE_TIMEOUT): it stays.
+	s.Sweep(ctx, w.now)
+	if n := w.gauge("aaas_sweeper_users_tracked"); n != 2 {
+		t.Fatalf("%v users tracked right after the deletion, want 2 (the clock can still decide)", n)
+	}
+	// An idle timeout later it can decide nothing: forgotten.
+	later := w.now.Add(idle + 5*time.Second) // the stream stamped the beacon a moment after w.now
+	s.Sweep(ctx, later)
+	if n := w.gauge("aaas_sweeper_users_tracked"); n != 1 {
+		t.Fatalf("%v users tracked, want 1", n)
+	}
+	// The kept clock still decides: judged by its sandbox's Ready time
+	// alone, kept would be idle for three timeouts.
+	if got := w.suspends(); len(got) != 0 {
+		t.Fatalf("kept lost its clock: suspended %v", got)
+	}
+	// The forgotten one is gone for good: a sandbox of that name now is
+	// judged by its Ready time, its old activity unknown.
+	w.sandbox("gone", state.PhaseReady, true, long)
+	testutil.Eventually(t, 30*time.Second, func() error {
+		s.Sweep(ctx, later)
+		if _, ok := w.suspends()["gone"]; !ok {
+			return errors.New("the new sandbox named gone is not suspended: its old clock is still there, or the sweeper has not seen it")
+		}
+		return nil
+	})
+	if got := w.suspends(); len(got) != 1 {
+		t.Fatalf("suspended %v, want gone only", got)
+	}
+}
+
+// A beacon read before its sandbox (the activity stream and the sandboxes
+// bucket are read apart; either can lag) is kept while the clocks
+// outnumber the sandboxes, so that when the sandbox shows up, Ready since
+// long ago, a busy user is not suspended and a recently active one not
+// before its IDLE_TIMEOUT. The positive control: a user with no beacon at
+// all, Ready as long, is suspended in the same sweep.
+func TestBeaconsBeforeTheirSandboxStillDecide(t *testing.T) {
+	w := setup(t)
+	ctx := natstest.Context(t, time.Minute)
+	long := w.now.Add(-2 * idle)
+	w.beacon("busy", "edge-a", 1, 2*idle, 3*idle)
+	w.beacon("recent", "edge-a", 0, idle/2, time.Second)
+	s := w.sweeper()
+	s.Sweep(ctx, w.now) // no sandboxes yet: the clocks outnumber them
+	for _, u := range []string{"busy", "recent", "never-used"} {
+		w.sandbox(u, state.PhaseReady, true, long)
+	}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		s.Sweep(ctx, w.now.Add(time.Second))
+		if _, ok := w.suspends()["never-used"]; !ok {
+			return errors.New("never-used not suspended yet: the sweeper has not seen the sandboxes")
+		}
+		return nil
+	})
+	if got := w.suspends(); len(got) != 1 {
+		t.Fatalf("suspended %v, want never-used only", got)
 	}
 }
 

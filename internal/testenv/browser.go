@@ -16,8 +16,9 @@ import (
 
 // Browser starts headless Chromium (Debian's, which `make tools`
 // installs) and returns a chromedp context for one tab. JavaScript
-// dialogs (confirm()) are accepted.
-func Browser(t testing.TB) context.Context {
+// dialogs (confirm()) are accepted. extra adds or overrides command-line
+// switches (host resolver rules, for instance).
+func Browser(t testing.TB, extra ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	bin, err := exec.LookPath("chromium")
 	if err != nil {
@@ -33,6 +34,7 @@ func Browser(t testing.TB) context.Context {
 		chromedp.Flag("disable-sync", true),
 		chromedp.Flag("disable-dev-shm-usage", true),
 	)
+	opts = append(opts, extra...)
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(actx)
 	t.Cleanup(func() { cancel(); cancelAlloc() })

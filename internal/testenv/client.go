@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -61,7 +62,14 @@ func (c *Client) Do(method, path string, body io.Reader, headers ...string) *Res
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
-		c.t.Fatalf("%s %s: %v", method, path, err)
+		// Without the query, which may carry a sign-in code, and without
+		// url.Error's copy of the whole URL.
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err
+		}
+		p, _, _ := strings.Cut(path, "?")
+		c.t.Fatalf("%s %s: %v", method, p, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)

@@ -74,6 +74,19 @@ func NewFront(t testing.TB, backends ...string) *Front {
 // NewFrontAt is NewFront listening on addr.
 func NewFrontAt(t testing.TB, addr string, backends ...string) *Front {
 	t.Helper()
+	var servers strings.Builder
+	for _, b := range backends {
+		fmt.Fprintf(&servers, "    server %s max_fails=0;\n", b)
+	}
+	return Nginx(t, addr, func(dir string) string { return fmt.Sprintf(frontConf, dir, servers.String(), addr) })
+}
+
+// Nginx starts nginx with the configuration conf returns for dir (its
+// own directory, for the pid, logs and temporary files), waits until it
+// listens on addr and stops it when the test ends: for a front of another
+// shape than NewFront's (TLS, several server names).
+func Nginx(t testing.TB, addr string, conf func(dir string) string) *Front {
+	t.Helper()
 	bin, err := exec.LookPath("nginx")
 	if err != nil {
 		bin = "/usr/sbin/nginx"
@@ -82,16 +95,12 @@ func NewFrontAt(t testing.TB, addr string, backends ...string) *Front {
 		}
 	}
 	dir := t.TempDir()
-	var servers strings.Builder
-	for _, b := range backends {
-		fmt.Fprintf(&servers, "    server %s max_fails=0;\n", b)
-	}
-	conf := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(conf, []byte(fmt.Sprintf(frontConf, dir, servers.String(), addr)), 0o600); err != nil {
+	file := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(file, []byte(conf(dir)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	out := &syncBuffer{}
-	p, err := child.Start(child.Options{Name: "nginx", Path: bin, Args: []string{"-c", conf, "-p", dir, "-e", filepath.Join(dir, "error.log")}, Output: out})
+	p, err := child.Start(child.Options{Name: "nginx", Path: bin, Args: []string{"-c", file, "-p", dir, "-e", filepath.Join(dir, "error.log")}, Output: out})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,13 @@ type Load struct {
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	r      LoadReport
+	// flights are the requests sent and not yet answered.
+	flights map[*flight]bool
+}
+
+type flight struct {
+	method, kind, url string
+	start             time.Time
 }
 
 // LoadOptions shape a Load.
@@ -39,6 +46,10 @@ type LoadOptions struct {
 	Pause time.Duration
 	// NoSockets leaves out the WebSocket sessions.
 	NoSockets bool
+	// Stall is how long a request may go unanswered before it counts as
+	// failed (default 10s): from that moment on, so a Report taken while
+	// it still hangs counts it, and once, whatever it gets in the end.
+	Stall time.Duration
 }
 
 // LoadReport is what a Load saw.
@@ -63,6 +74,11 @@ type LoadReport struct {
 	Reconnected int
 	Unanswered  int
 	Lost        int
+	// Stalled counts requests unanswered for longer than Stall (among the
+	// failed ones); Slowest is the longest any request has waited so far,
+	// answered or not.
+	Stalled int
+	Slowest time.Duration
 	// Failures are the first few failed requests, with what they got.
 	Failures []string
 }
@@ -73,8 +89,11 @@ func StartLoad(t testing.TB, base string, o LoadOptions) *Load {
 	if o.Pause == 0 {
 		o.Pause = 100 * time.Millisecond
 	}
+	if o.Stall == 0 {
+		o.Stall = 10 * time.Second
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &Load{o: o, cancel: cancel, r: LoadReport{Requests: map[string]int{}, Closed: map[int]int{}}}
+	l := &Load{o: o, cancel: cancel, r: LoadReport{Requests: map[string]int{}, Closed: map[int]int{}}, flights: map[*flight]bool{}}
 	t.Cleanup(l.Stop)
 	for user, c := range o.Users {
 		l.wg.Go(func() { l.browse(ctx, base, user, c) })
@@ -102,6 +121,14 @@ func (l *Load) Report() LoadReport {
 	}
 	for k, v := range l.r.Closed {
 		r.Closed[k] = v
+	}
+	now := time.Now()
+	for f := range l.flights {
+		waited := now.Sub(f.start)
+		r.Slowest = max(r.Slowest, waited)
+		if waited > l.o.Stall {
+			r.tally(f.method, f.kind, f.url, "stalled", fmt.Sprintf("still unanswered after %s", waited.Round(time.Millisecond)), now)
+		}
 	}
 	return r
 }
@@ -138,15 +165,18 @@ func (l *Load) browse(ctx context.Context, base, user string, c *Client) {
 	}
 }
 
-// request sends one request; a request is counted once it is sent, even
-// if the Load stops meanwhile (the client never gives up on it: an
-// answer that never comes is a failure the scenario must see).
+// request sends one request; a request is counted once it is answered,
+// or once it has waited Stall, even if the Load stops meanwhile (the
+// client never gives up on it: an answer that never comes is a failure
+// the scenario must see).
 func (l *Load) request(c *Client, base, method, kind, u string, body []byte, check func([]byte) error) {
 	req, _ := http.NewRequest(method, u, bytes.NewReader(body))
 	if method != http.MethodGet {
 		req.Header.Set("Origin", base)
 		req.Header.Set("Content-Type", "application/octet-stream")
 	}
+	f := &flight{method: method, kind: kind, url: u, start: time.Now()}
+	l.count(func(*LoadReport) { l.flights[f] = true })
 	resp, err := c.HTTP.Do(req)
 	outcome, detail := "error", fmt.Sprint(err)
 	if err == nil {
@@ -161,24 +191,39 @@ func (l *Load) request(c *Client, base, method, kind, u string, body []byte, che
 		}
 		detail = fmt.Sprintf("%s %.300s %v", resp.Status, b, rerr)
 	}
+	now := time.Now()
+	waited := now.Sub(f.start)
+	if waited > l.o.Stall {
+		outcome, detail = "stalled", fmt.Sprintf("answered after %s: %s", waited.Round(time.Millisecond), detail)
+	}
 	l.count(func(r *LoadReport) {
-		r.Requests[method+" "+kind+" "+outcome]++
-		failed := outcome != "200"
-		if failed && len(r.Failures) < 10 {
-			r.Failures = append(r.Failures, fmt.Sprintf("%s %s at %s: %s", method, u, time.Now().Format("15:04:05.000"), detail))
-		}
-		if method == http.MethodGet {
-			r.Sent++
-			if failed {
-				r.Failed++
-			}
-		} else {
-			r.Uploads++
-			if failed {
-				r.UploadsFailed++
-			}
-		}
+		delete(l.flights, f)
+		r.Slowest = max(r.Slowest, waited)
+		r.tally(method, kind, u, outcome, detail, now)
 	})
+}
+
+// tally counts one request's outcome.
+func (r *LoadReport) tally(method, kind, u, outcome, detail string, at time.Time) {
+	r.Requests[method+" "+kind+" "+outcome]++
+	failed := outcome != "200"
+	if failed && len(r.Failures) < 10 {
+		r.Failures = append(r.Failures, fmt.Sprintf("%s %s at %s: %s", method, u, at.Format("15:04:05.000"), detail))
+	}
+	if outcome == "stalled" {
+		r.Stalled++
+	}
+	if method == http.MethodGet {
+		r.Sent++
+		if failed {
+			r.Failed++
+		}
+	} else {
+		r.Uploads++
+		if failed {
+			r.UploadsFailed++
+		}
+	}
 }
 
 // socket keeps a WebSocket echo session open, sending a message every
@@ -281,6 +326,7 @@ func (r LoadReport) Rows() [][2]string {
 		{"idempotent requests sent", fmt.Sprint(r.Sent)},
 		{"idempotent requests failed", fmt.Sprint(r.Failed)},
 		{"uploads sent / failed", fmt.Sprintf("%d / %d", r.Uploads, r.UploadsFailed)},
+		{"slowest answer (or wait so far)", r.Slowest.Round(time.Millisecond).String()},
 	}
 	var keys []string
 	for k := range r.Requests {

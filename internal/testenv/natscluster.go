@@ -1,6 +1,8 @@
 package testenv
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"net/http"
@@ -10,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	aaas "github.com/aaas-project/aaas"
 	"github.com/aaas-project/aaas/internal/child"
@@ -109,6 +113,11 @@ func StartNATSCluster(t testing.TB, n int, ids *natsauth.Identities) *NATSCluste
 	t.Cleanup(func() {
 		for _, node := range c.Nodes {
 			node.p.Stop(10 * time.Second)
+			// The node's own log is the witness of a refused subject
+			// (violations.go).
+			if v := serverViolations(node.out.String()); v != "" {
+				t.Errorf("NATS node %s refused subjects their identity is not granted (internal/natsauth):\n%s", node.Name, v)
+			}
 			if t.Failed() {
 				t.Logf("--- %s output ---\n%s", node.Name, tailString(node.out.String(), 30))
 			}
@@ -128,8 +137,8 @@ func freePort(t testing.TB) int {
 	return port
 }
 
-// writeNATSConfig copies manifests/base/nats into dir, the harness's
-// Admin identity (every permission; the tests observe and inject through
+// writeNATSConfig copies manifests/base/nats into dir without its TLS, the
+// harness's Admin identity (every permission; the tests observe and inject through
 // it) added to the users and the store moved to $NATS_STORE_DIR, and
 // returns the path of nats.conf.
 func writeNATSConfig(t testing.TB, dir string) string {
@@ -143,6 +152,12 @@ func writeNATSConfig(t testing.TB, dir string) string {
 		b, err := fs.ReadFile(aaas.Manifests, src+"/"+e.Name())
 		if err != nil {
 			t.Fatal(err)
+		}
+		if e.Name() == "tls.conf" || e.Name() == "cluster-tls.conf" {
+			// The harness's nodes and clients talk plaintext on loopback:
+			// the manifests' TLS (a certificate from a Secret) is the
+			// deployment tier's to prove.
+			b = []byte("# TLS: not in the test harness\n")
 		}
 		if e.Name() == "nats.conf" {
 			s := strings.Replace(string(b), "users: [\n", "users: [\n    {nkey: $NATS_ADMIN_NKEY}\n", 1)
@@ -233,3 +248,102 @@ func (c *NATSCluster) WaitCurrent(t testing.TB, timeout time.Duration) {
 
 // PID is the node's process id (of its current run).
 func (n *NATSNode) PID() int { return n.p.PID() }
+
+// Node is the node named name (nats-0, ...), or nil.
+func (c *NATSCluster) Node(name string) *NATSNode {
+	for _, n := range c.Nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// StreamLeader is the server that leads stream now, from the stream's
+// cluster info ("" while it has none).
+func StreamLeader(ctx context.Context, js jetstream.JetStream, stream string) (string, error) {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return "", err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return "", err
+	}
+	if info.Cluster == nil {
+		return "", fmt.Errorf("stream %s has no cluster info", stream)
+	}
+	return info.Cluster.Leader, nil
+}
+
+// KVStreams are the streams behind every KV bucket.
+func KVStreams(ctx context.Context, js jetstream.JetStream) ([]string, error) {
+	var out []string
+	names := js.StreamNames(ctx)
+	for n := range names.Name() {
+		if strings.HasPrefix(n, "KV_") {
+			out = append(out, n)
+		}
+	}
+	return out, names.Err()
+}
+
+// MoveLeaders makes node the leader of each of streams, asking the
+// current leader of each to step down in its favour until it is, so one
+// SIGKILL takes every one of their leaders at once.
+func (c *NATSCluster) MoveLeaders(t testing.TB, js jetstream.JetStream, node string, streams ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	req, _ := json.Marshal(map[string]any{"placement": map[string]string{"preferred": node}})
+	for _, s := range streams {
+		for {
+			leader, err := StreamLeader(ctx, js, s)
+			if err == nil && leader == node {
+				break
+			}
+			if err == nil && leader != "" {
+				// A refusal (an election already under way) is asked again.
+				_, _ = js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.LEADER.STEPDOWN."+s, req)
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("%s does not lead %s after 2 minutes (leader %q, %v)", node, s, leader, err)
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// Connections counts the client connections named name ("<role>/<id>",
+// as every aaas process names its own) open on the running nodes, by the
+// nodes' own monitoring (/connz): a process cut off from NATS has none.
+func (c *NATSCluster) Connections(name string) (int, error) {
+	n := 0
+	for _, node := range c.Nodes {
+		if node.p.Exited() {
+			continue
+		}
+		cl := http.Client{Timeout: 5 * time.Second}
+		resp, err := cl.Get(fmt.Sprintf("http://127.0.0.1:%d/connz?limit=100000", node.Monitor))
+		if err != nil {
+			return 0, err
+		}
+		var connz struct {
+			Connections []struct {
+				Name string `json:"name"`
+			} `json:"connections"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&connz)
+		resp.Body.Close()
+		if err != nil {
+			return 0, fmt.Errorf("%s /connz: %w", node.Name, err)
+		}
+		for _, conn := range connz.Connections {
+			if conn.Name == name {
+				n++
+			}
+		}
+	}
+	return n, nil
+}

@@ -57,7 +57,8 @@ func FreeAddr(t testing.TB) string {
 
 // Start runs the named binary with env (plus METRICS_ADDR, LOG_LEVEL and
 // GORACE defaults) and stops it when the test ends. The test fails if the
-// process reported a data race or used a NATS subject it is not granted.
+// process reported a data race; a NATS subject it used without a grant
+// fails the test through the server that refused it (WatchNATS).
 func (p *Package) Start(t testing.TB, name string, env map[string]string) *Proc {
 	t.Helper()
 	bin, ok := p.Bins[name]
@@ -75,11 +76,6 @@ func (p *Package) Start(t testing.TB, name string, env map[string]string) *Proc 
 		logs := pr.Logs()
 		if r := races(logs); r != "" {
 			t.Errorf("%s: the race detector found a data race:\n%s", name, r)
-		}
-		// Every flow runs under the production NATS permissions: a subject a
-		// process uses without a grant in internal/natsauth fails the test.
-		if v := violations(logs); v != "" {
-			t.Errorf("%s used NATS subjects its identity is not granted (internal/natsauth):\n%s", name, v)
 		}
 		if t.Failed() || os.Getenv("TESTENV_LOGS") != "" {
 			t.Logf("--- %s output ---\n%s", name, tailString(logs, 60))
@@ -191,17 +187,6 @@ func warnings(logs string, n int) string {
 	var out []string
 	for _, l := range strings.Split(logs, "\n") {
 		if len(out) < n && (strings.Contains(l, `"level":"WARN"`) || strings.Contains(l, `"level":"ERROR"`)) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
-}
-
-// violations are the log lines of NATS permission violations.
-func violations(logs string) string {
-	var out []string
-	for _, l := range strings.Split(logs, "\n") {
-		if strings.Contains(strings.ToLower(l), "permissions violation") {
 			out = append(out, l)
 		}
 	}

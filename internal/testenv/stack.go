@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
+	"github.com/aaas-project/aaas/internal/devcluster/devclustertest"
 	"github.com/aaas-project/aaas/internal/embednats"
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/events"
@@ -51,6 +53,10 @@ type Stack struct {
 	// besides the edge's own address (see FrontAddr).
 	PublicHosts []string
 	boxes       *kv.Cache[state.Sandbox]
+	// readySince is each user's latest ReadySince the watch saw (the
+	// record drops it once the sandbox leaves Ready).
+	readyMu    sync.Mutex
+	readySince map[string]time.Time
 }
 
 // StackOptions shape a new Stack.
@@ -83,6 +89,7 @@ func (s *Stack) FrontAddr() string {
 // step, makes a namespace, and starts what o asks for.
 func (p *Package) NewStack(t testing.TB, o StackOptions) *Stack {
 	t.Helper()
+	devclustertest.Need(t, p.Cluster)
 	ids, err := natsauth.Generate(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -96,6 +103,7 @@ func (p *Package) NewStack(t testing.TB, o StackOptions) *Stack {
 		st.Env["STREAM_REPLICAS"] = fmt.Sprint(o.NATSNodes)
 	} else {
 		st.NATS = natstest.StartWith(t, embednats.Options{Users: ids.Users()})
+		WatchNATS(t, st.NATS)
 	}
 	if o.Faults {
 		st.Faults = NewFaults(t)
@@ -175,7 +183,7 @@ func (s *Stack) Lifecycle(id string) *Proc {
 		kubeconfig = s.faultyKubeconfig("kube-" + id)
 	}
 	p := s.start("lifecycle", map[string]string{
-		"KUBECONFIG": kubeconfig, "NAMESPACE": s.NS.Name, "INSTANCE_ID": id,
+		"KUBECONFIG": kubeconfig, "SANDBOX_NAMESPACE": s.NS.Name, "INSTANCE_ID": id,
 	})
 	p.WaitReady(s.t, time.Minute)
 	return p
@@ -246,6 +254,30 @@ func (s *Stack) Sweeper(id string, env map[string]string) *Proc {
 	return p
 }
 
+// Broker is a running model-API broker.
+type Broker struct {
+	*Proc
+	// URL is http://127.0.0.1:port; sandboxes call URL/<provider>/….
+	URL string
+}
+
+// Broker starts a broker on a free port and waits until it is ready (its
+// sandboxes index loaded). env must name the providers
+// (BROKER_PROVIDERS); BROKER_KEYS_DIR defaults to an empty directory
+// (providers called without a key).
+func (s *Stack) Broker(id string, env map[string]string) *Broker {
+	s.t.Helper()
+	addr := FreeAddr(s.t)
+	full := map[string]string{"BROKER_ADDR": addr, "INSTANCE_ID": id, "BROKER_KEYS_DIR": s.t.TempDir(),
+		"BEACON_INTERVAL": "1s", "SHUTDOWN_TIMEOUT": "5s"}
+	for k, v := range env {
+		full[k] = v
+	}
+	p := s.start("broker", full)
+	p.WaitReady(s.t, time.Minute)
+	return &Broker{Proc: p, URL: "http://" + addr}
+}
+
 // NoRedirects is an HTTP client that returns redirects instead of
 // following them.
 func NoRedirects() *http.Client {
@@ -265,7 +297,15 @@ func (s *Stack) watchSandboxes() {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	if s.boxes, err = kv.NewCache(ctx, b, ">", Logger()); err != nil {
+	s.readySince = map[string]time.Time{}
+	remember := kv.OnChange(func(user string, e kv.Entry[state.Sandbox], deleted bool) {
+		if !deleted && !e.Value.ReadySince.IsZero() {
+			s.readyMu.Lock()
+			s.readySince[user] = e.Value.ReadySince
+			s.readyMu.Unlock()
+		}
+	})
+	if s.boxes, err = kv.NewCache(ctx, b, ">", Logger(), remember); err != nil {
 		s.t.Fatal(err)
 	}
 }
@@ -376,4 +416,144 @@ func (s *Stack) AuditLog() string {
 		}
 	}
 	return b.String()
+}
+
+// readAll passes fn every message an ordered consumer of stream with cfg
+// has for it now, oldest first.
+func (s *Stack) readAll(stream string, cfg jetstream.OrderedConsumerConfig, fn func(jetstream.Msg)) {
+	s.t.Helper()
+	ctx := Context(s.t, time.Minute)
+	cons, err := s.JS.OrderedConsumer(ctx, stream, cfg)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for pending := info.NumPending; pending > 0; {
+		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			fn(m)
+			if meta, err := m.Metadata(); err == nil {
+				pending = meta.NumPending
+			}
+		}
+		if err := batch.Error(); err != nil || got == 0 {
+			s.t.Fatalf("reading %s: %d messages pending, none delivered (%v)", stream, pending, err)
+		}
+	}
+}
+
+// Idleness is what the activity stream says about a user's idle clock,
+// read as the sweeper reads it: each edge's newest beacon by the stream's
+// clock (events.Beacon.At).
+type Idleness struct {
+	// Last is when the user was last seen active (or the sandbox last
+	// became Ready, if later); Pinned is until when a beacon reporting work in
+	// flight keeps the sandbox busy.
+	Last, Pinned time.Time
+	// Stamped is when the stream stored each edge's newest beacon.
+	Stamped map[string]time.Time
+}
+
+// Due is when the user falls idle for idle.
+func (i Idleness) Due(idle time.Duration) time.Time {
+	if d := i.Last.Add(idle); d.After(i.Pinned) {
+		return d
+	}
+	return i.Pinned
+}
+
+// Idleness reads user's idle clock from the activity stream now.
+func (s *Stack) Idleness(user string) Idleness {
+	s.t.Helper()
+	s.readyMu.Lock()
+	i := Idleness{Last: s.readySince[user], Stamped: map[string]time.Time{}}
+	s.readyMu.Unlock()
+	s.readAll(events.StreamActivity, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{events.ActivitySubjectUser(user)}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+	}, func(m jetstream.Msg) {
+		meta, err := m.Metadata()
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		b, err := events.Decode[events.Beacon](m.Data())
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		last, ttl := b.At(meta.Timestamp)
+		if b.InFlight > 0 {
+			last = latest(last, meta.Timestamp)
+			i.Pinned = latest(i.Pinned, meta.Timestamp.Add(ttl))
+		}
+		i.Last = latest(i.Last, last)
+		i.Stamped[b.Edge] = meta.Timestamp
+	})
+	return i
+}
+
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// Audit is every audit event of kind about user so far, oldest first.
+func (s *Stack) Audit(kind events.AuditKind, user string) []events.AuditEvent {
+	s.t.Helper()
+	var out []events.AuditEvent
+	s.readAll(events.StreamAudit, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.AuditSubject(kind, user)}}, func(m jetstream.Msg) {
+		e, err := events.Decode[events.AuditEvent](m.Data())
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		out = append(out, e)
+	})
+	return out
+}
+
+// Decision is user's newest audited decision to suspend (the sweeper's
+// "requested"), once there is one: when the sweeper made it (its round's
+// clock) and which replica did.
+func (s *Stack) Decision(user string) (e events.AuditEvent, ok bool) {
+	s.t.Helper()
+	for _, a := range s.Audit(events.AuditSuspend, user) {
+		if a.Outcome == "requested" {
+			e, ok = a, true
+		}
+	}
+	return e, ok
+}
+
+// WaitCommandsDone waits until lifecycle has carried out every command
+// published so far: the commands consumer has none pending and none
+// delivered but unacknowledged.
+func (s *Stack) WaitCommandsDone(within time.Duration) {
+	s.t.Helper()
+	ctx := Context(s.t, within)
+	var last string
+	for {
+		c, err := s.JS.Consumer(ctx, events.StreamCommands, events.CommandConsumer)
+		if err == nil {
+			info := c.CachedInfo()
+			if info.NumPending == 0 && info.NumAckPending == 0 {
+				return
+			}
+			last = fmt.Sprintf("%d pending, %d unacknowledged", info.NumPending, info.NumAckPending)
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			s.t.Fatalf("commands not carried out within %s: %s", within, last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }

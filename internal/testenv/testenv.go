@@ -34,7 +34,7 @@ import (
 // Package is what TestMain sets up once.
 type Package struct {
 	Cluster *devcluster.Cluster
-	// Bins maps a command name (lifecycle, edge, sweeper, setup) to its
+	// Bins maps a command name (lifecycle, edge, sweeper, broker, setup) to its
 	// race-enabled binary.
 	Bins map[string]string
 }
@@ -45,14 +45,20 @@ type Package struct {
 const RaceBinEnv = "AAAS_RACE_BIN"
 
 // commands are the aaas processes the tests start.
-var commands = []string{"lifecycle", "edge", "sweeper", "setup"}
+var commands = []string{"lifecycle", "edge", "sweeper", "broker", "setup"}
 
 // Main finds or builds the binaries, starts the cluster, runs the tests
 // and cleans up. The tests run race-enabled binaries, so a data race in a
 // process fails the test that started it (Start); benchmarks (-bench) run
 // plain ones, as deployed, for timings that mean something. Use:
 // func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &pkg)) }
+//
+// With -short (make unit) it builds and starts nothing: the tests that need
+// no control plane run, the others skip (NewStack, NewNamespace, Start).
 func Main(m *testing.M, pkg *Package) int {
+	if flag.Parse(); testing.Short() {
+		return m.Run()
+	}
 	bins, cleanup, err := binaries()
 	defer cleanup()
 	if err != nil {
@@ -61,6 +67,14 @@ func Main(m *testing.M, pkg *Package) int {
 	}
 	pkg.Bins = bins
 	return devclustertest.Main(m, &pkg.Cluster)
+}
+
+// Private is the package with a control plane of one test's own, for a
+// test that restarts or breaks it (on the cluster `make test` shares, that
+// would disturb every other package's tests).
+func (p *Package) Private(t testing.TB) *Package {
+	t.Helper()
+	return &Package{Cluster: devclustertest.Private(t), Bins: p.Bins}
 }
 
 // binaries maps each of commands to its binary: in RaceBinEnv if set,
@@ -113,19 +127,29 @@ func HandshakeKey() string {
 	return base64.StdEncoding.EncodeToString(b)
 }
 
-// LifecycleRole renders manifests/base and returns the ServiceAccount,
-// Role and RoleBinding it grants the lifecycle worker: the tests run
-// lifecycle under exactly what operators deploy.
+// LifecycleRole renders the lifecycle worker's ServiceAccount (from
+// manifests/base, the control plane's namespace) and the Role and
+// RoleBinding it is granted (from manifests/sandbox, the tenants'
+// namespace): the tests run lifecycle under exactly what operators deploy.
+// The namespaces are cleared; callers place them.
 func LifecycleRole() (*corev1.ServiceAccount, *rbacv1.Role, *rbacv1.RoleBinding, error) {
-	objs, err := manifests.Render("manifests/base")
-	if err != nil {
-		return nil, nil, nil, err
-	}
 	sa, role, rb := &corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}
-	for kind, into := range map[string]any{"ServiceAccount": sa, "Role": role, "RoleBinding": rb} {
+	for _, want := range []struct {
+		dir, kind string
+		into      any
+	}{
+		{"manifests/base", "ServiceAccount", sa},
+		{"manifests/sandbox", "Role", role},
+		{"manifests/sandbox", "RoleBinding", rb},
+	} {
+		objs, err := manifests.Render(want.dir)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		kind, into := want.kind, want.into
 		found := manifests.Pick(objs, kind)
 		if len(found) != 1 {
-			return nil, nil, nil, fmt.Errorf("manifests/base has %d %s objects, want 1", len(found), kind)
+			return nil, nil, nil, fmt.Errorf("%s has %d %s objects, want 1", want.dir, len(found), kind)
 		}
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(found[0].Object, into); err != nil {
 			return nil, nil, nil, fmt.Errorf("decode %s: %w", kind, err)
@@ -148,8 +172,10 @@ type Namespace struct {
 // (short auth TTLs, dshsim switches, pool size).
 func (p *Package) NewNamespace(t testing.TB, mutate func(*extv1beta1.SandboxTemplate, *extv1beta1.SandboxWarmPool)) *Namespace {
 	t.Helper()
+	devclustertest.Need(t, p.Cluster)
 	ctx := Context(t, 3*time.Minute)
-	name := fmt.Sprintf("t%d", time.Now().UnixNano()%1e9)
+	// Random, not timed: test processes of several packages share one cluster.
+	name := "t" + strings.ToLower(rand.Text()[:10])
 	if err := p.Cluster.CreateNamespace(ctx, name); err != nil {
 		t.Fatal(err)
 	}

@@ -13,9 +13,12 @@ import (
 	"io/fs"
 	"mime"
 	"path"
+	"slices"
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
+
+	"github.com/aaas-project/aaas/internal/httpguard"
 )
 
 //go:embed templates/*.html
@@ -24,27 +27,118 @@ var templates embed.FS
 //go:embed static
 var static embed.FS
 
-var pages = template.Must(template.New("").ParseFS(templates, "templates/*.html"))
+var pages = template.Must(template.New("").Funcs(template.FuncMap{"head": func(title, base string) head { return head{title, base} }}).
+	ParseFS(templates, "templates/*.html"))
+
+// head is the data of every page's <head>: its title, and the origin its
+// stylesheet comes from (see gatewayBase).
+type head struct{ Title, Base string }
+
+// onOrigin is the data of a page the edge may serve on a sandbox origin:
+// the page's own, and Base, the origin its stylesheet and sign-in link
+// are on (see gatewayBase).
+type onOrigin[T any] struct {
+	Page T
+	Base string
+}
+
+// gatewayBase is where the edge's own pages take their assets and sign-in
+// link from: their own origin (relative links) on the gateway's hosts; on
+// a sandbox origin, whose every path is the tenant's (its /_/static/ too),
+// the gateway's: the request's scheme and the first of PUBLIC_HOSTS.
+func gatewayBase(c *fiber.Ctx) string {
+	if info := httpguard.Get(c); info.OnSandboxDomain {
+		return info.Scheme + "://" + info.Gateway
+	}
+	return ""
+}
+
+// Sites says where the edge's pages send a browser for a user's sandbox,
+// by the deployment's hosts.
+type Sites struct {
+	domain  string
+	admin   []string
+	gateway string
+}
+
+// NewSites is the Sites of SANDBOX_DOMAIN, ADMIN_HOSTS and PUBLIC_HOSTS
+// (all canonical; "" and nil when unset).
+func NewSites(sandboxDomain string, adminHosts, publicHosts []string) Sites {
+	s := Sites{domain: sandboxDomain, admin: adminHosts}
+	if len(publicHosts) > 0 && publicHosts[0] != "*" {
+		s.gateway = publicHosts[0]
+	}
+	return s
+}
+
+// SandboxURL is where a page served to c links user's sandbox: its own
+// origin in subdomain mode (c's scheme); in path mode /u/<user>/ on the
+// first public host when c is on an admin host, which serves no /u/, and
+// on c's own host otherwise (also when PUBLIC_HOSTS is *, which names no
+// host to link to).
+func (s Sites) SandboxURL(c *fiber.Ctx, user string) string {
+	switch {
+	case s.domain != "":
+		return httpguard.Scheme(c) + "://" + httpguard.SandboxHost(user, 0, s.domain) + "/"
+	case s.AdminHost(c) && s.gateway != "":
+		return httpguard.Scheme(c) + "://" + s.gateway + "/u/" + user + "/"
+	}
+	return "/u/" + user + "/"
+}
+
+// AdminHost reports whether c was made to one of ADMIN_HOSTS.
+func (s Sites) AdminHost(c *fiber.Ctx) bool { return slices.Contains(s.admin, httpguard.Host(c)) }
+
+// Gateway is the first public host, "" when PUBLIC_HOSTS is *.
+func (s Sites) Gateway() string { return s.gateway }
 
 // Landing is the data of the landing page.
 type Landing struct {
-	// User is the signed-in user, empty when signed out.
-	User   string
-	Phase  string
-	Reason string
+	// User is the signed-in user, empty when signed out; Sandbox is
+	// where their sandbox is reached (Sites.SandboxURL).
+	User    string
+	Sandbox string
+	Phase   string
+	Reason  string
 	// Invite asks for an invite code on signup; SSO hides the forms.
 	Invite bool
 	SSO    bool
 	// Error is shown above the forms.
 	Error      string
 	MaxUserLen int
+	// Models is the signed-in user's model spend, budget and own keys;
+	// nil hides it.
+	Models *Models
 }
+
+// Models is a user's model calls this month as their page shows them.
+type Models struct {
+	Month, Spent, Budget string
+	Calls                int64
+	// Left is what is left of the budget, "" when none applies.
+	Left string
+	// OwnKeys is what the calls made with their own keys cost them.
+	OwnKeys string
+	// BYOK offers a form per provider in Keys.
+	BYOK bool
+	Keys []ProviderKey
+}
+
+// ProviderKey is a provider and, when the user stored a key for it, the
+// key's last four characters and when it was set.
+type ProviderKey struct{ Provider, Hint, Set string }
 
 // Starting is the data of the page shown while a sandbox wakes.
 type Starting struct {
 	User   string
 	Phase  string
 	Reason string
+	// Reload: the page reloads itself every few seconds instead of
+	// following the gateway's status stream, which a sandbox origin does
+	// not serve (every path there but the sign-in is the sandbox's); each
+	// reload is a navigation, which wakes the sandbox and shows this page
+	// again until it is Ready.
+	Reload bool
 }
 
 // Problem is an error page.
@@ -68,6 +162,11 @@ type Admin struct {
 	Total        int
 	Next         string
 	Notice       string
+	// Spend shows the spend and budget columns (Month's), the list in
+	// Sort's order ("spend" or by name), linked by SortLink and NameLink.
+	Spend              bool
+	Sort, Month        string
+	SortLink, NameLink string
 }
 
 // AdminRow is one user on the admin page.
@@ -77,6 +176,23 @@ type AdminRow struct {
 	Age, LastActive          string
 	Sessions                 int
 	InFlight                 string
+	// URL is where the user's sandbox is reached (Sites.SandboxURL).
+	URL string
+	// Spent and Budget are the user's model spend this month and the
+	// budget that applies.
+	Spent, Budget string
+}
+
+// AdminBudgetConfirm asks an administrator to confirm a budget change
+// (What, in words), posting the same fields again to Path.
+type AdminBudgetConfirm struct {
+	Scope, Name, Path, USD, What string
+	Unlimited, Clear             bool
+}
+
+// RenderAdminBudgetConfirm writes the page that confirms a budget change.
+func RenderAdminBudgetConfirm(w io.Writer, d AdminBudgetConfirm) error {
+	return pages.ExecuteTemplate(w, "admin_budget_confirm.html", d)
 }
 
 // AdminConfirm asks an administrator to confirm an action.
@@ -93,13 +209,10 @@ func RenderAdminConfirm(w io.Writer, d AdminConfirm) error {
 // RenderLanding writes the landing page.
 func RenderLanding(w io.Writer, d Landing) error { return pages.ExecuteTemplate(w, "landing.html", d) }
 
-// RenderStarting writes the starting page.
-func RenderStarting(w io.Writer, d Starting) error {
-	return pages.ExecuteTemplate(w, "starting.html", d)
+// RenderStarting writes the starting page as the answer to c.
+func RenderStarting(c *fiber.Ctx, d Starting) error {
+	return pages.ExecuteTemplate(c, "starting.html", onOrigin[Starting]{d, gatewayBase(c)})
 }
-
-// RenderProblem writes an error page.
-func RenderProblem(w io.Writer, d Problem) error { return pages.ExecuteTemplate(w, "problem.html", d) }
 
 // WantsHTML is the edge's one negotiation rule for answers it writes
 // itself: a page for requests that accept text/html (browser navigations
@@ -124,7 +237,7 @@ func WriteProblem(c *fiber.Ctx, d Problem) error {
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	if WantsHTML(c) {
 		c.Type("html")
-		return RenderProblem(c, d)
+		return pages.ExecuteTemplate(c, "problem.html", onOrigin[Problem]{d, gatewayBase(c)})
 	}
 	b, err := json.Marshal(problemJSON{Type: "about:blank", Title: d.Title, Status: d.Status, Detail: d.Detail})
 	if err != nil {

@@ -8,7 +8,8 @@
 //   GET  /ws       WebSocket echo
 //   any  /echo     the method, URL and headers it received
 //   GET  /hostile  ?redirect=url: a page whose headers try to act on the
-//                  whole origin, as a tenant's server could
+//                  whole origin or be cached for everyone, as a tenant's
+//                  server could
 // It prints "listening <port>" once it accepts connections.
 'use strict';
 const http = require('http');
@@ -58,6 +59,10 @@ const server = http.createServer((req, res) => {
         'X-Hop-One', '1',
         'X-Hop-Two', '2',
         'X-Kept', 'yes',
+        // Shared caches may keep it, says the tenant: the edge must not
+        // let a cache in front hand it to another user.
+        'Cache-Control', 'public, max-age=86400, s-maxage=86400',
+        'Vary', 'Accept-Encoding',
       ];
       const redirect = url.searchParams.get('redirect');
       if (redirect) headers.push('Location', redirect);

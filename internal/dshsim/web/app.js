@@ -14,36 +14,74 @@ function append(log, cls, text) {
 }
 
 // Chat: POST api/chat answers with an SSE stream. EventSource cannot POST,
-// so the stream is read with fetch and split into events here.
-async function sendChat(message) {
+// so the stream is read with fetch and split into events here. Unnamed
+// events carry one word each (the simulator's own reply); "delta" events a
+// JSON string of the model's text as it arrives; "error" a provider's
+// refusal, shown as its message; "done" ends the reply.
+function parseEvent(block) {
+  let name = "message";
+  const data = [];
+  for (const line of block.split("\n")) {
+    if (line.startsWith("event: ")) name = line.slice(7);
+    else if (line.startsWith("data: ")) data.push(line.slice(6));
+  }
+  return { name, data: data.join("\n") };
+}
+
+async function sendChat(message, model) {
   const log = $("chat-log");
   append(log, "user", message);
   const reply = append(log, "assistant", "");
-  const res = await fetch("api/chat", {
-    method: "POST",
-    headers: { "Content-Type": "application/json" },
-    body: JSON.stringify({ message, session: "default" }),
-  });
+  const failed = (text) => {
+    append(log, "error", text).setAttribute("role", "alert");
+    reply.classList.add("done");
+  };
+  const body = { message, session: "default" };
+  if (model) body.model = model;
+  let res;
+  try {
+    res = await fetch("api/chat", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+    });
+  } catch (err) {
+    failed(`chat failed: ${err.message}`);
+    return;
+  }
   if (!res.ok) {
-    reply.textContent = `error ${res.status}`;
+    failed(`error ${res.status}: ${(await res.text()).trim()}`);
     return;
   }
   const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
   let buf = "";
   for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buf += value;
+    let chunk;
+    try {
+      chunk = await reader.read();
+    } catch (err) {
+      failed(`the reply broke off: ${err.message}`);
+      return;
+    }
+    if (chunk.done) break;
+    buf += chunk.value;
     let end;
     while ((end = buf.indexOf("\n\n")) >= 0) {
-      const event = buf.slice(0, end);
+      const event = parseEvent(buf.slice(0, end));
       buf = buf.slice(end + 2);
-      if (event.startsWith("event: done")) {
-        reply.classList.add("done");
-        continue;
+      switch (event.name) {
+        case "done":
+          reply.classList.add("done");
+          break;
+        case "delta":
+          reply.textContent += JSON.parse(event.data);
+          break;
+        case "error":
+          failed(JSON.parse(event.data).message);
+          break;
+        default:
+          reply.textContent += (reply.textContent ? " " : "") + event.data;
       }
-      const word = event.replace(/^data: /, "");
-      reply.textContent += (reply.textContent ? " " : "") + word;
     }
   }
 }
@@ -58,7 +96,7 @@ $("chat-form").addEventListener("submit", (ev) => {
   ev.preventDefault();
   const input = $("chat-input");
   if (!input.value) return;
-  sendChat(input.value);
+  sendChat(input.value, $("chat-model").value.trim());
   input.value = "";
 });
 

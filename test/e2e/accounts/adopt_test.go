@@ -183,7 +183,7 @@ func adoptCmd(t *testing.T, w *testenv.Stack, args ...string) (int, string, stri
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, pkg.Bins["lifecycle"], append([]string{"adopt"}, args...)...)
-	cmd.Env = []string{"KUBECONFIG=" + w.NS.Kubeconfig, "NAMESPACE=" + w.NS.Name, "PATH=" + os.Getenv("PATH"), "GORACE=" + gobuild.RaceEnv}
+	cmd.Env = []string{"KUBECONFIG=" + w.NS.Kubeconfig, "SANDBOX_NAMESPACE=" + w.NS.Name, "PATH=" + os.Getenv("PATH"), "GORACE=" + gobuild.RaceEnv}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

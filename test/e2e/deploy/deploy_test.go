@@ -9,11 +9,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,12 +26,14 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/aaas-project/aaas"
+	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/devcluster"
 	"github.com/aaas-project/aaas/internal/devcluster/devclustertest"
 	"github.com/aaas-project/aaas/internal/dshsim"
 	"github.com/aaas-project/aaas/internal/embednats"
 	"github.com/aaas-project/aaas/internal/image"
 	"github.com/aaas-project/aaas/internal/manifests"
+	"github.com/aaas-project/aaas/internal/natstls"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
@@ -47,10 +52,17 @@ func root(t *testing.T) string {
 	return filepath.Dir(strings.TrimSpace(string(out)))
 }
 
+// The namespaces the manifests install into.
+const (
+	controlNS = config.DefaultControlPlaneNamespace
+	sandboxNS = config.DefaultSandboxNamespace
+)
+
 // install is an operator's kustomization of base and sandbox with the
-// given components (as README shows it).
+// given components (as README shows it: no namespace of its own, base and
+// sandbox bring theirs).
 func install(components ...string) string {
-	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: dsh-demo\nresources:\n" +
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n" +
 		"  - " + manifests.Source + "base\n  - " + manifests.Source + "sandbox\ncomponents:\n"
 	for _, c := range components {
 		k += "  - " + manifests.Source + strings.TrimPrefix(c, "manifests/") + "\n"
@@ -72,6 +84,7 @@ func renderInstall(t *testing.T, components ...string) []*unstructured.Unstructu
 // components that compose (an exposure and hardening), and has a real API
 // server admit them (server-side dry-run).
 func TestEveryKustomizationAndComponentIsAcceptedByTheAPIServer(t *testing.T) {
+	devclustertest.Need(t, cluster)
 	ctx := testenv.Context(t, 5*time.Minute)
 	if err := cluster.InstallGatewayAPI(ctx); err != nil {
 		t.Fatal(err)
@@ -79,8 +92,10 @@ func TestEveryKustomizationAndComponentIsAcceptedByTheAPIServer(t *testing.T) {
 	if err := cluster.InstallPrometheusOperatorCRDs(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := cluster.CreateNamespace(ctx, "dsh-demo"); err != nil {
-		t.Fatal(err)
+	for _, ns := range []string{controlNS, sandboxNS} {
+		if err := cluster.CreateNamespace(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
 	}
 	dirs, err := manifests.Overlays()
 	if err != nil {
@@ -102,7 +117,7 @@ func TestEveryKustomizationAndComponentIsAcceptedByTheAPIServer(t *testing.T) {
 	}
 	apply := func(what string, objs []*unstructured.Unstructured) {
 		t.Helper()
-		if err := cluster.ApplyWith(ctx, "dsh-demo", devcluster.ApplyOptions{DryRun: true}, objs...); err != nil {
+		if err := cluster.ApplyWith(ctx, "", devcluster.ApplyOptions{DryRun: true}, objs...); err != nil {
 			t.Fatalf("%s refused by the API server: %v", what, err)
 		}
 		t.Logf("%s: %d objects accepted", what, len(objs))
@@ -119,8 +134,8 @@ func TestEveryKustomizationAndComponentIsAcceptedByTheAPIServer(t *testing.T) {
 	}
 	for _, exposure := range []string{"manifests/exposure/ingress", "manifests/exposure/gateway-api-sso"} {
 		objs := renderInstall(t, exposure, "manifests/hardening")
-		if n := len(manifests.Pick(objs, "Namespace")); n != 1 {
-			t.Fatalf("%d Namespaces", n)
+		if n := len(manifests.Pick(objs, "Namespace")); n != 2 {
+			t.Fatalf("%d Namespaces, want the control plane's and the tenants'", n)
 		}
 		tmpl := get(t, objs, "SandboxTemplate", "dsh-web")
 		if rc, _, _ := unstructured.NestedString(tmpl.Object, "spec", "podTemplate", "spec", "runtimeClassName"); rc != "gvisor" {
@@ -222,22 +237,35 @@ func env(t *testing.T, d *unstructured.Unstructured) map[string]string {
 	return out
 }
 
+// TestBaseKeepsKubernetesRightsToLifecycle: lifecycle alone has a
+// ServiceAccount, and its only rights are one Role in the tenants'
+// namespace; nothing grants it (or anyone) a right in the control plane's
+// namespace, where NATS's and the gateway's Secrets are, nor cluster-wide.
 func TestBaseKeepsKubernetesRightsToLifecycle(t *testing.T) {
 	objs, err := manifests.Render("manifests/base")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := len(manifests.Pick(objs, "Role")); n != 1 {
-		t.Fatalf("%d Roles in base, want only lifecycle's", n)
+	all := renderInstall(t, "manifests/exposure/gateway-api-sso", "manifests/hardening", "manifests/monitoring")
+	for _, kind := range []string{"ClusterRole", "ClusterRoleBinding"} {
+		if n := len(manifests.Pick(all, kind)); n != 0 {
+			t.Fatalf("%d %s objects in an install", n, kind)
+		}
 	}
-	lc := get(t, objs, "Deployment", "aaas-lifecycle")
-	if sa := podSpec(t, lc)["serviceAccountName"]; sa != "aaas-lifecycle" {
-		t.Fatalf("lifecycle runs as %v", sa)
+	roles, bindings := manifests.Pick(all, "Role"), manifests.Pick(all, "RoleBinding")
+	if len(roles) != 1 || len(bindings) != 1 {
+		t.Fatalf("%d Roles and %d RoleBindings in an install, want lifecycle's only", len(roles), len(bindings))
 	}
-	rb := get(t, objs, "RoleBinding", "aaas-lifecycle")
-	subjects, _, _ := unstructured.NestedSlice(rb.Object, "subjects")
-	if s := subjects[0].(map[string]any); s["name"] != "aaas-lifecycle" || s["namespace"] != "dsh-demo" {
-		t.Fatalf("RoleBinding subject %v", s)
+	if ns := roles[0].GetNamespace(); ns != sandboxNS || bindings[0].GetNamespace() != sandboxNS {
+		t.Fatalf("lifecycle's Role is in %q and its binding in %q, want the tenants' namespace %q", ns, bindings[0].GetNamespace(), sandboxNS)
+	}
+	lc := get(t, all, "Deployment", "aaas-lifecycle")
+	if sa := podSpec(t, lc)["serviceAccountName"]; sa != "aaas-lifecycle" || lc.GetNamespace() != controlNS {
+		t.Fatalf("lifecycle runs as %v in %s", sa, lc.GetNamespace())
+	}
+	subjects, _, _ := unstructured.NestedSlice(bindings[0].Object, "subjects")
+	if s := subjects[0].(map[string]any); len(subjects) != 1 || s["name"] != "aaas-lifecycle" || s["namespace"] != controlNS {
+		t.Fatalf("RoleBinding subjects %v", subjects)
 	}
 	for _, name := range []string{"aaas-edge", "aaas-sweeper"} {
 		spec := podSpec(t, get(t, objs, "Deployment", name))
@@ -262,6 +290,178 @@ func TestBaseKeepsKubernetesRightsToLifecycle(t *testing.T) {
 	}
 	if get(t, objs, "ConfigMap", "aaas-config").Object["data"].(map[string]any)["STREAM_REPLICAS"] != "3" {
 		t.Fatal("streams are not replicated three ways")
+	}
+}
+
+// TestTenantsHaveANamespaceOfTheirOwn: in every install the control plane
+// (NATS, the edges, lifecycle, the sweeper, their Services, config and
+// policies) is in one namespace and everything of the tenants (template,
+// warm pool, quota, lifecycle's Role) in another, both enforcing
+// `restricted`; what names the other namespace names the right one
+// (lifecycle's SANDBOX_NAMESPACE, the template's ingress from the edge and
+// lifecycle, hardening's egress to sandboxes); the namespaces are
+// internal/config's defaults; and aaas-config caps the gateway within the
+// tenants' quota.
+func TestTenantsHaveANamespaceOfTheirOwn(t *testing.T) {
+	objs := renderInstall(t, "manifests/exposure/ingress", "manifests/hardening")
+	tenants := map[string]bool{"SandboxTemplate": true, "SandboxWarmPool": true, "ResourceQuota": true, "Role": true, "RoleBinding": true}
+	for _, o := range objs {
+		want := controlNS
+		if tenants[o.GetKind()] {
+			want = sandboxNS
+		}
+		if o.GetKind() == "Namespace" || o.GetKind() == "RuntimeClass" {
+			continue
+		}
+		if o.GetNamespace() != want {
+			t.Errorf("%s %s is in namespace %q, want %q", o.GetKind(), o.GetName(), o.GetNamespace(), want)
+		}
+	}
+	for _, ns := range []string{controlNS, sandboxNS} {
+		if l := get(t, objs, "Namespace", ns).GetLabels(); l["pod-security.kubernetes.io/enforce"] != "restricted" {
+			t.Errorf("namespace %s enforces %q", ns, l["pod-security.kubernetes.io/enforce"])
+		}
+	}
+	cfg := get(t, objs, "ConfigMap", "aaas-config").Object["data"].(map[string]any)
+	if cfg["SANDBOX_NAMESPACE"] != sandboxNS {
+		t.Errorf("aaas-config SANDBOX_NAMESPACE %v, the sandboxes are in %s", cfg["SANDBOX_NAMESPACE"], sandboxNS)
+	}
+	if !strings.Contains(fmt.Sprint(get(t, objs, "Deployment", "aaas-lifecycle").Object), "name:CONTROL_PLANE_NAMESPACE valueFrom:map[fieldRef:map[fieldPath:metadata.namespace]]") {
+		t.Error("lifecycle's CONTROL_PLANE_NAMESPACE is not its own namespace")
+	}
+	from, _, _ := unstructured.NestedSlice(get(t, objs, "SandboxTemplate", "dsh-web").Object, "spec", "networkPolicy", "ingress")
+	if len(from) != 2 || !strings.Contains(fmt.Sprint(from[0]), "kubernetes.io/metadata.name:"+controlNS+"]") {
+		t.Errorf("sandboxes admit %v, want DSH's port from the edge and lifecycle of namespace %s, and the previews' from its edge", from, controlNS)
+	} else {
+		previewsFromTheEdgeOnly(t, from[1].(map[string]any))
+	}
+	for _, name := range []string{"aaas-edge-egress", "aaas-lifecycle-egress"} {
+		if p := fmt.Sprint(get(t, objs, "NetworkPolicy", name).Object["spec"]); !strings.Contains(p, "kubernetes.io/metadata.name:"+sandboxNS+"]") {
+			t.Errorf("%s does not reach sandboxes in %s: %s", name, sandboxNS, p)
+		}
+	}
+	quota, _, _ := unstructured.NestedStringMap(get(t, objs, "ResourceQuota", "aaas").Object, "spec", "hard")
+	pool, _, _ := unstructured.NestedInt64(get(t, objs, "SandboxWarmPool", "dsh-pool").Object, "spec", "replicas")
+	atoi := func(what string, v any) int64 {
+		n, err := strconv.ParseInt(fmt.Sprint(v), 10, 64)
+		if err != nil || n <= 0 {
+			t.Fatalf("%s = %v: want a cap", what, v)
+		}
+		return n
+	}
+	users, running := atoi("MAX_USERS", cfg["MAX_USERS"]), atoi("MAX_RUNNING_SANDBOXES", cfg["MAX_RUNNING_SANDBOXES"])
+	if pvcs := atoi("quota persistentvolumeclaims", quota["persistentvolumeclaims"]); users+pool > pvcs {
+		t.Errorf("MAX_USERS %d and %d spares need more volume claims than the quota's %d", users, pool, pvcs)
+	}
+	if pods := atoi("quota pods", quota["pods"]); running+pool > pods {
+		t.Errorf("MAX_RUNNING_SANDBOXES %d and %d spares need more pods than the quota's %d", running, pool, pods)
+	}
+}
+
+// previewsFromTheEdgeOnly: the template's second ingress rule admits the
+// pods of the edge (and nothing else) of the control plane's namespace on
+// exactly the ports aaas-config documents for PREVIEW_PORTS.
+func previewsFromTheEdgeOnly(t *testing.T, rule map[string]any) {
+	t.Helper()
+	peers, _, _ := unstructured.NestedSlice(rule, "from")
+	want := map[string]any{
+		"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": controlNS}},
+		"podSelector":       map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": "aaas-edge"}},
+	}
+	if len(peers) != 1 || fmt.Sprint(peers[0]) != fmt.Sprint(want) {
+		t.Errorf("the previews' ports admit %v, want the edge of %s only", peers, controlNS)
+	}
+	raw, err := aaas.Manifests.ReadFile("manifests/base/config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`PREVIEW_PORTS: "([0-9,]+)"`).FindSubmatch(raw)
+	if m == nil {
+		t.Fatal("aaas-config documents no PREVIEW_PORTS")
+	}
+	ports, _, _ := unstructured.NestedSlice(rule, "ports")
+	var got []string
+	for _, p := range ports {
+		if p.(map[string]any)["protocol"] != "TCP" {
+			t.Errorf("preview port %v is not TCP", p)
+		}
+		got = append(got, fmt.Sprint(p.(map[string]any)["port"]))
+	}
+	if strings.Join(got, ",") != string(m[1]) {
+		t.Errorf("the template admits the edge on %v, PREVIEW_PORTS is %s: keep them equal", got, m[1])
+	}
+}
+
+// TestSandboxEgressExcludesPrivateAddresses: the template's egress to
+// public addresses leaves out the private and special IPv4 ranges, and on
+// IPv6 the unique-local, link-local and loopback ranges and both NAT64
+// prefixes (through a NAT64 gateway 64:ff9b::a00:1 is 10.0.0.1). The
+// deployment tier probes the IPv4 ones, and the API server's endpoint
+// that README's patch adds, from a sandbox on the real node.
+func TestSandboxEgressExcludesPrivateAddresses(t *testing.T) {
+	tmpl := get(t, renderInstall(t, "manifests/exposure/ingress"), "SandboxTemplate", "dsh-web")
+	egress, _, _ := unstructured.NestedSlice(tmpl.Object, "spec", "networkPolicy", "egress")
+	except := map[string][]string{}
+	for _, rule := range egress {
+		for _, peer := range rule.(map[string]any)["to"].([]any) {
+			if b, ok := peer.(map[string]any)["ipBlock"].(map[string]any); ok {
+				for _, e := range b["except"].([]any) {
+					except[b["cidr"].(string)] = append(except[b["cidr"].(string)], e.(string))
+				}
+			}
+		}
+	}
+	for cidr, want := range map[string][]string{
+		"0.0.0.0/0": {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "100.64.0.0/10", "127.0.0.0/8"},
+		"::/0":      {"fc00::/7", "fe80::/10", "::1/128", "64:ff9b::/96", "64:ff9b:1::/48"},
+	} {
+		for _, w := range want {
+			if !slices.Contains(except[cidr], w) {
+				t.Errorf("sandbox egress to %s does not exclude %s: %v", cidr, w, except[cidr])
+			}
+		}
+	}
+}
+
+// TestNATSRunsTLSOnly: the documented install's NATS takes clients and
+// routes over TLS only (routes verifying both ends) from Secret
+// aaas-nats-tls, and every process that connects to it verifies it with
+// NATS_CA. (The deployment tier shows plaintext refused on a real node.)
+func TestNATSRunsTLSOnly(t *testing.T) {
+	objs := renderInstall(t, "manifests/exposure/ingress")
+	var data map[string]any
+	for _, cm := range manifests.Pick(objs, "ConfigMap") {
+		if strings.HasPrefix(cm.GetName(), "nats-config-") { // the generator's hashed name
+			data = cm.Object["data"].(map[string]any)
+		}
+	}
+	for file, want := range map[string][]string{
+		"tls.conf":         {"cert_file: /etc/nats-tls/tls.crt", "key_file: /etc/nats-tls/tls.key"},
+		"cluster-tls.conf": {"cert_file: /etc/nats-tls/tls.crt", "ca_file: /etc/nats-tls/ca.crt", "verify: true"},
+	} {
+		for _, w := range want {
+			if !strings.Contains(fmt.Sprint(data[file]), w) {
+				t.Errorf("%s lacks %q:\n%v", file, w, data[file])
+			}
+		}
+	}
+	if !strings.Contains(fmt.Sprint(get(t, objs, "StatefulSet", "nats").Object), "secretName:"+natstls.SecretName) {
+		t.Error("NATS does not mount its certificate")
+	}
+	for _, name := range []string{"aaas-edge", "aaas-lifecycle", "aaas-sweeper"} {
+		d := get(t, objs, "Deployment", name)
+		spec := podSpec(t, d)
+		var all []any
+		all = append(all, spec["containers"].([]any)...)
+		if ic, ok := spec["initContainers"].([]any); ok {
+			all = append(all, ic...)
+		}
+		for _, c := range all {
+			c := c.(map[string]any)
+			if !strings.Contains(fmt.Sprint(c["env"]), "name:NATS_CA value:/etc/aaas/nats-ca/ca.crt") {
+				t.Errorf("%s container %s connects to NATS without NATS_CA", name, c["name"])
+			}
+		}
 	}
 }
 
@@ -426,8 +626,8 @@ func TestDockerfile(t *testing.T) {
 	df := string(b)
 	gomod, _ := os.ReadFile(filepath.Join(dir, "go.mod"))
 	goVersion := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindStringSubmatch(string(gomod))[1]
-	if !strings.Contains(df, "ARG GO_VERSION="+goVersion) {
-		t.Fatalf("Dockerfile does not build with go %s", goVersion)
+	if !regexp.MustCompile(`(?m)^FROM golang:` + regexp.QuoteMeta(goVersion) + `\.\d+-bookworm@sha256:[0-9a-f]{64} AS build$`).MatchString(df) {
+		t.Fatalf("Dockerfile does not build with go %s (a golang:%s.N image pinned by digest)", goVersion, goVersion)
 	}
 	if !strings.Contains(df, "CGO_ENABLED=0") {
 		t.Fatal("the binaries are not static")
@@ -475,6 +675,7 @@ func TestDockerfile(t *testing.T) {
 // TestMakeRun starts `make run` as a newcomer would (on free ports),
 // signs up on both edges, and stops it with Ctrl-C.
 func TestMakeRun(t *testing.T) {
+	devclustertest.Need(t, cluster) // make run starts one
 	dir := root(t)
 	nats, _ := embednats.FreePort()
 	a, _ := embednats.FreePort()
@@ -526,14 +727,29 @@ func TestMakeRun(t *testing.T) {
 		t.Fatalf("make run printed invite %q, the environment said %q", printed, invite)
 	}
 	for i, port := range []int{a, b} {
+		if want := fmt.Sprintf("sandboxes at http://<user>.localhost:%d/", port); !slices.ContainsFunc(log, func(l string) bool { return strings.Contains(l, want) }) {
+			t.Fatalf("make run does not say %q:\n%s", want, strings.Join(log, "\n"))
+		}
 		c := testenv.NewClient(t, fmt.Sprintf("http://localhost:%d", port))
 		if r := c.Do("GET", "/", nil); r.StatusCode != 200 || !strings.Contains(string(r.Body), "Create your sandbox") {
 			t.Fatalf("landing page on %d: %d", port, r.StatusCode)
 		}
 		user := fmt.Sprintf("newcomer%d", i)
-		c.Signup(user, invite)
-		if r := c.Do("GET", "/u/"+user+"/api/files", nil); r.StatusCode != 200 {
-			t.Fatalf("sandbox of %s: %d %s", user, r.StatusCode, r.Body)
+		token := c.Signup(user, invite)
+		// Each sandbox on its own origin: the gateway sends /u/<user>/
+		// there, and a bearer token reaches the sandbox on it (browsers
+		// resolve *.localhost to this machine; this client dials it).
+		origin := fmt.Sprintf("http://%s.localhost:%d", user, port)
+		if r := c.Do("GET", "/u/"+user+"/api/files", nil); r.StatusCode != http.StatusMovedPermanently || r.Header.Get("Location") != origin+"/api/files" {
+			t.Fatalf("/u/%s/ on the gateway: %d to %q, want 301 to %s/api/files", user, r.StatusCode, r.Header.Get("Location"), origin)
+		}
+		sandbox := testenv.NewClient(t, origin)
+		d := &net.Dialer{Timeout: 10 * time.Second}
+		sandbox.HTTP.Transport = &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", port))
+		}}
+		if r := sandbox.Do("GET", "/api/files", nil, "Authorization", "Bearer "+token); r.StatusCode != 200 {
+			t.Fatalf("sandbox of %s on its origin: %d %s", user, r.StatusCode, r.Body)
 		}
 	}
 	t.Logf("signed up on both edges")
@@ -639,3 +855,201 @@ func TestToolsArePinnedWhereVersionsSayIt(t *testing.T) {
 		}
 	}
 }
+
+// TestSandboxOriginsAreExposed: the documented install (README's
+// kustomization and commands, the ingress exposure) serves the sandboxes'
+// wildcard: ConfigMap dsh-web names SANDBOX_DOMAIN, which the edge must
+// read (no silent path mode), the Ingress routes *.<that domain> to the
+// edge with its own certificate's Secret, README's patch renames that
+// rule and its TLS entry alike, and the template sets DSH_TRUSTED_HOSTS
+// only where a ConfigMap in the tenants' namespace says so (path mode),
+// which the documented install does not create. The SSO variant routes the
+// wildcard alike.
+func TestSandboxOriginsAreExposed(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(root(t), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	m := regexp.MustCompile(`kubectl -n aaas create configmap dsh-web --from-literal=trusted-hosts=(\S+) --from-literal=sandbox-domain=(\S+)\n`).FindStringSubmatch(readme)
+	if m == nil {
+		t.Fatal("README's install does not create ConfigMap dsh-web with trusted-hosts and sandbox-domain")
+	}
+	gateway, domain := m[1], m[2]
+	if strings.Contains(readme, "kubectl -n aaas-sandboxes create configmap dsh-web") {
+		t.Fatal("README's install gives DSH trusted hosts, which sandbox origins do without")
+	}
+	for _, want := range []string{"path: /spec/rules/1/host\n        value: \"*." + domain + "\"", "path: /spec/tls/1/hosts/0\n        value: \"*." + domain + "\""} {
+		if !strings.Contains(readme, want) {
+			t.Errorf("README's kustomization does not patch %q", want)
+		}
+	}
+
+	objs := renderInstall(t, "manifests/exposure/ingress")
+	ing := get(t, objs, "Ingress", "aaas")
+	rules, _, _ := unstructured.NestedSlice(ing.Object, "spec", "rules")
+	tls, _, _ := unstructured.NestedSlice(ing.Object, "spec", "tls")
+	if len(rules) != 2 || len(tls) != 2 {
+		t.Fatalf("the Ingress has %d rules and %d TLS entries, want the gateway's and the sandboxes'", len(rules), len(tls))
+	}
+	for i, want := range []struct{ host, secret string }{{gateway, "aaas-tls"}, {"*." + domain, "aaas-sandboxes-tls"}} {
+		r := rules[i].(map[string]any)
+		backend := fmt.Sprint(r["http"])
+		if r["host"] != want.host || !strings.Contains(backend, "name:aaas-edge") {
+			t.Errorf("rule %d: host %v to %s, want %s to aaas-edge", i, r["host"], backend, want.host)
+		}
+		e := tls[i].(map[string]any)
+		if fmt.Sprint(e["hosts"]) != "["+want.host+"]" || e["secretName"] != want.secret {
+			t.Errorf("TLS entry %d: %v in %v, want %s in %s", i, e["hosts"], e["secretName"], want.host, want.secret)
+		}
+	}
+
+	containers, _, _ := unstructured.NestedSlice(get(t, objs, "Deployment", "aaas-edge").Object, "spec", "template", "spec", "containers")
+	var ref map[string]any
+	for _, e := range containers[0].(map[string]any)["env"].([]any) {
+		if e := e.(map[string]any); e["name"] == "SANDBOX_DOMAIN" {
+			ref, _, _ = unstructured.NestedMap(e, "valueFrom", "configMapKeyRef")
+		}
+	}
+	if ref["name"] != "dsh-web" || ref["key"] != "sandbox-domain" || ref["optional"] == true {
+		t.Fatalf("the edge's SANDBOX_DOMAIN comes from %v, want ConfigMap dsh-web's sandbox-domain, required", ref)
+	}
+
+	// The SSO variant: the wildcard has a listener with its own Secret and
+	// a route of its own to the edge, naming nothing but the wildcard (the
+	// gateway's host still goes only through oauth2-proxy).
+	sso := renderInstall(t, "manifests/exposure/gateway-api-sso")
+	listeners, _, _ := unstructured.NestedSlice(get(t, sso, "Gateway", "aaas").Object, "spec", "listeners")
+	if len(listeners) != 2 || !strings.Contains(fmt.Sprint(listeners[1]), "hostname:*.sandboxes.aaas.example.com") || !strings.Contains(fmt.Sprint(listeners[1]), "name:aaas-sandboxes-tls") {
+		t.Fatalf("the Gateway's listeners: %v", listeners)
+	}
+	route := get(t, sso, "HTTPRoute", "aaas-sandboxes")
+	if hosts, _, _ := unstructured.NestedStringSlice(route.Object, "spec", "hostnames"); fmt.Sprint(hosts) != "[*.sandboxes.aaas.example.com]" || !strings.Contains(fmt.Sprint(route.Object["spec"]), "name:aaas-edge") {
+		t.Fatalf("HTTPRoute aaas-sandboxes: %v", route.Object["spec"])
+	}
+	get(t, sso, "NetworkPolicy", "aaas-edge-from-gateway")
+
+	tmpl := get(t, objs, "SandboxTemplate", "dsh-web")
+	tc, _, _ := unstructured.NestedSlice(tmpl.Object, "spec", "podTemplate", "spec", "containers")
+	for _, e := range tc[0].(map[string]any)["env"].([]any) {
+		if e := e.(map[string]any); e["name"] == "DSH_TRUSTED_HOSTS" {
+			r, _, _ := unstructured.NestedMap(e, "valueFrom", "configMapKeyRef")
+			if r["name"] != "dsh-web" || r["optional"] != true || e["value"] != nil {
+				t.Fatalf("DSH_TRUSTED_HOSTS: %v, want ConfigMap dsh-web's trusted-hosts, optional", e)
+			}
+		}
+	}
+}
+
+// TestNoSandboxHoldsAProviderKey: whatever an operator composes, the pods
+// tenants run get no Secret at all (no envFrom, no secretKeyRef, no secret
+// or projected volume), every provider base URL the template sets is the
+// broker's Service and every provider key variable the worthless
+// placeholder; the provider-key Secret is mounted by the broker and by no
+// other workload (security review S18, invariant 13).
+func TestNoSandboxHoldsAProviderKey(t *testing.T) {
+	renders := map[string][]*unstructured.Unstructured{}
+	dirs, err := manifests.Overlays()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range dirs {
+		objs, err := manifests.Render(dir)
+		if err != nil {
+			t.Fatalf("%s: %v", dir, err)
+		}
+		renders[dir] = objs
+	}
+	components, err := manifests.Components()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range components {
+		renders["base + sandbox + "+c] = renderInstall(t, c)
+	}
+	templates := 0
+	for what, objs := range renders {
+		for _, tmpl := range manifests.Pick(objs, "SandboxTemplate") {
+			templates++
+			spec, _, _ := unstructured.NestedMap(tmpl.Object, "spec", "podTemplate", "spec")
+			if leak := secretsIn(spec); len(leak) > 0 {
+				t.Errorf("%s: SandboxTemplate %s gives its pods Secrets: %v", what, tmpl.GetName(), leak)
+			}
+			urls := 0
+			for _, c := range containersOf(spec) {
+				for _, e := range c["env"].([]any) {
+					e := e.(map[string]any)
+					name, value := e["name"].(string), e["value"]
+					switch {
+					case strings.HasSuffix(name, "_API_KEY") && value != "aaas-broker":
+						t.Errorf("%s: %s=%v in the sandbox, want the placeholder aaas-broker", what, name, value)
+					case strings.HasSuffix(name, "_BASE_URL"):
+						urls++
+						if v, _ := value.(string); !strings.HasPrefix(v, "http://aaas-broker."+controlNS+".svc:8090/") {
+							t.Errorf("%s: %s=%v in the sandbox, want the broker's Service", what, name, value)
+						}
+					}
+				}
+			}
+			if urls == 0 {
+				t.Errorf("%s: SandboxTemplate %s points no provider at the broker", what, tmpl.GetName())
+			}
+		}
+		for _, kind := range []string{"Deployment", "StatefulSet", "DaemonSet", "Job"} {
+			for _, w := range manifests.Pick(objs, kind) {
+				spec, _, _ := unstructured.NestedMap(w.Object, "spec", "template", "spec")
+				for _, s := range secretsIn(spec) {
+					if s == "aaas-provider-keys" && w.GetName() != "aaas-broker" {
+						t.Errorf("%s: %s %s mounts the provider keys", what, kind, w.GetName())
+					}
+				}
+			}
+		}
+	}
+	if templates == 0 {
+		t.Fatal("no SandboxTemplate rendered")
+	}
+}
+
+// secretsIn lists the Secrets a pod spec hands its containers.
+func secretsIn(spec map[string]any) []string {
+	var names []string
+	for _, c := range containersOf(spec) {
+		for _, f := range asList(c["envFrom"]) {
+			if ref, ok := f.(map[string]any)["secretRef"].(map[string]any); ok {
+				names = append(names, fmt.Sprint(ref["name"]))
+			}
+		}
+		for _, e := range asList(c["env"]) {
+			if ref, ok, _ := unstructured.NestedMap(e.(map[string]any), "valueFrom", "secretKeyRef"); ok {
+				names = append(names, fmt.Sprint(ref["name"]))
+			}
+		}
+	}
+	for _, v := range asList(spec["volumes"]) {
+		v := v.(map[string]any)
+		if s, ok := v["secret"].(map[string]any); ok {
+			names = append(names, fmt.Sprint(s["secretName"]))
+		}
+		if p, ok := v["projected"].(map[string]any); ok {
+			for _, src := range asList(p["sources"]) {
+				if s, ok := src.(map[string]any)["secret"].(map[string]any); ok {
+					names = append(names, fmt.Sprint(s["name"]))
+				}
+			}
+		}
+	}
+	return names
+}
+
+func containersOf(spec map[string]any) []map[string]any {
+	var cs []map[string]any
+	for _, key := range []string{"initContainers", "containers"} {
+		for _, c := range asList(spec[key]) {
+			cs = append(cs, c.(map[string]any))
+		}
+	}
+	return cs
+}
+
+func asList(v any) []any { l, _ := v.([]any); return l }

@@ -58,10 +58,14 @@ type system struct {
 type systemOptions struct {
 	users int
 	env   map[string]string
-	// noSweepers leaves the sweepers out (their suspends would interfere).
+	// noSweepers leaves the sweepers out (their suspends would interfere;
+	// startSweepers starts them later).
 	noSweepers bool
 	// edgeEnv adds to the environment of the edge with that INSTANCE_ID.
 	edgeEnv map[string]map[string]string
+	// pkg is the control plane to run on (nil: the package's, which may be
+	// shared with other packages' tests).
+	pkg *testenv.Package
 }
 
 func newSystem(t *testing.T, o systemOptions) *system {
@@ -70,7 +74,11 @@ func newSystem(t *testing.T, o systemOptions) *system {
 	for k, v := range o.env {
 		env[k] = v
 	}
-	st := pkg.NewStack(t, testenv.StackOptions{NATSNodes: 3, Faults: true, Env: env})
+	p := o.pkg
+	if p == nil {
+		p = &pkg
+	}
+	st := p.NewStack(t, testenv.StackOptions{NATSNodes: 3, Faults: true, Env: env})
 	s := &system{Stack: st, t: t, users: map[string]*testenv.Client{}}
 	addr := st.FrontAddr()
 	for _, id := range []string{"lc-a", "lc-b"} {
@@ -84,12 +92,17 @@ func newSystem(t *testing.T, o systemOptions) *system {
 	}
 	s.front = testenv.NewFrontAt(t, addr, backends...)
 	if !o.noSweepers {
-		for _, id := range []string{"sw-a", "sw-b"} {
-			s.sweepers = append(s.sweepers, st.Sweeper(id, nil))
-		}
+		s.startSweepers()
 	}
 	s.signup(userNames("u", o.users)...)
 	return s
+}
+
+// startSweepers starts the two sweepers.
+func (s *system) startSweepers() {
+	for _, id := range []string{"sw-a", "sw-b"} {
+		s.sweepers = append(s.sweepers, s.Sweeper(id, nil))
+	}
 }
 
 func userNames(prefix string, n int) []string {
@@ -160,44 +173,34 @@ func (s *system) sessionsLost() int {
 	return lost
 }
 
-// commandLog is what the lifecycle workers' logs say about commands.
-type commandLog struct {
-	// received and done count log lines per stream sequence.
-	received, done map[uint64]int
-	// answered counts deliveries of commands another delivery had done.
-	answered int
-	// maxDelivered is the highest delivery count seen per verb and user.
-	maxDelivered map[string]int
+// metric is the sum of p's samples of metric name with labels (name,
+// value pairs); 0 while p serves no metrics (killed, restarting).
+func (s *system) metric(p *testenv.Proc, name string, labels ...string) float64 {
+	v, err := p.MetricSum(name, labels...)
+	if err != nil {
+		return 0
+	}
+	return v
 }
 
-func (s *system) commands() commandLog {
-	cl := commandLog{received: map[uint64]int{}, done: map[uint64]int{}, maxDelivered: map[string]int{}}
+// handled counts the commands the lifecycle workers finished, by
+// outcome, from their metrics (a worker's count restarts with it).
+func (s *system) handled() map[string]int {
+	out := map[string]int{}
 	for _, p := range s.lifecycles {
-		for _, m := range parseCommandLines(p.Logs()) {
-			switch m.Msg {
-			case "command received":
-				cl.received[m.Seq]++
-				k := m.Verb + " " + m.User
-				cl.maxDelivered[k] = max(cl.maxDelivered[k], m.Delivered)
-			case "command done":
-				cl.done[m.Seq]++
-			case "command already answered":
-				cl.answered++
-			}
+		m, err := p.Metric("aaas_lifecycle_command_duration_seconds_count")
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(m, "\n") {
+			series, v, _ := strings.Cut(l, " ")
+			_, labels, _ := strings.Cut(series, "outcome=\"")
+			outcome, _, _ := strings.Cut(labels, "\"")
+			n, _ := strconv.ParseFloat(v, 64)
+			out[outcome] += int(n)
 		}
 	}
-	return cl
-}
-
-// duplicated is how many commands were carried out more than once.
-func (cl commandLog) duplicated() int {
-	n := 0
-	for _, c := range cl.done {
-		if c > 1 {
-			n++
-		}
-	}
-	return n
+	return out
 }
 
 // report logs a scenario's table.

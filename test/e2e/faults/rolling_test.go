@@ -11,13 +11,21 @@ import (
 
 // TestRollingRestartOfEveryEdge restarts the three edges one at a time
 // under load, as a Deployment's rolling update does: SIGTERM, wait for the
-// exit, start it again, wait until it is ready, next. The front retries
-// idempotent requests on another edge; sockets are told 1001 and the
+// exit, start it again, wait until it is ready and serving again, next.
+// The front retries idempotent requests on another edge, so none fails;
+// an upload may meet the keep-alive race of a draining edge (a 502 from
+// the front, at most one per restart); sockets are told 1001 and the
 // clients reconnect with the same session.
 func TestRollingRestartOfEveryEdge(t *testing.T) {
 	s := newSystem(t, systemOptions{users: size(6, 20)})
 	load := s.load(testenv.LoadOptions{})
-	time.Sleep(3 * time.Second)
+	// Traffic flowing, every user's socket open.
+	eventually(t, time.Minute, func() error {
+		if r := load.Report(); r.Sent < 100 || r.Sockets < len(s.users) {
+			return fmt.Errorf("%d requests answered, %d of %d sockets open", r.Sent, r.Sockets, len(s.users))
+		}
+		return nil
+	})
 	start := time.Now()
 	var stopped []time.Duration
 	for _, e := range s.edges {
@@ -29,10 +37,29 @@ func TestRollingRestartOfEveryEdge(t *testing.T) {
 		}
 		e.Restart(t)
 		e.WaitReady(t, time.Minute)
-		time.Sleep(2 * time.Second) // let the clients spread onto it again
+		// The clients spread onto it again: the front sends it requests.
+		eventually(t, time.Minute, func() error {
+			if n := s.metric(e.Proc, "aaas_edge_requests_total"); n < 20 {
+				return fmt.Errorf("%s served %v requests since its restart", e.Env["INSTANCE_ID"], n)
+			}
+			return nil
+		})
 	}
 	rolled := time.Since(start)
-	time.Sleep(3 * time.Second)
+	// After the rollout: every closed socket reopened, and a hundred more
+	// requests answered.
+	sent := load.Report().Sent
+	eventually(t, time.Minute, func() error {
+		r := load.Report()
+		closed := 0
+		for _, n := range r.Closed {
+			closed += n
+		}
+		if r.Reconnected < closed || r.Sent < sent+100 {
+			return fmt.Errorf("%d of %d closed sockets reconnected, %d requests since the rollout", r.Reconnected, closed, r.Sent-sent)
+		}
+		return nil
+	})
 	load.Stop()
 	r := load.Report()
 	lost := s.sessionsLost()
@@ -48,6 +75,12 @@ func TestRollingRestartOfEveryEdge(t *testing.T) {
 	if r.Sent < 100 {
 		t.Errorf("only %d requests sent: the load did not run", r.Sent)
 	}
+	// The documented race: the front sent a POST on a pooled connection
+	// the draining edge was closing, and no proxy retries a POST.
+	if race := r.Requests["POST upload 502"]; r.UploadsFailed != race || race > len(s.edges) {
+		t.Errorf("%d of %d uploads failed, %d of them 502s from the front; want only the keep-alive race, at most one per restart (%d)\n%s",
+			r.UploadsFailed, r.Uploads, race, len(s.edges), strings.Join(r.Failures, "\n"))
+	}
 	closed := 0
 	for code, n := range r.Closed {
 		closed += n
@@ -58,9 +91,6 @@ func TestRollingRestartOfEveryEdge(t *testing.T) {
 	// Every user had a socket on some edge, and every edge was restarted.
 	if closed < len(s.users) {
 		t.Errorf("%d sockets closed, want at least one per user (%d): the restarts did not reach them", closed, len(s.users))
-	}
-	if r.Reconnected < closed {
-		t.Errorf("%d sockets reconnected after %d closes", r.Reconnected, closed)
 	}
 	if r.Lost != 0 {
 		t.Errorf("%d echoes lost", r.Lost)

@@ -1,12 +1,14 @@
 // Package install_test is the deployment tier: it installs aaas exactly as
-// README.md tells operators (agent-sandbox's release, the namespace, the
-// Secret and ConfigMap, and the operator's kustomization read from the
-// README with only the registry and host name substituted) onto the
-// real-node devcluster, where images, container args, image users,
-// probes, volumes, Pod Security and NetworkPolicy are all real. It then
-// uses the install as a client would, through the edge Service, and
-// probes the network from inside pods. The machine must be left as it
-// was found: TestMain compares devcluster.HostState before and after.
+// README.md tells operators, running the README's install commands as
+// written in a shell (kubectl at the pinned version, the operator's
+// kustomization read from the README with only the registry, host name and
+// API address substituted, and the remote locations mapped onto their
+// local copies) against the real-node devcluster, where images, container
+// args, image users, probes, volumes, Pod Security, quotas and
+// NetworkPolicy are all real. It then uses the install as a client would,
+// through the edge Service, and probes the network from inside pods. The
+// machine must be left as it was found: TestMain compares
+// devcluster.HostState before and after.
 package install_test
 
 import (
@@ -14,13 +16,17 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/base64"
+	"crypto/tls"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -31,42 +37,69 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/yaml"
 
 	"github.com/aaas-project/aaas"
+	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/devcluster"
 	"github.com/aaas-project/aaas/internal/gobuild"
 	"github.com/aaas-project/aaas/internal/image"
 	"github.com/aaas-project/aaas/internal/manifests"
-	"github.com/aaas-project/aaas/internal/natsauth"
+	"github.com/aaas-project/aaas/internal/providersim"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 const (
-	namespace = "dsh-demo"
+	// The namespaces the install puts the control plane and the tenants in.
+	controlNS = config.DefaultControlPlaneNamespace
+	sandboxNS = config.DefaultSandboxNamespace
 	// registry and domain replace the README's registry.example.com and
 	// aaas.example.com, as an operator replaces them.
 	registry = "registry.local"
 	domain   = "aaas.test"
+	// readmeAPICIDR is the README's example API server address, which an
+	// operator replaces with their cluster's; apiEndpoint is this test's:
+	// a public address at which pods reach the API server (apiStandIn), as
+	// on a managed cluster, where the private ranges the template excludes
+	// anyway do not cover it.
+	readmeAPICIDR = "192.0.2.10/32"
+	apiEndpoint   = "198.51.100.7:443"
 	// idleTimeout is what the test sets in aaas-config (README: edit the
 	// ConfigMap, restart), so that idle suspend is observable.
 	idleTimeout = "20s"
+	// providerAddr is where pods reach the provider stand-in, and
+	// providerKey the key README's install stores in aaas-provider-keys.
+	providerAddr = "198.51.100.9:443"
+	providerKey  = "sk-install-test-0000000000000042"
 )
 
 var (
 	cluster *devcluster.Cluster
-	// edge is the aaas-edge Service's ClusterIP address (host:port), which
-	// this machine reaches through the node's bridge.
-	edge   string
-	invite string
-	// probeRef is the image of the netprobe command (ephemeral containers).
+	invite  string
+	// probeRef is the image of the netprobe command (ephemeral containers);
+	// curlRef is Debian's curl, the probe of scripts/preflight-sso.sh.
 	probeRef = registry + "/netprobe:test"
+	curlRef  = registry + "/curl:test"
+	// modelProbeRef is the hostile agent of the broker's tests.
+	modelProbeRef = registry + "/modelprobe:test"
+	// models is the model provider stand-in, which the install's broker
+	// calls at providerAddr, a public address (the real providers cannot
+	// be reached from here; it is the far end only).
+	models     *providersim.Server
+	providerLn net.Listener
+	// kubectl is the pinned kubectl, on the README commands' PATH.
+	kubectl string
 )
 
 func TestMain(m *testing.M) { os.Exit(run(m)) }
 
 func run(m *testing.M) int {
+	// -short (make unit): no real node, and every test here needs it.
+	if flag.Parse(); testing.Short() {
+		fmt.Println("every test here needs the real node: none runs under -short")
+		return 0
+	}
 	// A run killed before its cleanup must not count as this one's change.
 	if err := devcluster.CleanupRealNode(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -80,10 +113,20 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(tmp)
 	code := func() int {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 		defer cancel()
 		start := time.Now()
-		objs, err := operatorInstall()
+		kubectl = devcluster.KubectlBinary()
+		if _, err := os.Stat(kubectl); err != nil {
+			fmt.Fprintf(os.Stderr, "%s not built: run `make tools`\n", kubectl)
+			return 1
+		}
+		k, commands, err := readme()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "install:", err)
+			return 1
+		}
+		objs, err := manifests.RenderKustomization(k)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "install:", err)
 			return 1
@@ -105,9 +148,15 @@ func run(m *testing.M) int {
 			}
 		}()
 		up := time.Since(start)
-		if err := install(ctx, objs); err != nil {
+		defer func() {
+			if providerLn != nil {
+				providerLn.Close()
+			}
+		}()
+		if err := install(ctx, filepath.Join(tmp, "install"), k, commands); err != nil {
 			fmt.Fprintln(os.Stderr, "install:", err)
-			dumpPods(namespace)
+			dumpPods(controlNS)
+			dumpPods(sandboxNS)
 			return 1
 		}
 		fmt.Fprintf(os.Stderr, "images built in %s, real node up at %s, install rolled out at %s\n",
@@ -123,13 +172,15 @@ func run(m *testing.M) int {
 
 // readme returns README.md's install: the operator's kustomization (the
 // yaml block that starts with "# kustomization.yaml") and the shell
-// commands that follow it, with the registry and host name replaced.
+// commands that follow it, with the registry, host name and API server
+// address replaced as an operator replaces them.
 func readme() (kustomization string, commands []string, err error) {
 	b, err := os.ReadFile(filepath.Join(testenv.Root(), "README.md"))
 	if err != nil {
 		return "", nil, err
 	}
-	text := strings.NewReplacer("registry.example.com", registry, "aaas.example.com", domain).Replace(string(b))
+	apiHost, _, _ := net.SplitHostPort(apiEndpoint)
+	text := strings.NewReplacer("registry.example.com", registry, "aaas.example.com", domain, readmeAPICIDR, apiHost+"/32").Replace(string(b))
 	blocks := regexp.MustCompile("(?s)```(yaml|sh)\n(.*?)```").FindAllStringSubmatch(text, -1)
 	for i, bl := range blocks {
 		if bl[1] == "yaml" && strings.HasPrefix(bl[2], "# kustomization.yaml\n") && i+1 < len(blocks) && blocks[i+1][1] == "sh" {
@@ -137,27 +188,6 @@ func readme() (kustomization string, commands []string, err error) {
 		}
 	}
 	return "", nil, fmt.Errorf("README.md has no kustomization.yaml block followed by its commands")
-}
-
-// operatorInstall renders the README's kustomization and checks that its
-// commands are the ones install performs.
-func operatorInstall() ([]*unstructured.Unstructured, error) {
-	k, commands, err := readme()
-	if err != nil {
-		return nil, err
-	}
-	want := []string{
-		"kubectl apply --server-side -f https://github.com/kubernetes-sigs/agent-sandbox/releases/download/" + aaas.Version("AGENT_SANDBOX_VERSION") + "/sandbox-with-extensions.yaml",
-		"kubectl create namespace " + namespace,
-		"go run github.com/aaas-project/aaas/hack/natsauth@main -secret | kubectl apply -f -",
-		`kubectl -n dsh-demo create secret generic aaas-secrets --from-literal=handshake-keys="$(openssl rand -base64 32)" --from-literal=invite-code="$(openssl rand -hex 8)"`,
-		"kubectl -n dsh-demo create configmap dsh-web --from-literal=trusted-hosts=" + domain,
-		"kubectl apply -k .",
-	}
-	if strings.Join(commands, "\n") != strings.Join(want, "\n") {
-		return nil, fmt.Errorf("README's install commands changed; update this test with them:\n%s", strings.Join(commands, "\n"))
-	}
-	return manifests.RenderKustomization(k)
 }
 
 // images lists the images the rendered install runs that come from the
@@ -175,7 +205,7 @@ func images(objs []*unstructured.Unstructured) map[string]bool {
 }
 
 // buildImages builds the aaas binaries and every image the install names
-// (aaas, the DSH stand-in, NATS, agent-sandbox) plus the probe.
+// (aaas, the DSH stand-in, NATS, agent-sandbox) plus the probes.
 func buildImages(dir string, objs []*unstructured.Unstructured) ([]string, error) {
 	var aaasRef, dshRef string
 	for ref := range images(objs) {
@@ -192,7 +222,7 @@ func buildImages(dir string, objs []*unstructured.Unstructured) ([]string, error
 		return nil, fmt.Errorf("the install does not name the aaas and DSH images from %s: %v", registry, images(objs))
 	}
 	bin := filepath.Join(dir, "bin")
-	for _, c := range append(append([]string{}, image.AAASBinaries...), "dshsim") {
+	for _, c := range append(append([]string{}, image.AAASBinaries...), "dshsim", "providersim") {
 		if _, err := gobuild.Binary(bin, "github.com/aaas-project/aaas/cmd/"+c); err != nil {
 			return nil, err
 		}
@@ -205,73 +235,147 @@ func buildImages(dir string, objs []*unstructured.Unstructured) ([]string, error
 	if err != nil {
 		return nil, err
 	}
-	return append(tars, probe), nil
+	modelProbe, err := image.Program(filepath.Join(dir, "images"), "github.com/aaas-project/aaas/test/e2e/install/modelprobe", modelProbeRef, image.NonRoot)
+	if err != nil {
+		return nil, err
+	}
+	curl, err := image.HostProgram(filepath.Join(dir, "images"), "/usr/bin/curl", curlRef, image.NonRoot)
+	if err != nil {
+		return nil, err
+	}
+	return append(tars, probe, modelProbe, curl), nil
 }
 
-// install performs README's commands through the API, then sets the idle
-// timeout as an operator would (edit aaas-config, restart), and waits for
-// every rollout and the warm pool.
-func install(ctx context.Context, objs []*unstructured.Unstructured) error {
-	if err := cluster.InstallAgentSandbox(ctx); err != nil {
+// remote maps what README's commands fetch from the network onto the local
+// copies this test uses: agent-sandbox's release (rendered from the pinned
+// module as the release asset is made) and this repository at main (the
+// checkout under test).
+func remote(dir string) (map[string]string, error) {
+	objs, err := devcluster.AgentSandboxRelease()
+	if err != nil {
+		return nil, err
+	}
+	var release bytes.Buffer
+	for _, o := range objs {
+		b, err := yaml.Marshal(o.Object)
+		if err != nil {
+			return nil, err
+		}
+		release.WriteString("---\n")
+		release.Write(b)
+	}
+	file := filepath.Join(dir, "sandbox-with-extensions.yaml")
+	if err := os.WriteFile(file, release.Bytes(), 0o600); err != nil {
+		return nil, err
+	}
+	return map[string]string{
+		"https://github.com/kubernetes-sigs/agent-sandbox/releases/download/" + aaas.Version("AGENT_SANDBOX_VERSION") + "/sandbox-with-extensions.yaml": file,
+		"go run github.com/aaas-project/aaas/hack/natsauth@main": "go -C " + testenv.Root() + " run ./hack/natsauth",
+	}, nil
+}
+
+// shell runs one command line as README's reader would, in dir, with the
+// pinned kubectl on PATH and this cluster as kubectl's cluster.
+func shell(ctx context.Context, dir, line string, env ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", line)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(kubectl)+":"+os.Getenv("PATH"), "KUBECONFIG="+cluster.Kubeconfig)
+	cmd.Env = append(cmd.Env, env...)
+	return cmd.CombinedOutput()
+}
+
+// install runs README's install commands as written, in a directory that
+// holds the operator's kustomization.yaml, then sets the idle timeout as
+// README says an operator changes a setting (edit aaas-config, restart),
+// and waits for every rollout and the warm pool.
+func install(ctx context.Context, dir, kustomization string, commands []string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	if err := cluster.CreateNamespace(ctx, namespace); err != nil {
+	if err := writeKustomization(dir, kustomization); err != nil {
 		return err
 	}
-	natsCreds, err := natsauth.SecretData()
+	fetched, err := remote(filepath.Dir(dir))
 	if err != nil {
 		return err
 	}
-	if _, err := cluster.Client.CoreV1().Secrets(namespace).Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "aaas-nats"}, Data: natsCreds,
-	}, metav1.CreateOptions{}); err != nil {
-		return err
+	used := map[string]bool{}
+	for _, line := range commands {
+		for from, to := range fetched {
+			if strings.Contains(line, from) {
+				line, used[from] = strings.ReplaceAll(line, from, to), true
+			}
+		}
+		out, err := shell(ctx, dir, line, "DEEPSEEK_API_KEY="+providerKey)
+		fmt.Fprintf(os.Stderr, "$ %s\n%s", line, out)
+		if err != nil {
+			return fmt.Errorf("README's command %q: %w", line, err)
+		}
 	}
-	invite = randomHex(8)
-	key := make([]byte, 32)
-	_, _ = rand.Read(key)
-	core := cluster.Client.CoreV1()
-	if _, err := core.Secrets(namespace).Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "aaas-secrets"},
-		StringData: map[string]string{"handshake-keys": base64.StdEncoding.EncodeToString(key), "invite-code": invite},
-	}, metav1.CreateOptions{}); err != nil {
-		return err
+	for from := range fetched {
+		if !used[from] {
+			return fmt.Errorf("README's install no longer fetches %s: update remote()", from)
+		}
 	}
-	if _, err := core.ConfigMaps(namespace).Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "dsh-web"}, Data: map[string]string{"trusted-hosts": domain},
-	}, metav1.CreateOptions{}); err != nil {
-		return err
-	}
-	if err := cluster.Apply(ctx, namespace, objs...); err != nil {
-		return err
-	}
-	if err := cluster.WaitRollout(ctx, namespace, 5*time.Minute); err != nil {
-		return err
-	}
-	patch := fmt.Sprintf(`{"data":{"IDLE_TIMEOUT":%q}}`, idleTimeout)
-	if _, err := core.ConfigMaps(namespace).Patch(ctx, "aaas-config", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		return err
-	}
-	restart := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"kubectl.kubernetes.io/restartedAt":%q}}}}}`, time.Now().Format(time.RFC3339))
-	if _, err := cluster.Client.AppsV1().Deployments(namespace).Patch(ctx, "aaas-sweeper", types.StrategicMergePatchType, []byte(restart), metav1.PatchOptions{}); err != nil {
-		return err
-	}
-	if err := cluster.WaitRollout(ctx, namespace, 3*time.Minute); err != nil {
-		return err
-	}
-	svc, err := core.Services(namespace).Get(ctx, "aaas-edge", metav1.GetOptions{})
+	// README's certificates without cert-manager: Secrets aaas-tls and
+	// aaas-sandboxes-tls from certificates the operator obtained (here
+	// from the test's CA), which the Ingress names.
+	secrets, err := certificates(filepath.Dir(dir))
 	if err != nil {
 		return err
 	}
-	edge = net.JoinHostPort(svc.Spec.ClusterIP, "8080")
+	// The providers: the stand-in at a public address, as the deepseek
+	// provider (README: list yours in aaas-broker, restart the broker).
+	ln, err := devcluster.ListenForPods(providerAddr)
+	if err != nil {
+		return err
+	}
+	providerLn = ln
+	models = providersim.New(providersim.Options{Keys: []string{providerKey}, Slow: time.Second, TokenInterval: 50 * time.Millisecond})
+	go func() { _ = http.Serve(ln, models) }()
+	providers, _ := json.Marshal([]config.Provider{{Name: "deepseek", API: config.APIOpenAI, BaseURL: "http://" + providerAddr, Models: []string{"deepseek-chat"}}})
+	patch, _ := json.Marshal(map[string]any{"data": map[string]string{"BROKER_PROVIDERS": string(providers)}})
+	for _, line := range append(secrets,
+		fmt.Sprintf(`kubectl -n %s patch configmap aaas-config --type merge -p '{"data":{"IDLE_TIMEOUT":%q}}'`, controlNS, idleTimeout),
+		fmt.Sprintf("kubectl -n %s rollout restart deploy/aaas-sweeper", controlNS),
+		fmt.Sprintf("kubectl -n %s patch configmap aaas-broker --type merge -p '%s'", controlNS, patch),
+		fmt.Sprintf("kubectl -n %s rollout restart deploy/aaas-broker", controlNS),
+	) {
+		if out, err := shell(ctx, dir, line); err != nil {
+			return fmt.Errorf("%s: %w: %s", line, err, out)
+		}
+	}
+	if err := cluster.WaitRollout(ctx, controlNS, 5*time.Minute); err != nil {
+		return err
+	}
+	s, err := cluster.Client.CoreV1().Secrets(controlNS).Get(ctx, "aaas-secrets", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	invite = string(s.Data["invite-code"])
+	return waitPool(ctx, 3*time.Minute)
+}
+
+// writeKustomization writes an operator's kustomization into dir, what it
+// takes from this repository taken from the checkout under test.
+func writeKustomization(dir, kustomization string) error {
+	rel, err := filepath.Rel(dir, filepath.Join(testenv.Root(), "manifests"))
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(manifests.Localize(kustomization, rel)), 0o600)
+}
+
+// waitPool waits until the warm pool has its spares ready.
+func waitPool(ctx context.Context, timeout time.Duration) error {
 	_, ext, err := cluster.SandboxClients()
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(3 * time.Minute)
+	deadline := time.Now().Add(timeout)
 	for {
-		p, err := ext.ExtensionsV1beta1().SandboxWarmPools(namespace).Get(ctx, "dsh-pool", metav1.GetOptions{})
-		if err == nil && p.Status.ReadyReplicas >= 2 {
+		p, err := ext.ExtensionsV1beta1().SandboxWarmPools(sandboxNS).Get(ctx, "dsh-pool", metav1.GetOptions{})
+		if err == nil && p.Spec.Replicas != nil && p.Status.ReadyReplicas >= *p.Spec.Replicas {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -279,12 +383,6 @@ func install(ctx context.Context, objs []*unstructured.Unstructured) error {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // dumpPods prints every pod's state and its containers' last log lines, for
@@ -298,14 +396,20 @@ func dumpPods(ns string) {
 		return
 	}
 	for _, p := range pods.Items {
-		fmt.Fprintf(os.Stderr, "pod %s: %s\n", p.Name, p.Status.Phase)
-		for _, cs := range p.Status.ContainerStatuses {
+		fmt.Fprintf(os.Stderr, "pod %s/%s: %s\n", ns, p.Name, p.Status.Phase)
+		for _, cs := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
 			fmt.Fprintf(os.Stderr, "  %s ready=%v restarts=%d state=%+v\n", cs.Name, cs.Ready, cs.RestartCount, cs.State)
 			tail := int64(10)
 			b, _ := cluster.Client.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: cs.Name, TailLines: &tail}).DoRaw(ctx)
 			fmt.Fprintf(os.Stderr, "  %s\n", strings.ReplaceAll(strings.TrimSpace(string(b)), "\n", "\n  "))
 		}
 	}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 func diff(a, b string) string {
@@ -330,44 +434,135 @@ func diff(a, b string) string {
 	return out.String()
 }
 
-// client talks to the edge Service as a browser on https://aaas.test
-// would through the ingress: Host is the public name, the connection goes
-// to the Service.
-func client(t *testing.T) *testenv.Client {
-	c := testenv.NewClient(t, "http://"+domain)
-	c.HTTP.Transport = &http.Transport{DialContext: dialEdge}
-	return c
-}
+// sandboxDomain is the README's sandboxes.aaas.example.com as an operator
+// replaces it (readme() substitutes the host name it lies under).
+const sandboxDomain = "sandboxes." + domain
 
-func dialEdge(ctx context.Context, network, _ string) (net.Conn, error) {
-	return (&net.Dialer{}).DialContext(ctx, network, edge)
-}
+// origin is user's sandbox origin, as a browser reaches it through the
+// ingress's wildcard rule.
+func origin(user string) string { return "https://" + user + "." + sandboxDomain }
 
 func bearer(tok string) []string { return []string{"Authorization", "Bearer " + tok} }
 
-// TestUserJourney is what a user does, through the edge Service: sign up
-// and get a Ready sandbox, use it over HTTP, SSE and WebSocket (every
-// request needs the DSH handshake lifecycle performed), leave it idle until
-// it is suspended, come back and find the files, recreate it, delete the
-// account.
-func TestUserJourney(t *testing.T) {
-	c := client(t).WithTimeout(2 * time.Minute)
-	tok := c.Signup("alice", invite)
-	auth := bearer(tok)
+// signIn opens path on user's sandbox origin as a browser signed in on
+// the gateway (gw holds that session) does: the navigation is sent to the
+// gateway, which mints a code for that origin; the origin trades it for a
+// host-only cookie of its own and sends the browser back to path. It
+// returns a client for the origin holding that cookie (the jar is gw's:
+// the browser's).
+func signIn(t *testing.T, gw *testenv.Client, user, path string) *testenv.Client {
+	t.Helper()
+	s := gw.At(origin(user))
+	r := s.Do("GET", path, nil, "Accept", "text/html")
+	mint := gw.Base + "/_/signin/sandbox?next=" + url.QueryEscape(origin(user)+path)
+	if r.StatusCode != http.StatusSeeOther || r.Header.Get("Location") != mint {
+		t.Fatalf("navigation to %s%s without its session: %d %q, want 303 to %s", origin(user), path, r.StatusCode, r.Header.Get("Location"), mint)
+	}
+	r = gw.Do("GET", strings.TrimPrefix(mint, gw.Base), nil, "Accept", "text/html")
+	// (The code is a credential: failures name the link without it.)
+	loc, err := url.Parse(r.Header.Get("Location"))
+	if err != nil {
+		t.Fatalf("the gateway's code for %s: %d, Location not a URL", origin(user), r.StatusCode)
+	}
+	if r.StatusCode != http.StatusSeeOther || loc.Scheme+"://"+loc.Host != origin(user) || loc.Path != "/_aaas/signin" || loc.Query().Get("code") == "" || loc.Query().Get("next") != path {
+		t.Fatalf("the gateway's code for %s: %d to %s://%s%s next=%q %s", origin(user), r.StatusCode, loc.Scheme, loc.Host, loc.Path, loc.Query().Get("next"), r.Body)
+	}
+	trade := loc.RequestURI()
+	r = s.Do("GET", trade, nil, "Accept", "text/html")
+	if r.StatusCode != http.StatusSeeOther || r.Header.Get("Location") != path {
+		t.Fatalf("trading the code: %d %q %s", r.StatusCode, r.Header.Get("Location"), r.Body)
+	}
+	var set *http.Cookie
+	var names []string
+	for _, ck := range r.Cookies() {
+		names = append(names, ck.Name)
+		if ck.Name == "__Host-aaas-sandbox" {
+			set = ck
+		}
+	}
+	// (Failures name the cookies' scope and flags, never a value.)
+	if set == nil {
+		t.Fatalf("no __Host-aaas-sandbox cookie from the trade; cookies set: %v", names)
+	}
+	if set.Domain != "" || set.Path != "/" || !set.Secure || !set.HttpOnly || set.SameSite != http.SameSiteLaxMode {
+		t.Fatalf("the origin's session cookie: domain=%q path=%q secure=%v httponly=%v samesite=%v, want host-only, /, Secure, HttpOnly, Lax", set.Domain, set.Path, set.Secure, set.HttpOnly, set.SameSite)
+	}
+	// Single use: the same link again changes nothing.
+	if r := s.Do("GET", trade, nil, "Accept", "text/html"); r.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a used code traded again: %d, want 400", r.StatusCode)
+	}
+	return s
+}
 
-	if r := c.Do("GET", "/u/alice/api/files", nil, auth...); r.StatusCode != http.StatusOK {
+// TestUserJourney is what a user does, in subdomain mode through the edge
+// Service (as the ingress's two rules route it): sign up on the gateway,
+// open the sandbox's own origin (the sign-in code trade), use it over
+// HTTP, SSE and WebSocket (every request needs the DSH handshake
+// lifecycle performed), leave it idle until it is suspended, come back and
+// find the files, recreate it (which ends the origin's session), delete
+// the account.
+func TestUserJourney(t *testing.T) {
+	front := ingress(t)
+	c := client(t, front).WithTimeout(2 * time.Minute)
+	tok := c.Signup("alice", invite)
+
+	// The gateway serves no tenant byte: /u/alice/ is a redirect to the
+	// origin, path and query kept.
+	r := c.Do("GET", "/u/alice/api/files?x=1", nil)
+	if r.StatusCode != http.StatusMovedPermanently || r.Header.Get("Location") != origin("alice")+"/api/files?x=1" {
+		t.Fatalf("/u/alice/ on the gateway: %d %q, want 301 to the origin", r.StatusCode, r.Header.Get("Location"))
+	}
+	s := signIn(t, c, "alice", "/")
+	// The page a browser is sent back to: the starting page until the
+	// sandbox is Ready, then DSH's.
+	testutil.Eventually(t, 2*time.Minute, func() error {
+		if r := s.Do("GET", "/", nil, "Accept", "text/html"); r.StatusCode != http.StatusOK || !bytes.Contains(r.Body, []byte("<title>DSH Web")) {
+			return fmt.Errorf("the origin's page: %d %.300s", r.StatusCode, r.Body)
+		}
+		return nil
+	})
+	// A sandbox origin serves nothing of the gateway's.
+	if r := s.Do("GET", "/_/status", nil); r.StatusCode != http.StatusNotFound {
+		t.Fatalf("/_/status on the origin: %d, want DSH's 404", r.StatusCode)
+	}
+	// DSH gets Host localhost:<pod port> (which it always trusts), the
+	// origin as X-Forwarded-Host, and neither aaas cookie.
+	r = s.Do("GET", "/api/echo", nil)
+	var e struct {
+		Host    string              `json:"host"`
+		Headers map[string][]string `json:"headers"`
+	}
+	if err := json.Unmarshal(r.Body, &e); r.StatusCode != http.StatusOK || err != nil {
+		t.Fatalf("echo: %d %v %s", r.StatusCode, err, r.Body)
+	}
+	cookies := strings.Join(e.Headers["Cookie"], ";")
+	if !strings.HasPrefix(e.Host, "localhost:") || strings.Join(e.Headers["X-Forwarded-Host"], ",") != "alice."+sandboxDomain || strings.Contains(cookies, "aaas-sandbox") || strings.Contains(cookies, "dsh_gw_session") {
+		t.Fatalf("DSH got Host %q, X-Forwarded-Host %q, Cookie %q", e.Host, e.Headers["X-Forwarded-Host"], cookies)
+	}
+
+	if r := s.Do("GET", "/api/files", nil); r.StatusCode != http.StatusOK {
 		t.Fatalf("files: %d %s", r.StatusCode, r.Body)
 	}
 	body := bytes.Repeat([]byte("kept across suspend "), 1000)
-	if r := c.Do("PUT", "/u/alice/api/files/notes.txt", bytes.NewReader(body), auth...); r.StatusCode/100 != 2 {
+	if r := s.Do("PUT", "/api/files/notes.txt", bytes.NewReader(body)); r.StatusCode/100 != 2 {
 		t.Fatalf("upload: %d %s", r.StatusCode, r.Body)
 	}
-	sse(t, tok)
-	echo(t, tok)
+	// A mutation with the ambient cookie from another origin (the
+	// gateway's) is refused: only the origin's own pages may.
+	if r := s.Do("PUT", "/api/files/cross.txt", strings.NewReader("x"), "Origin", c.Base); r.StatusCode != http.StatusForbidden {
+		t.Fatalf("a PUT from the gateway's origin: %d, want 403", r.StatusCode)
+	}
+	sse(t, s)
+	echo(t, s, front)
+	// API clients: the account's bearer token works on the origin, no
+	// cookie needed.
+	if r := client(t, front).At(origin("alice")).Do("GET", "/api/files", nil, bearer(tok)...); r.StatusCode != http.StatusOK || !bytes.Contains(r.Body, []byte("notes.txt")) {
+		t.Fatalf("bearer on the origin: %d %s", r.StatusCode, r.Body)
+	}
 
 	// Idle: nothing in flight, no requests for idleTimeout.
 	phase := func() string {
-		r := c.Do("GET", "/_/status", nil, auth...)
+		r := c.Do("GET", "/_/status", nil)
 		p, _ := r.JSON()["phase"].(string)
 		return p
 	}
@@ -382,18 +577,24 @@ func TestUserJourney(t *testing.T) {
 	}
 	t.Logf("suspended after %s idle", idleTimeout)
 	start := time.Now()
-	r := c.Do("GET", "/u/alice/api/files/notes.txt", nil, auth...)
+	r = s.Do("GET", "/api/files/notes.txt", nil)
 	if r.StatusCode != http.StatusOK || !bytes.Equal(r.Body, body) {
 		t.Fatalf("after wake: %d, %d bytes (want %d)", r.StatusCode, len(r.Body), len(body))
 	}
 	t.Logf("woken with files kept in %s", time.Since(start).Round(time.Millisecond))
 
-	r = c.Do("POST", "/recreate", nil, append(auth, "Accept", "application/json")...)
+	r = c.Do("POST", "/recreate", nil, "Accept", "application/json")
 	if r.StatusCode != http.StatusAccepted {
 		t.Fatalf("recreate: %d %s", r.StatusCode, r.Body)
 	}
+	// Recreate ends every session of the account, the origin's with it;
+	// the gateway's new session signs the origin in again.
+	if r := s.Do("GET", "/api/files", nil); r.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("the origin's session after recreate: %d, want 401", r.StatusCode)
+	}
+	s = signIn(t, c, "alice", "/api/files")
 	testutil.Eventually(t, 2*time.Minute, func() error {
-		r := c.Do("GET", "/u/alice/api/files", nil, auth...)
+		r := s.Do("GET", "/api/files", nil)
 		if r.StatusCode != http.StatusOK {
 			return fmt.Errorf("files after recreate: %d", r.StatusCode)
 		}
@@ -407,7 +608,7 @@ func TestUserJourney(t *testing.T) {
 	if len(claims) == 0 {
 		t.Fatal("alice has no volume claim")
 	}
-	if r := c.Do("DELETE", "/users/alice", nil, append(auth, "Accept", "application/json")...); r.StatusCode/100 != 2 {
+	if r := c.Do("DELETE", "/users/alice", nil, "Accept", "application/json"); r.StatusCode/100 != 2 {
 		t.Fatalf("delete: %d %s", r.StatusCode, r.Body)
 	}
 	testutil.Eventually(t, 2*time.Minute, func() error {
@@ -415,7 +616,7 @@ func TestUserJourney(t *testing.T) {
 			return fmt.Errorf("%d pods remain", len(p))
 		}
 		for _, pvc := range claims {
-			if _, err := cluster.Client.CoreV1().PersistentVolumeClaims(namespace).Get(context.Background(), pvc.Name, metav1.GetOptions{}); err == nil {
+			if _, err := cluster.Client.CoreV1().PersistentVolumeClaims(sandboxNS).Get(context.Background(), pvc.Name, metav1.GetOptions{}); err == nil {
 				return fmt.Errorf("claim %s remains", pvc.Name)
 			}
 			if _, err := cluster.Client.CoreV1().PersistentVolumes().Get(context.Background(), pvc.Spec.VolumeName, metav1.GetOptions{}); err == nil {
@@ -424,17 +625,16 @@ func TestUserJourney(t *testing.T) {
 		}
 		return nil
 	})
-	if r := c.Do("GET", "/u/alice/api/files", nil, auth...); r.StatusCode != http.StatusUnauthorized {
+	if r := s.Do("GET", "/api/files", nil); r.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("deleted account still served: %d", r.StatusCode)
 	}
 }
 
-// sse reads a short event stream through the edge.
-func sse(t *testing.T, tok string) {
+// sse reads a short event stream through the edge, on the origin s is for.
+func sse(t *testing.T, s *testenv.Client) {
 	t.Helper()
-	req, _ := http.NewRequest("GET", "http://"+domain+"/u/alice/api/events?interval=200&count=3", nil)
-	req.Header.Set("Authorization", "Bearer "+tok)
-	resp, err := client(t).HTTP.Do(req)
+	req, _ := http.NewRequest("GET", s.Base+"/api/events?interval=200&count=3", nil)
+	resp, err := s.HTTP.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -443,9 +643,9 @@ func sse(t *testing.T, tok string) {
 		t.Fatalf("events: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
 	events := 0
-	s := bufio.NewScanner(resp.Body)
-	for s.Scan() {
-		if strings.HasPrefix(s.Text(), "data:") {
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "data:") {
 			events++
 		}
 	}
@@ -454,11 +654,26 @@ func sse(t *testing.T, tok string) {
 	}
 }
 
-// echo round-trips WebSocket messages through the edge.
-func echo(t *testing.T, tok string) {
+// echo round-trips WebSocket messages through the edge, on the origin s
+// is for, with its cookie and its own Origin; the same handshake naming
+// the gateway's origin is refused.
+func echo(t *testing.T, s *testenv.Client, front string) {
 	t.Helper()
-	d := websocket.Dialer{NetDialContext: dialEdge, HandshakeTimeout: 30 * time.Second}
-	ws, resp, err := d.Dial("ws://"+domain+"/u/alice/api/ws", http.Header{"Authorization": {"Bearer " + tok}})
+	d := websocket.Dialer{NetDialContext: dialTo(front), TLSClientConfig: &tls.Config{RootCAs: roots}, HandshakeTimeout: 30 * time.Second, Jar: s.HTTP.Jar}
+	ws := "wss" + strings.TrimPrefix(s.Base, "https") + "/api/ws"
+	// Refusals before the bridge are what a browser can see: the upgrade
+	// accepted and closed at once with 4403.
+	xs, _, err := d.Dial(ws, http.Header{"Origin": {"https://" + domain}})
+	if err != nil {
+		t.Fatalf("a WebSocket from the gateway's origin: %v, want it accepted and closed with 4403", err)
+	}
+	_ = xs.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, _, err = xs.ReadMessage()
+	var ce *websocket.CloseError
+	if xs.Close(); !errors.As(err, &ce) || ce.Code != 4403 {
+		t.Fatalf("a WebSocket from the gateway's origin: %v, want close 4403", err)
+	}
+	conn, resp, err := d.Dial(ws, http.Header{"Origin": {s.Base}})
 	if err != nil {
 		status := 0
 		if resp != nil {
@@ -466,13 +681,13 @@ func echo(t *testing.T, tok string) {
 		}
 		t.Fatalf("websocket: %v (%d)", err, status)
 	}
-	defer ws.Close()
+	defer conn.Close()
 	for _, msg := range []string{"hello", "from the real node"} {
-		if err := ws.WriteMessage(websocket.TextMessage, []byte(msg)); err != nil {
+		if err := conn.WriteMessage(websocket.TextMessage, []byte(msg)); err != nil {
 			t.Fatal(err)
 		}
-		_ = ws.SetReadDeadline(time.Now().Add(10 * time.Second))
-		if _, got, err := ws.ReadMessage(); err != nil || string(got) != msg {
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, got, err := conn.ReadMessage(); err != nil || string(got) != msg {
 			t.Fatalf("echo: %q %v", got, err)
 		}
 	}
@@ -481,7 +696,7 @@ func echo(t *testing.T, tok string) {
 // userPods are the pods of user's sandbox.
 func userPods(t *testing.T, user string) []corev1.Pod {
 	t.Helper()
-	pods, err := cluster.Client.CoreV1().Pods(namespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=dsh-web"})
+	pods, err := cluster.Client.CoreV1().Pods(sandboxNS).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=dsh-web"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -505,7 +720,7 @@ func owner(t *testing.T, p *corev1.Pod) string {
 		if ref.Kind != "Sandbox" {
 			continue
 		}
-		sb, err := sc.AgentsV1beta1().Sandboxes(namespace).Get(context.Background(), ref.Name, metav1.GetOptions{})
+		sb, err := sc.AgentsV1beta1().Sandboxes(sandboxNS).Get(context.Background(), ref.Name, metav1.GetOptions{})
 		if err != nil {
 			return ""
 		}
@@ -527,7 +742,7 @@ func volumeClaims(t *testing.T, user string) []*corev1.PersistentVolumeClaim {
 			if v.PersistentVolumeClaim == nil {
 				continue
 			}
-			pvc, err := cluster.Client.CoreV1().PersistentVolumeClaims(namespace).Get(context.Background(), v.PersistentVolumeClaim.ClaimName, metav1.GetOptions{})
+			pvc, err := cluster.Client.CoreV1().PersistentVolumeClaims(sandboxNS).Get(context.Background(), v.PersistentVolumeClaim.ClaimName, metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -535,271 +750,4 @@ func volumeClaims(t *testing.T, user string) []*corev1.PersistentVolumeClaim {
 		}
 	}
 	return out
-}
-
-// TestPodSecurityRestricted: the namespace enforces the restricted profile,
-// so every control-plane pod and sandbox running in it passed it; a pod
-// that does not is refused, so the label is really enforced.
-func TestPodSecurityRestricted(t *testing.T) {
-	ctx := testenv.Context(t, time.Minute)
-	ns, err := cluster.Client.CoreV1().Namespaces().Get(ctx, namespace, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ns.Labels["pod-security.kubernetes.io/enforce"] != "restricted" {
-		t.Fatalf("namespace labels %v", ns.Labels)
-	}
-	pods, err := cluster.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	running := map[string]int{}
-	for _, p := range pods.Items {
-		if p.Status.Phase == corev1.PodRunning {
-			running[p.Labels["app.kubernetes.io/name"]]++
-		}
-	}
-	for _, name := range []string{"nats", "aaas-edge", "aaas-lifecycle", "aaas-sweeper", "dsh-web"} {
-		if running[name] == 0 {
-			t.Errorf("no %s pod running under restricted: %v", name, running)
-		}
-	}
-	bad := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "not-restricted"},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: probeRef}}},
-	}
-	_, err = cluster.Client.CoreV1().Pods(namespace).Create(ctx, bad, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-	if err == nil || !strings.Contains(err.Error(), "restricted") {
-		t.Fatalf("a pod without a restricted security context was not refused: %v", err)
-	}
-}
-
-// probe runs netprobe against targets from inside pod, as an ephemeral
-// container (same network namespace, same labels, so the same policies),
-// and returns its lines by target.
-func probe(t *testing.T, pod *corev1.Pod, targets ...string) map[string]string {
-	t.Helper()
-	ctx := testenv.Context(t, 2*time.Minute)
-	name := "probe-" + randomHex(3)
-	p, err := cluster.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Spec.EphemeralContainers = append(p.Spec.EphemeralContainers, corev1.EphemeralContainer{
-		EphemeralContainerCommon: corev1.EphemeralContainerCommon{
-			Name: name, Image: probeRef, ImagePullPolicy: corev1.PullNever, Args: targets,
-			SecurityContext: &corev1.SecurityContext{
-				RunAsNonRoot: ptr(true), AllowPrivilegeEscalation: ptr(false),
-				Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-			},
-		},
-	})
-	if _, err := cluster.Client.CoreV1().Pods(pod.Namespace).UpdateEphemeralContainers(ctx, pod.Name, p, metav1.UpdateOptions{}); err != nil {
-		t.Fatalf("ephemeral container in %s: %v", pod.Name, err)
-	}
-	testutil.Eventually(t, time.Minute, func() error {
-		p, err := cluster.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		for _, s := range p.Status.EphemeralContainerStatuses {
-			if s.Name == name && s.State.Terminated != nil {
-				return nil
-			}
-		}
-		return fmt.Errorf("probe in %s still running", pod.Name)
-	})
-	b, err := cluster.Client.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: name}).DoRaw(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		f := strings.Fields(l)
-		if len(f) >= 2 {
-			out[strings.TrimSuffix(f[1], ":")] = l
-		}
-	}
-	return out
-}
-
-func ptr[T any](v T) *T { return &v }
-
-// TestReachability probes the network from inside pods with the policy
-// enforcer on: tenants reach nothing of the platform and no other tenant,
-// the edge and lifecycle reach sandboxes, and only aaas pods reach NATS.
-// A stand-in for the cloud metadata address answers pods, so that its row
-// is decided by policy, not by the test bed's routing.
-func TestReachability(t *testing.T) {
-	ctx := testenv.Context(t, 3*time.Minute)
-	metadata := metadataStandIn(t)
-	list := func(selector string) []corev1.Pod {
-		pods, err := cluster.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector, FieldSelector: "status.phase=Running"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(pods.Items) == 0 {
-			t.Fatalf("no running pod for %s", selector)
-		}
-		return pods.Items
-	}
-	// Earlier tests take pods from the warm pool, which refills them.
-	var sandboxes []corev1.Pod
-	testutil.Eventually(t, 2*time.Minute, func() error {
-		pods, err := cluster.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=dsh-web", FieldSelector: "status.phase=Running"})
-		if err != nil {
-			return err
-		}
-		if sandboxes = pods.Items; len(sandboxes) < 2 {
-			return fmt.Errorf("%d sandboxes running, want two to probe between", len(sandboxes))
-		}
-		return nil
-	})
-	edges, lifecycles, nats := list("app.kubernetes.io/name=aaas-edge"), list("app.kubernetes.io/name=aaas-lifecycle"), list("app.kubernetes.io/name=nats")
-	svc := func(name string) string {
-		s, err := cluster.Client.CoreV1().Services(namespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s.Spec.ClusterIP
-	}
-	apiSvc, err := cluster.Client.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		sandbox       = net.JoinHostPort(sandboxes[1].Status.PodIP, "3080")
-		natsPod       = net.JoinHostPort(nats[0].Status.PodIP, "4222")
-		natsService   = net.JoinHostPort(svc("nats"), "4222")
-		apiService    = net.JoinHostPort(apiSvc.Spec.ClusterIP, "443")
-		edgeMetrics   = net.JoinHostPort(edges[0].Status.PodIP, "9090")
-		edgeHTTP      = net.JoinHostPort(edges[0].Status.PodIP, "8080")
-		natsMonitor   = net.JoinHostPort(nats[0].Status.PodIP, "8222")
-		natsRoute     = net.JoinHostPort(nats[0].Status.PodIP, "6222")
-		lifecycleMetr = net.JoinHostPort(lifecycles[0].Status.PodIP, "9091")
-	)
-	type row struct {
-		from    *corev1.Pod
-		target  string
-		open    bool
-		meaning string
-	}
-	stranger := strangerPod(t, namespace)
-	if err := cluster.CreateNamespace(ctx, "monitoring"); err != nil {
-		t.Fatal(err)
-	}
-	monitor := strangerPod(t, "monitoring")
-	rows := []row{
-		{&sandboxes[0], natsPod, false, "a sandbox reaches NATS (pod)"},
-		{&sandboxes[0], natsService, false, "a sandbox reaches NATS (Service)"},
-		{&sandboxes[0], natsRoute, false, "a sandbox reaches NATS's route port"},
-		{&sandboxes[0], natsMonitor, false, "a sandbox reaches NATS's monitoring port"},
-		{&sandboxes[0], apiService, false, "a sandbox reaches the API server"},
-		{&sandboxes[0], sandbox, false, "a sandbox reaches another sandbox"},
-		{&sandboxes[0], edgeMetrics, false, "a sandbox reaches the edge's metrics port"},
-		{&sandboxes[0], edgeHTTP, false, "a sandbox reaches the edge directly"},
-		{&sandboxes[0], lifecycleMetr, false, "a sandbox reaches lifecycle's metrics port"},
-		{&sandboxes[0], metadata, false, "a sandbox reaches the cloud metadata address"},
-		{&edges[0], sandbox, true, "the edge reaches a sandbox on 3080"},
-		{&edges[0], natsService, true, "the edge reaches NATS"},
-		{&lifecycles[0], sandbox, true, "lifecycle reaches a sandbox on 3080"},
-		{&lifecycles[0], natsPod, true, "lifecycle reaches NATS"},
-		{stranger, natsPod, false, "a pod that is not aaas reaches NATS"},
-		{stranger, natsService, false, "a pod that is not aaas reaches NATS (Service)"},
-		{stranger, sandbox, false, "a pod that is not aaas reaches a sandbox"},
-		{stranger, metadata, true, "the metadata stand-in answers pods without a policy (control)"},
-		{stranger, lifecycleMetr, true, "lifecycle's metrics port is open (control)"},
-		{&lifecycles[0], apiService, true, "lifecycle reaches the API server (control)"},
-		{monitor, edgeMetrics, true, "the monitoring namespace reaches the edge's metrics port"},
-		{monitor, natsMonitor, true, "the monitoring namespace reaches NATS's monitoring port"},
-		{monitor, natsPod, false, "the monitoring namespace reaches NATS's client port"},
-		{monitor, edgeHTTP, false, "the monitoring namespace reaches the edge's HTTP port"},
-	}
-	byPod := map[*corev1.Pod][]string{}
-	for _, r := range rows {
-		byPod[r.from] = append(byPod[r.from], r.target)
-	}
-	results := map[*corev1.Pod]map[string]string{}
-	for pod, targets := range byPod {
-		results[pod] = probe(t, pod, targets...)
-	}
-	for _, r := range rows {
-		line := results[r.from][r.target]
-		open := strings.HasPrefix(line, "open ")
-		status := "PASS"
-		if open != r.open || line == "" {
-			status = "FAIL"
-			t.Errorf("%s: want open=%v, got %q", r.meaning, r.open, line)
-		}
-		t.Logf("%s %-62s %s", status, r.meaning, line)
-	}
-}
-
-// strangerPod is a pod without any aaas label in ns: what any workload an
-// operator adds there looks like to the policies.
-func strangerPod(t *testing.T, ns string) *corev1.Pod {
-	t.Helper()
-	ctx := testenv.Context(t, 2*time.Minute)
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "stranger-" + randomHex(3), Labels: map[string]string{"app": "stranger"}},
-		Spec: corev1.PodSpec{
-			AutomountServiceAccountToken: ptr(false),
-			SecurityContext: &corev1.PodSecurityContext{
-				RunAsNonRoot: ptr(true), RunAsUser: ptr(int64(65532)), RunAsGroup: ptr(int64(65532)),
-				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-			},
-			// pause keeps the pod running for the probes; its image is on
-			// every node.
-			Containers: []corev1.Container{{
-				Name: "idle", Image: image.PauseRef, ImagePullPolicy: corev1.PullNever,
-				SecurityContext: &corev1.SecurityContext{
-					AllowPrivilegeEscalation: ptr(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-				},
-			}},
-		},
-	}
-	created, err := cluster.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cluster.Client.CoreV1().Pods(ns).Delete(context.Background(), created.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))})
-	})
-	testutil.Eventually(t, time.Minute, func() error {
-		p, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, created.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if p.Status.Phase != corev1.PodRunning {
-			return fmt.Errorf("stranger pod %s", p.Status.Phase)
-		}
-		created = p
-		return nil
-	})
-	return created
-}
-
-// metadataStandIn answers TCP on 169.254.169.254:80 for pods only: a local
-// route in the pods' own routing table delivers their packets to it on this
-// machine (the machine's own route to the address is untouched).
-func metadataStandIn(t *testing.T) string {
-	t.Helper()
-	const addr = "169.254.169.254:80"
-	ln, err := devcluster.ListenForPods(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = io.WriteString(c, "metadata\n")
-			c.Close()
-		}
-	}()
-	return addr
 }

@@ -82,6 +82,44 @@ func TestBrowserWakesASleepingSandbox(t *testing.T) {
 	}
 }
 
+// TestBrowserStartingPageOnTheOrigin follows an old link in subdomain
+// mode: the gateway's /u/kai/ of a suspended sandbox redirects to kai's
+// origin (kai.localhost, which Chromium resolves to loopback), which
+// signs in through the gateway and shows the starting page. That page is
+// styled by the gateway's stylesheet, not by whatever the origin's
+// /_/static/style.css (a path of the tenant's) would be, and reloads
+// itself into the app once the sandbox is Ready.
+func TestBrowserStartingPageOnTheOrigin(t *testing.T) {
+	w := newStack(t, nil)
+	front := w.FrontAddr()
+	_, port, _ := strings.Cut(front, ":")
+	domain := "localhost:" + port
+	edge := w.Edge("edge-a", map[string]string{"SANDBOX_DOMAIN": domain})
+	lb := testenv.NewBalancer(t, front, strings.TrimPrefix(edge.URL, "http://"))
+	ctx := testenv.Browser(t)
+	signIn(t, ctx, lb.URL(), "kai")
+	w.Suspend("kai")
+
+	origin := "http://kai." + domain + "/"
+	testenv.Do(t, ctx, "follow the old link", chromedp.Navigate(lb.URL()+"/u/kai/"))
+	// Polled with single evaluations: the page reloads itself every two
+	// seconds, which ends a poll running in the page it replaces.
+	want := fmt.Sprintf("%s starting %s/_/static/style.css spin", origin, edge.URL)
+	testutil.Eventually(t, time.Minute, func() error {
+		got, err := chromedp.Run(ctx, chromedp.Evaluate[string](`[location.href, document.getElementById("starting") ? "starting" : "not starting",
+			document.querySelector('link[rel="stylesheet"]')?.href, document.querySelector(".spinner") && getComputedStyle(document.querySelector(".spinner")).animationName].join(" ")`))
+		if err == nil && got != want {
+			err = fmt.Errorf("the page is %q, want %q", got, want)
+		}
+		return err
+	})
+	testenv.Screenshot(t, ctx, "starting-on-origin")
+	testenv.Do(t, ctx, "the app after the wake, on the origin",
+		chromedp.WaitVisible(id("chat-input")),
+		testenv.Until(`location.href === "`+origin+`" && document.getElementById("ws-status").textContent === "connected"`, 30*time.Second),
+	)
+}
+
 // TestBrowserSocketMovesToAnotherEdge kills the edge that carries the
 // page's WebSocket; the page reconnects through the other edge behind the
 // balancer without signing in again.

@@ -136,12 +136,28 @@ func (z *zeros) Read(p []byte) (int, error) {
 // transport reading a recycled body stream) nor let the unread rest of one
 // body reach the next request. Fifty times, interleaved with uploads whose
 // checksum Node reports, directly and through the pooling front.
+//
+// The client may miss an early answer: when the rest of its body does not
+// arrive within the drain's 3 s, the edge closes the connection, and the
+// kernel's reset can overtake the answer. Such misses must be connection
+// errors, few (at most a fifth), and never hide a wrong answer: the edge
+// counts a 2xx for every request sent.
 func TestNodeAnswersUploadsEarly(t *testing.T) {
 	w := newNodeWorld(t)
+	const early = 50
+	answered := func() float64 { return metric(t, w.edge.Proc, `aaas_edge_requests_total{class="2xx"}`) }
 	for _, base := range []string{w.edge.URL, w.front.URL()} {
-		for i := range 50 {
+		before, sent, missed := answered(), 0, 0
+		for i := range early {
 			resp, body := w.do(t, base, "PUT", "/u/nod/early", &zeros{64 << 20}, 64<<20)
-			if resp != nil && resp.StatusCode != http.StatusCreated {
+			sent++
+			switch {
+			case resp == nil:
+				missed++
+				if !strings.Contains(string(body), "connection reset") && !strings.Contains(string(body), "broken pipe") && !strings.Contains(string(body), "EOF") {
+					t.Fatalf("early answer %d via %s: %s, want a 201 or a connection closed under the upload", i, base, body)
+				}
+			case resp.StatusCode != http.StatusCreated:
 				t.Fatalf("early answer %d via %s: %d %s\n%s", i, base, resp.StatusCode, body, w.edge.Logs())
 			}
 			if i%10 == 0 {
@@ -158,8 +174,19 @@ func TestNodeAnswersUploadsEarly(t *testing.T) {
 				if got.Bytes != 1<<20+int64(i) || got.Sha256 != sum {
 					t.Fatalf("upload via %s arrived as %d bytes %s, sent %d bytes %s: another body's bytes reached it", base, got.Bytes, got.Sha256, 1<<20+i, sum)
 				}
+				sent++
 			}
 		}
+		t.Logf("via %s: %d of %d early answers missed by the client", base, missed, early)
+		if missed > early/5 {
+			t.Errorf("via %s: %d of %d early answers missed by the client, want at most %d", base, missed, early, early/5)
+		}
+		testutil.Eventually(t, 10*time.Second, func() error {
+			if n := answered() - before; n != float64(sent) {
+				return fmt.Errorf("via %s: the edge answered %v of %d requests with a 2xx", base, n, sent)
+			}
+			return nil
+		})
 		if w.edge.Exited() {
 			t.Fatalf("the edge died:\n%s", w.edge.Logs())
 		}
@@ -244,6 +271,14 @@ func TestTenantHeadersCannotActOnTheOrigin(t *testing.T) {
 		if resp.Header.Get("X-Kept") != "yes" || resp.Header.Get("Refresh") != "0; url=/u/nod/elsewhere" {
 			t.Errorf("via %s: X-Kept %q, Refresh %q", base, resp.Header.Get("X-Kept"), resp.Header.Get("Refresh"))
 		}
+		// Marked public by the tenant, private to this browser on the way
+		// out (security review S14).
+		if cc := resp.Header.Values("Cache-Control"); len(cc) != 1 || cc[0] != "private, max-age=86400" {
+			t.Errorf("via %s: Cache-Control %q, want private, max-age=86400", base, cc)
+		}
+		if vary := strings.Join(resp.Header.Values("Vary"), ", "); !strings.Contains(vary, "Accept-Encoding") || !strings.Contains(vary, "Cookie") {
+			t.Errorf("via %s: Vary %q, want DSH's Accept-Encoding and Cookie", base, vary)
+		}
 
 		client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 		for _, tc := range []struct {
@@ -253,6 +288,13 @@ func TestTenantHeadersCannotActOnTheOrigin(t *testing.T) {
 			{"/settings/", "/u/nod/settings/", http.StatusFound},
 			{"//evil.example/", "", http.StatusBadGateway},
 			{`/\evil.example/`, "", http.StatusBadGateway},
+			// Dot segments as browsers read them stay in the prefix
+			// (security review S13).
+			{"/u/nod/../alice/", "/u/nod/u/alice/", http.StatusFound},
+			{"/u/nod/%2E%2e/alice/", "/u/nod/u/alice/", http.StatusFound},
+			{`/u/nod/..\alice/`, "/u/nod/u/alice/", http.StatusFound},
+			{"../../alice/", "/u/nod/alice/", http.StatusFound},
+			{"http://2130706433/u/alice/", "", http.StatusBadGateway},
 		} {
 			req, _ := http.NewRequest("GET", base+"/u/nod/hostile?redirect="+url.QueryEscape(tc.redirect), nil)
 			req.Header.Set("Authorization", "Bearer "+w.token)

@@ -82,26 +82,47 @@ func TestHandshakeKeyRotationUnderTraffic(t *testing.T) {
 		t.Fatalf("%d requests failed: %v", failed.Load(), failures)
 	}
 
-	// The cookie now in use opens with the new key alone.
+	// Every cookie of rot's current pod opens with the new key alone and
+	// none with the old one: nothing sealed before the rotation is left
+	// in use (or lying in NATS) for that pod.
 	box := w.Box("rot")
 	entries, err := handshakes(t, w).Keys(testenv.Context(t, time.Minute), "rot.>")
 	if err != nil || len(entries) == 0 {
 		t.Fatalf("no handshake of rot: %v", err)
 	}
-	k, _ := handshake.ParseKey(newKey)
-	only, _ := handshake.NewSealer(k)
-	opened := 0
-	for _, key := range entries {
-		e, err := handshakes(t, w).Get(testenv.Context(t, time.Minute), key)
-		if err != nil || e.Value.PodUID != box.PodUID || e.Value.Error != "" {
-			continue
+	sealers := map[string]*handshake.Sealer{}
+	for name, key := range map[string]string{"new": newKey, "old": oldKey} {
+		k, err := handshake.ParseKey(key)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if _, err := only.Open(e.Value.Sealed, []byte(key)); err == nil {
-			opened++
+		if sealers[name], err = handshake.NewSealer(k); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if opened == 0 {
-		t.Fatalf("no cookie of rot's pod is sealed with the new key")
+	current := 0
+	for _, key := range entries {
+		e, err := handshakes(t, w).Get(testenv.Context(t, time.Minute), key)
+		if err != nil {
+			t.Fatalf("handshake %s: %v", key, err)
+		}
+		if e.Value.PodUID != box.PodUID {
+			continue
+		}
+		current++
+		if e.Value.Error != "" {
+			t.Errorf("handshake %s of the current pod failed: %s", key, e.Value.Error)
+			continue
+		}
+		if _, err := sealers["new"].Open(e.Value.Sealed, []byte(key)); err != nil {
+			t.Errorf("handshake %s of the current pod does not open with the new key: %v", key, err)
+		}
+		if _, err := sealers["old"].Open(e.Value.Sealed, []byte(key)); err == nil {
+			t.Errorf("handshake %s of the current pod still opens with the retired key", key)
+		}
+	}
+	if current == 0 {
+		t.Fatalf("no handshake entry for rot's current pod %s among %v", box.PodUID, entries)
 	}
 }
 

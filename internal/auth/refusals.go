@@ -1,0 +1,117 @@
+package auth
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/kv"
+)
+
+// Refusals are audited once per client per window (Limiter), but clients
+// are cheap: an IPv6 /48 is 65,536 of them. So the refusal audits of all
+// edges together also share a budget per window (REFUSAL_AUDIT_LIMIT), a
+// counter in the ratelimit bucket; no address space can then write faster
+// than the audit trail can keep. What an edge does not write it counts
+// (a metric) and reports in one summary event when the window ends.
+
+// auditWindow is the shared count of refusal audits in one window, under
+// auditKeyPrefix and the window's number. (Client keys are 32 hex digits,
+// which this prefix is not.)
+type auditWindow struct {
+	Audited int `json:"audited"`
+}
+
+const auditKeyPrefix = "audits."
+
+// auditTimeout bounds one read-and-write of the shared count.
+const auditTimeout = 5 * time.Second
+
+// spendAudit takes one of the limit audits all edges share in window w;
+// false once they are spent.
+func (l *Limiter) spendAudit(ctx context.Context, w int64, limit int) (bool, error) {
+	spent := false
+	_, err := l.audits.Mutate(ctx, auditKeyPrefix+strconv.FormatInt(w, 10), func(a auditWindow, _ bool) (auditWindow, bool, error) {
+		if spent = a.Audited < limit; !spent {
+			return a, false, nil
+		}
+		a.Audited++
+		return a, true, nil
+	}, kv.WithTTL(l.window))
+	if err != nil {
+		return false, fmt.Errorf("refusal audit budget: %w", err)
+	}
+	return spent, nil
+}
+
+// refusalAudits writes refusal audit events within the shared budget.
+type refusalAudits struct {
+	limiter    *Limiter
+	limit      int
+	pub        *events.Publisher
+	suppressed prometheus.Counter
+
+	// mu serialises this edge's spending, so its requests do not race
+	// each other for the shared count; full is the window this edge
+	// already found spent (it asks no more until the next), pending the
+	// refusals not written per window, until its summary.
+	mu      sync.Mutex
+	full    int64
+	pending map[int64]int
+}
+
+func newRefusalAudits(l *Limiter, limit int, pub *events.Publisher, reg prometheus.Registerer) *refusalAudits {
+	r := &refusalAudits{limiter: l, limit: limit, pub: pub, full: -1, pending: map[int64]int{},
+		suppressed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "aaas_edge_refusal_audits_suppressed_total",
+			Help: "Refusals not written to the audit trail because all edges had written REFUSAL_AUDIT_LIMIT in the window (each window's count is in one summary event per edge).",
+		})}
+	reg.MustRegister(r.suppressed)
+	return r
+}
+
+// audit writes e if the window's budget allows, else counts it.
+func (r *refusalAudits) audit(e events.AuditEvent) {
+	if r == nil || r.limiter == nil {
+		return
+	}
+	window := r.limiter.window
+	w := time.Now().UnixMilli() / window.Milliseconds()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.full != w {
+		ctx, cancel := context.WithTimeout(context.Background(), auditTimeout)
+		ok, err := r.limiter.spendAudit(ctx, w, r.limit)
+		cancel()
+		if err == nil && ok {
+			r.pub.Audit(e)
+			return
+		}
+		// Spent, or the count cannot be read: either way this edge asks
+		// no more this window (a bus that does not answer must not hold
+		// every refused request in line behind mu).
+		r.full = w
+	}
+	r.suppressed.Inc()
+	if r.pending[w]++; r.pending[w] == 1 {
+		end := time.UnixMilli((w + 1) * window.Milliseconds())
+		time.AfterFunc(time.Until(end), func() { r.summarise(w) })
+	}
+}
+
+// summarise writes the summary of window w's refusals not written.
+func (r *refusalAudits) summarise(w int64) {
+	r.mu.Lock()
+	n := r.pending[w]
+	delete(r.pending, w)
+	r.mu.Unlock()
+	window := r.limiter.window
+	start := time.UnixMilli(w * window.Milliseconds()).UTC()
+	r.pub.Audit(events.AuditEvent{Kind: events.AuditRateLimited, Outcome: "audits_suppressed",
+		Detail: fmt.Sprintf("%d refusals not audited: more than %d in the %s from %s (REFUSAL_AUDIT_LIMIT)", n, r.limit, window, start.Format(time.RFC3339))})
+}

@@ -1,0 +1,619 @@
+package broker
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/aaas-project/aaas/internal/config"
+	"github.com/aaas-project/aaas/internal/events"
+)
+
+// recordingLedger is a test double of the Ledger interface: it admits
+// unless refuse is set and keeps every ended call's usage.
+type recordingLedger struct {
+	refuse error
+	mu     sync.Mutex
+	n      int
+	ended  chan events.UsageEvent
+	admits []bool // charged, per Admit
+}
+
+func newRecordingLedger() *recordingLedger {
+	return &recordingLedger{ended: make(chan events.UsageEvent, 16)}
+}
+
+func (l *recordingLedger) Admit(_ context.Context, _ string, charged bool) (Call, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.admits = append(l.admits, charged)
+	if l.refuse != nil {
+		return nil, l.refuse
+	}
+	l.n++
+	return &recordedCall{id: fmt.Sprintf("call-%d", l.n), l: l}, nil
+}
+
+type recordedCall struct {
+	id    string
+	l     *recordingLedger
+	ended atomic.Bool
+}
+
+func (c *recordedCall) ID() string { return c.id }
+func (c *recordedCall) End(u events.UsageEvent) {
+	if c.ended.Swap(true) {
+		panic("End called twice")
+	}
+	c.l.ended <- u
+}
+
+// usage waits for the next ended call.
+func (l *recordingLedger) usage(t *testing.T) events.UsageEvent {
+	t.Helper()
+	select {
+	case u := <-l.ended:
+		return u
+	case <-time.After(10 * time.Second):
+		t.Fatal("no call ended")
+		return events.UsageEvent{}
+	}
+}
+
+// farEnd is the provider's far end: an httptest server standing in for
+// the real provider (the broker's upstream), counting what reached it.
+type farEnd struct {
+	*httptest.Server
+	calls atomic.Int32
+	mu    sync.Mutex
+	last  *http.Request
+	body  []byte
+}
+
+func newFarEnd(t *testing.T, h http.HandlerFunc) *farEnd {
+	f := &farEnd{}
+	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.calls.Add(1)
+		b, _ := io.ReadAll(r.Body)
+		f.mu.Lock()
+		f.last, f.body = r.Clone(context.Background()), b
+		f.mu.Unlock()
+		h(w, r)
+	}))
+	t.Cleanup(f.Close)
+	return f
+}
+
+func (f *farEnd) seen() (*http.Request, []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.last, f.body
+}
+
+type fixture struct {
+	url    string
+	ledger *recordingLedger
+	reg    *prometheus.Registry
+	index  *Index
+	srv    *Server
+}
+
+// newFixture is a broker forwarding provider "oa" (openai) and "an"
+// (anthropic) to far, with ann's sandbox at 127.0.0.1 (the test client's
+// address).
+func newFixture(t *testing.T, far string, adjust func(*Options)) *fixture {
+	t.Helper()
+	f := &fixture{ledger: newRecordingLedger(), reg: prometheus.NewRegistry(), index: NewIndex()}
+	f.index.Set("ann", netip.MustParseAddr("127.0.0.1"))
+	o := Options{
+		Providers: []config.Provider{
+			{Name: "oa", API: config.APIOpenAI, BaseURL: far + "/v1", Models: []string{"gpt-x", "gpt-y"}},
+			{Name: "an", API: config.APIAnthropic, BaseURL: far, Models: []string{"claude-x"}},
+		},
+		Keys:          map[string]string{"oa": "sk-broker-oa", "an": "sk-broker-an"},
+		Prices:        map[string]config.Price{"gpt-x": {Input: 1, Output: 2, Cached: 0.5}, "claude-x": {Input: 3, Output: 15, Cached: 0.3}},
+		MaxBody:       4096,
+		CallTimeout:   time.Minute,
+		HeaderTimeout: 10 * time.Second, ShutdownTimeout: time.Second,
+		Ledger: f.ledger, Index: f.index, Instance: "b1",
+		Current: time.Now, MaxStaleness: time.Minute,
+		Log: slog.New(slog.DiscardHandler), Metrics: f.reg,
+	}
+	if adjust != nil {
+		adjust(&o)
+	}
+	srv, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.srv = srv
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	f.url = hs.URL
+	return f
+}
+
+func (f *fixture) refused(reason string) float64 {
+	return testutil.ToFloat64(f.srv.m.refused.WithLabelValues(reason))
+}
+
+func post(t *testing.T, url, body string, hdr ...string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+// errorOf reads an error answer in either shape: (type, message, code).
+func errorOf(t *testing.T, resp *http.Response, api string) (typ, msg, code string) {
+	t.Helper()
+	b, _ := io.ReadAll(resp.Body)
+	var o struct {
+		Type  string `json:"type"`
+		Error struct {
+			Type    string  `json:"type"`
+			Message string  `json:"message"`
+			Code    *string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(b, &o); err != nil {
+		t.Fatalf("not JSON: %s", b)
+	}
+	if api == config.APIAnthropic && o.Type != "error" {
+		t.Fatalf("not Anthropic's error shape: %s", b)
+	}
+	if api == config.APIOpenAI && o.Type != "" {
+		t.Fatalf("not OpenAI's error shape: %s", b)
+	}
+	if o.Error.Message == "" {
+		t.Fatalf("no message: %s", b)
+	}
+	if o.Error.Code != nil {
+		code = *o.Error.Code
+	}
+	return o.Error.Type, o.Error.Message, code
+}
+
+// The first event reaches the client before the provider sends the
+// second: nothing is buffered. The stream's final usage chunk is metered,
+// and the broker asked for it (include_usage).
+func TestStreamsEventByEvent(t *testing.T) {
+	next := make(chan struct{})
+	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-next:
+		case <-r.Context().Done():
+			return
+		}
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"lo\"}}]}\n\n")
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":20,\"prompt_tokens_details\":{\"cached_tokens\":40}}}\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	})
+	f := newFixture(t, far.URL, nil)
+	resp := post(t, f.url+"/oa/chat/completions", `{"model":"gpt-x","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("status %d, type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	rd := bufio.NewReader(resp.Body)
+	got := make(chan string, 1)
+	go func() {
+		line, _ := rd.ReadString('\n')
+		got <- line
+	}()
+	select {
+	case line := <-got:
+		if !strings.Contains(line, "Hel") {
+			t.Fatalf("first event %q", line)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first event was held back until the provider sent more")
+	}
+	close(next) // only now does the provider send the rest
+	rest, _ := io.ReadAll(rd)
+	if !strings.Contains(string(rest), "[DONE]") {
+		t.Fatalf("rest of the stream: %q", rest)
+	}
+	u := f.ledger.usage(t)
+	want := events.UsageEvent{V: 1, ID: "call-1", User: "ann", Broker: "b1", Provider: "oa", Model: "gpt-x", Status: 200, Stream: true,
+		InputTokens: 100, OutputTokens: 20, CachedTokens: 40, CostMicros: 60*1 + 40*0.5 + 20*2}
+	u.Duration, u.At = 0, time.Time{}
+	if u != want {
+		t.Fatalf("usage\n got %+v\nwant %+v", u, want)
+	}
+	_, body := far.seen()
+	var sent struct {
+		StreamOptions struct {
+			IncludeUsage bool `json:"include_usage"`
+		} `json:"stream_options"`
+	}
+	if json.Unmarshal(body, &sent) != nil || !sent.StreamOptions.IncludeUsage {
+		t.Fatalf("the provider was not asked for the stream's usage: %s", body)
+	}
+	if got := testutil.ToFloat64(f.srv.m.tokens.WithLabelValues("oa", "gpt-x", "output")); got != 20 {
+		t.Fatalf("output tokens metric %v", got)
+	}
+	if got := testutil.ToFloat64(f.srv.m.calls.WithLabelValues("oa", "gpt-x", "2xx")); got != 1 {
+		t.Fatalf("calls metric %v", got)
+	}
+}
+
+// A client that leaves mid-stream ends the provider's call, and what
+// was relayed is metered (estimated: the provider never reported usage).
+func TestClientGoneCancelsUpstream(t *testing.T) {
+	cancelled := make(chan struct{})
+	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for {
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"word \"}}]}\n\n")
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				close(cancelled)
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	})
+	f := newFixture(t, far.URL, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.url+"/oa/v1/chat/completions", strings.NewReader(`{"model":"gpt-x","stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	resp.Body.Close()
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the provider's call went on after the client left")
+	}
+	u := f.ledger.usage(t)
+	if !u.Estimated || u.OutputTokens == 0 || u.Status != 200 {
+		t.Fatalf("usage of a cut stream: %+v", u)
+	}
+}
+
+// A provider that does not start answering within HeaderTimeout: 504 in
+// its shape; one that cannot be reached: 502. Either ends the call once.
+func TestProviderTimeoutAndUnreachable(t *testing.T) {
+	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	f := newFixture(t, far.URL, func(o *Options) { o.HeaderTimeout = 200 * time.Millisecond })
+	resp := post(t, f.url+"/an/v1/messages", `{"model":"claude-x","max_tokens":5}`)
+	if resp.StatusCode != http.StatusGatewayTimeout {
+		t.Fatalf("status %d, want 504", resp.StatusCode)
+	}
+	if typ, _, _ := errorOf(t, resp, config.APIAnthropic); typ != "api_error" {
+		t.Fatalf("type %q", typ)
+	}
+	if u := f.ledger.usage(t); u.Status != 0 || u.InputTokens != 0 {
+		t.Fatalf("usage of an unanswered call: %+v", u)
+	}
+
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	g := newFixture(t, dead, nil)
+	resp = post(t, g.url+"/oa/chat/completions", `{"model":"gpt-x"}`)
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("status %d, want 502", resp.StatusCode)
+	}
+	if typ, msg, _ := errorOf(t, resp, config.APIOpenAI); typ != "server_error" || !strings.Contains(msg, "cannot be reached") {
+		t.Fatalf("type %q message %q", typ, msg)
+	}
+	if u := g.ledger.usage(t); u.Status != 0 || u.CostMicros != 0 {
+		t.Fatalf("usage of an unreached provider: %+v", u)
+	}
+}
+
+// Bad input is answered by the broker in the provider's shape and never
+// reaches the provider, the ledger included (it costs nothing).
+func TestBadInputNeverForwarded(t *testing.T) {
+	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded: %s", r.URL) })
+	f := newFixture(t, far.URL, nil)
+	for _, tc := range []struct {
+		name, path, body, encoding string
+		status                     int
+		api, typ, code, reason     string
+	}{
+		{"unknown model", "/oa/chat/completions", `{"model":"gpt-5-expensive","stream":true}`, "", 400, "openai", "invalid_request_error", "model_not_found", ReasonModel},
+		{"unknown model anthropic", "/an/v1/messages", `{"model":"claude-opus"}`, "", 400, "anthropic", "invalid_request_error", "", ReasonModel},
+		{"duplicate key ends on an unknown model", "/oa/chat/completions", `{"model":"gpt-x","model":"gpt-5"}`, "", 400, "openai", "invalid_request_error", "model_not_found", ReasonModel},
+		{"malformed", "/oa/chat/completions", `{"model":"gpt-x",`, "", 400, "openai", "invalid_request_error", "", ReasonMalformed},
+		{"no model", "/an/v1/messages", `{"max_tokens":1}`, "", 400, "anthropic", "invalid_request_error", "", ReasonMalformed},
+		{"oversized", "/oa/chat/completions", `{"model":"gpt-x","x":"` + strings.Repeat("a", 5000) + `"}`, "", 413, "openai", "invalid_request_error", "", ReasonTooLarge},
+		{"oversized anthropic", "/an/v1/messages", `{"model":"claude-x","x":"` + strings.Repeat("a", 5000) + `"}`, "", 413, "anthropic", "request_too_large", "", ReasonTooLarge},
+		{"compressed", "/oa/chat/completions", `{"model":"gpt-x"}`, "gzip", 415, "openai", "invalid_request_error", "", ReasonEncoding},
+		{"climbing path", "/oa/../an/v1/messages", `{"model":"claude-x"}`, "", 400, "openai", "invalid_request_error", "", ReasonPath},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := f.refused(tc.reason)
+			req, _ := http.NewRequest(http.MethodPost, f.url+tc.path, strings.NewReader(tc.body))
+			req.URL.Opaque = tc.path // keep the dots as sent
+			if tc.encoding != "" {
+				req.Header.Set("Content-Encoding", tc.encoding)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d", resp.StatusCode, tc.status)
+			}
+			typ, _, code := errorOf(t, resp, tc.api)
+			if typ != tc.typ || code != tc.code {
+				t.Fatalf("type %q code %q, want %q %q", typ, code, tc.typ, tc.code)
+			}
+			if f.refused(tc.reason) != before+1 {
+				t.Fatalf("refusal not counted as %q", tc.reason)
+			}
+		})
+	}
+	if far.calls.Load() != 0 || len(f.ledger.admits) != 0 {
+		t.Fatalf("bad input reached the provider (%d) or the ledger (%d)", far.calls.Load(), len(f.ledger.admits))
+	}
+}
+
+// Whatever key the sandbox sends is dropped; the provider sees the
+// broker's own (or the user's brought one, not charged), and none of the
+// client's identity headers.
+func TestKeysStrippedAndInjected(t *testing.T) {
+	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":10,"output_tokens":3}}`)
+	})
+	hostile := []string{"Authorization", "Bearer sk-stolen", "X-Api-Key", "sk-stolen", "Api-Key", "sk-stolen",
+		"X-Forwarded-For", "10.9.9.9", "Cookie", "aaas_session=bob", "Openai-Organization", "org-bob", "Anthropic-Beta", "tools-1"}
+	for _, tc := range []struct {
+		name, path, body, header, want string
+		byok                           bool
+	}{
+		{"openai", "/oa/chat/completions", `{"model":"gpt-x"}`, "Authorization", "Bearer sk-broker-oa", false},
+		{"anthropic", "/an/v1/messages", `{"model":"claude-x"}`, "X-Api-Key", "sk-broker-an", false},
+		{"anthropic brought key", "/an/v1/messages", `{"model":"claude-x"}`, "X-Api-Key", "sk-ann-own", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, far.URL, func(o *Options) {
+				if tc.byok {
+					o.Credentials = func(_ context.Context, user, provider string) (string, bool, error) {
+						return "sk-ann-own", user == "ann" && provider == "an", nil
+					}
+				}
+			})
+			resp := post(t, f.url+tc.path, tc.body, hostile...)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			io.Copy(io.Discard, resp.Body)
+			seen, _ := far.seen()
+			if got := seen.Header.Get(tc.header); got != tc.want {
+				t.Fatalf("%s %q, want %q", tc.header, got, tc.want)
+			}
+			for _, h := range []string{"Authorization", "X-Api-Key", "Api-Key", "X-Forwarded-For", "Cookie", "Openai-Organization", "Forwarded"} {
+				if v := seen.Header.Get(h); v != "" && h != tc.header {
+					t.Errorf("the provider saw %s: %q", h, v)
+				}
+			}
+			if strings.Contains(fmt.Sprint(seen.Header), "sk-stolen") {
+				t.Errorf("the client's key reached the provider: %v", seen.Header)
+			}
+			if strings.HasPrefix(tc.path, "/an/") && (seen.Header.Get("Anthropic-Version") != "2023-06-01" || seen.Header.Get("Anthropic-Beta") != "tools-1") {
+				t.Errorf("anthropic headers: %v", seen.Header)
+			}
+			u := f.ledger.usage(t)
+			if u.BYOK != tc.byok || f.ledger.admits[0] == tc.byok {
+				t.Fatalf("byok %v, charged %v", u.BYOK, f.ledger.admits[0])
+			}
+		})
+	}
+}
+
+// A refusal from the ledger (budget spent, too many calls) is the
+// answer, in the shape, and nothing is forwarded.
+func TestLedgerRefusal(t *testing.T) {
+	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded: %s", r.URL) })
+	for _, api := range []string{config.APIOpenAI, config.APIAnthropic} {
+		f := newFixture(t, far.URL, nil)
+		f.ledger.refuse = &Refusal{Status: 429, Reason: "budget", RetryAfter: 90 * time.Second,
+			Message: "your model budget of $5.00 for 2026-12 is spent ($5.01 used); it renews on 2027-01-01"}
+		path, body := "/oa/chat/completions", `{"model":"gpt-x","stream":true}`
+		if api == config.APIAnthropic {
+			path, body = "/an/v1/messages", `{"model":"claude-x","stream":true}`
+		}
+		resp := post(t, f.url+path, body)
+		if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "90" {
+			t.Fatalf("%s: status %d retry-after %q", api, resp.StatusCode, resp.Header.Get("Retry-After"))
+		}
+		if typ, msg, _ := errorOf(t, resp, api); typ != "rate_limit_error" || !strings.Contains(msg, "budget of $5.00") {
+			t.Fatalf("%s: type %q message %q", api, typ, msg)
+		}
+		if f.refused("budget") != 1 {
+			t.Fatal("refusal not counted")
+		}
+	}
+	if far.calls.Load() != 0 {
+		t.Fatal("a refused call reached the provider")
+	}
+}
+
+// /models is answered from the configuration, in each API's list shape.
+func TestModelsAnsweredLocally(t *testing.T) {
+	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded: %s", r.URL) })
+	f := newFixture(t, far.URL, nil)
+	for _, tc := range []struct{ path, want string }{
+		{"/oa/models", `{"data":[{"created":0,"id":"gpt-x","object":"model","owned_by":"oa"},{"created":0,"id":"gpt-y","object":"model","owned_by":"oa"}],"object":"list"}`},
+		{"/oa/v1/models", `{"data":[{"created":0,"id":"gpt-x","object":"model","owned_by":"oa"},{"created":0,"id":"gpt-y","object":"model","owned_by":"oa"}],"object":"list"}`},
+		{"/an/v1/models", `{"data":[{"created_at":"1970-01-01T00:00:00Z","display_name":"claude-x","id":"claude-x","type":"model"}],"first_id":"claude-x","has_more":false,"last_id":"claude-x"}`},
+	} {
+		resp, err := http.Get(f.url + tc.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != tc.want {
+			t.Fatalf("%s: %d %s", tc.path, resp.StatusCode, b)
+		}
+	}
+}
+
+// Nothing a request carries names the user: another user's key, a
+// forwarded-for address of another sandbox, a user field in the body.
+// The call from ann's address is ann's; a call from an address no
+// sandbox has is refused whatever it claims, and reaches nothing.
+func TestHostileRequestsChangeNothing(t *testing.T) {
+	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"choices":[{"message":{"content":"ok"}}],"usage":{"prompt_tokens":7,"completion_tokens":1}}`)
+	})
+	f := newFixture(t, far.URL, nil)
+	f.index.Set("bob", netip.MustParseAddr("127.0.0.9"))
+	forged := []string{"Authorization", "Bearer aaas-broker-bob", "X-Api-Key", "bob", "X-Forwarded-For", "127.0.0.9",
+		"X-Real-Ip", "127.0.0.9", "Forwarded", "for=127.0.0.9", "X-Aaas-User", "bob"}
+	resp := post(t, f.url+"/oa/chat/completions", `{"model":"gpt-x","user":"bob"}`, forged...)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	io.Copy(io.Discard, resp.Body)
+	if u := f.ledger.usage(t); u.User != "ann" || u.InputTokens != 7 {
+		t.Fatalf("charged %+v, want ann", u)
+	}
+	seen, _ := far.seen()
+	for _, h := range []string{"X-Forwarded-For", "X-Real-Ip", "Forwarded", "X-Aaas-User", "X-Api-Key"} {
+		if seen.Header.Get(h) != "" {
+			t.Errorf("the provider saw %s", h)
+		}
+	}
+
+	f.index.Set("ann", netip.Addr{}) // ann's sandbox is no longer Ready
+	calls := far.calls.Load()
+	resp = post(t, f.url+"/oa/chat/completions", `{"model":"gpt-x","user":"bob"}`, forged...)
+	if resp.StatusCode != 403 {
+		t.Fatalf("status %d, want 403", resp.StatusCode)
+	}
+	if typ, msg, _ := errorOf(t, resp, config.APIOpenAI); typ != "permission_error" || !strings.Contains(msg, "not a running sandbox") {
+		t.Fatalf("type %q message %q", typ, msg)
+	}
+	if far.calls.Load() != calls || len(f.ledger.admits) != 1 {
+		t.Fatal("an unattributed call was forwarded or admitted")
+	}
+	if f.refused(ReasonUnattributed) != 1 {
+		t.Fatal("refusal not counted")
+	}
+}
+
+// Non-streamed answers are metered from their usage object; a provider's
+// error is relayed as it is and costs nothing.
+func TestPlainAnswersMetered(t *testing.T) {
+	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(r.URL.Path, "messages") {
+			fmt.Fprint(w, `{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"Hi!"}],"model":"claude-x","stop_reason":"end_turn","usage":{"input_tokens":12,"cache_read_input_tokens":100,"output_tokens":6}}`)
+			return
+		}
+		w.WriteHeader(500)
+		fmt.Fprint(w, `{"error":{"message":"boom","type":"server_error"}}`)
+	})
+	f := newFixture(t, far.URL, nil)
+	resp := post(t, f.url+"/an/v1/messages?beta=true", `{"model":"claude-x","max_tokens":10}`)
+	io.Copy(io.Discard, resp.Body)
+	u := f.ledger.usage(t)
+	if u.InputTokens != 112 || u.CachedTokens != 100 || u.OutputTokens != 6 || u.Estimated || u.CostMicros != 12*3+30+6*15 {
+		t.Fatalf("usage %+v", u)
+	}
+	if seen, _ := far.seen(); seen.URL.RawQuery != "beta=true" || seen.URL.Path != "/v1/messages" {
+		t.Fatalf("forwarded to %s", seen.URL)
+	}
+	resp = post(t, f.url+"/oa/chat/completions", `{"model":"gpt-x"}`)
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 500 || !strings.Contains(string(b), "boom") {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if u := f.ledger.usage(t); u.Status != 500 || u.CostMicros != 0 || u.InputTokens != 0 {
+		t.Fatalf("usage of a failed call %+v", u)
+	}
+	if seen, _ := far.seen(); seen.URL.Path != "/v1/chat/completions" {
+		t.Fatalf("forwarded to %s", seen.URL)
+	}
+}
+
+// A provider's stream that breaks off reaches the client broken, not as
+// a complete answer, and the call is recorded all the same.
+func TestBrokenStreamStaysBroken(t *testing.T) {
+	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		conn.Close() // the provider dies mid-stream
+	})
+	f := newFixture(t, far.URL, nil)
+	resp := post(t, f.url+"/oa/chat/completions", `{"model":"gpt-x","stream":true}`)
+	b, err := io.ReadAll(resp.Body)
+	if err == nil {
+		t.Fatalf("a broken stream read as complete: %q", b)
+	}
+	if !strings.Contains(string(b), "Hel") {
+		t.Fatalf("the part sent before the break is missing: %q", b)
+	}
+	if u := f.ledger.usage(t); u.Status != 200 || !u.Estimated || u.OutputTokens == 0 {
+		t.Fatalf("usage %+v", u)
+	}
+}
+
+// A copy of the sandboxes bucket not confirmed current for longer than
+// MaxStaleness attributes nothing: the address may be another tenant's
+// by now.
+func TestStaleIndexAttributesNothing(t *testing.T) {
+	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded: %s", r.URL) })
+	f := newFixture(t, far.URL, func(o *Options) {
+		o.Current = func() time.Time { return time.Now().Add(-2 * time.Minute) }
+	})
+	resp := post(t, f.url+"/an/v1/messages", `{"model":"claude-x"}`)
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if typ, _, _ := errorOf(t, resp, config.APIAnthropic); typ != "overloaded_error" {
+		t.Fatalf("type %q", typ)
+	}
+	if f.refused(ReasonStale) != 1 || len(f.ledger.admits) != 0 {
+		t.Fatal("not refused as stale, or admitted")
+	}
+}

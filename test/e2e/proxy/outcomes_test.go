@@ -1,0 +1,85 @@
+package proxy_test
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/testenv"
+	"github.com/aaas-project/aaas/internal/testutil"
+)
+
+// Outcomes are read from the audit stream, metrics and state, never from
+// log lines.
+
+// metric is the value of one series of p's /metrics, named as exposed
+// (`aaas_edge_requests_total{class="2xx"}`); 0 when not exposed yet.
+func metric(t *testing.T, p *testenv.Proc, series string) float64 {
+	t.Helper()
+	name, _, _ := strings.Cut(series, "{")
+	lines, err := p.Metric(name)
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(lines, "\n") {
+		if k, v, ok := strings.Cut(l, " "); ok && k == series {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("%s: %q", series, l)
+			}
+			return f
+		}
+	}
+	return 0
+}
+
+// audited counts the audit events of kind about user.
+func audited(t *testing.T, w *testenv.Stack, kind events.AuditKind, user string) int {
+	t.Helper()
+	ctx := testenv.Context(t, time.Minute)
+	st, err := w.JS.Stream(ctx, events.StreamAudit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := events.AuditSubject(kind, user)
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(info.State.Subjects[subject])
+}
+
+// commandsSettled waits until lifecycle has no command waiting or under
+// way: every handshake asked for so far is done and audited (lifecycle
+// audits before it acknowledges).
+func commandsSettled(t *testing.T, w *testenv.Stack) {
+	t.Helper()
+	testutil.Eventually(t, time.Minute, func() error {
+		ctx := testenv.Context(t, 10*time.Second)
+		c, err := w.JS.Consumer(ctx, events.StreamCommands, events.CommandConsumer)
+		if err != nil {
+			return err
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.NumPending != 0 || info.NumAckPending != 0 {
+			return fmt.Errorf("commands pending %d, under way %d", info.NumPending, info.NumAckPending)
+		}
+		return nil
+	})
+}
+
+// handshakesOf counts the handshakes lifecycle carried out for user, once
+// every command asked for has settled.
+func handshakesOf(t *testing.T, w *testenv.Stack, user string) int {
+	t.Helper()
+	commandsSettled(t, w)
+	return audited(t, w, events.AuditHandshake, user)
+}
