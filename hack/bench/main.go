@@ -17,6 +17,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"os/signal"
@@ -54,6 +55,8 @@ type options struct {
 	peerThreads  int
 	sockets      int
 	socketsAsked int
+	models       bool
+	modelIdle    int
 }
 
 func main() {
@@ -68,6 +71,8 @@ func main() {
 	flag.IntVar(&o.peerThreads, "peer-threads", runtime.NumCPU(), "nginx worker processes and haproxy threads (the edge's Go runtime uses every core)")
 	flag.Float64Var(&o.maxOther, "max-other", 0.25, "repeat a measured run (at most twice) when other processes used more cores than this during it")
 	flag.IntVar(&o.sockets, "ws", 10000, "idle WebSockets to hold open through the edge (0 skips)")
+	flag.BoolVar(&o.models, "models", true, "measure model calls through the broker beside direct calls to the provider stand-in")
+	flag.IntVar(&o.modelIdle, "model-idle", 5000, "idle model streams to hold open through the broker (0 skips)")
 	flag.Parse()
 	o.targets = map[string]bool{}
 	for _, t := range strings.Split(*targets, ",") {
@@ -92,6 +97,7 @@ type env struct {
 	direct   *target // the dshsim pod, with its auth cookie
 	edge     *target // the edge, with the bench user's session
 	metrics  string  // edge metrics address
+	boxes    *kv.Bucket[state.Sandbox]
 }
 
 func run(o options) error {
@@ -100,6 +106,10 @@ func run(o options) error {
 	}
 	o.socketsAsked = o.sockets
 	o.sockets = raiseFileLimit(o.sockets)
+	if o.models {
+		// The broker holds two sockets per idle stream; the bench one.
+		o.modelIdle = raiseFileLimit(o.modelIdle)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
@@ -118,9 +128,7 @@ func run(o options) error {
 		stackDone <- devstack.Run(sctx, devstack.Options{
 			StateDir: ".run-bench", NATSPort: ports[0], EdgePorts: []int{ports[1]},
 			BinDir: o.bin, Out: os.Stderr, Log: slog.New(slog.DiscardHandler), Ready: func(i devstack.Info) { ready <- i },
-			// One user holds every socket of the memory test; sweeping is
-			// not measured here.
-			Env: map[string]string{"MAX_IN_FLIGHT_PER_USER": "100000", "LOG_LEVEL": "warn", "IDLE_TIMEOUT": "24h"},
+			Env: stackEnv(),
 		})
 	}()
 	var info devstack.Info
@@ -175,6 +183,11 @@ func run(o options) error {
 			return err
 		}
 	}
+	if o.models {
+		if err := r.modelCalls(ctx, info, e); err != nil {
+			return err
+		}
+	}
 	for _, t := range order {
 		if t.note != nil {
 			if n := t.note(); n != "" {
@@ -189,6 +202,14 @@ func run(o options) error {
 	}
 	fmt.Print(string(report))
 	return nil
+}
+
+// stackEnv is the bench stack's settings: one user holds every socket of
+// the memory test, sweeping is not measured here, and the model runs'.
+func stackEnv() map[string]string {
+	env := map[string]string{"MAX_IN_FLIGHT_PER_USER": "100000", "LOG_LEVEL": "warn", "IDLE_TIMEOUT": "24h"}
+	maps.Copy(env, modelEnv)
+	return env
 }
 
 // sizes are the two response bodies, files uploaded by prepare.
@@ -350,22 +371,9 @@ func us(d time.Duration) string { return fmt.Sprintf("%d µs", d.Microseconds())
 func prepare(ctx context.Context, info devstack.Info) (*env, error) {
 	edgeURL := info.EdgeURLs[0]
 	e := &env{metrics: info.Metrics["edge-a"]}
-	req, _ := http.NewRequest("POST", edgeURL+"/users", strings.NewReader("user=bench&invite="+info.Invite))
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Accept", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	sid, err := signup(info, "bench")
 	if err != nil {
 		return nil, err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		return nil, fmt.Errorf("signup: %s", resp.Status)
-	}
-	var sid string
-	for _, c := range resp.Cookies() {
-		if c.Name == "dsh_gw_session" {
-			sid = c.Value
-		}
 	}
 	for name, size := range map[string]int{"1k.bin": 1 << 10, "1m.bin": 1 << 20} {
 		req, _ := http.NewRequest("PUT", edgeURL+"/u/bench/api/files/"+name, bytes.NewReader(bytes.Repeat([]byte("x"), size)))
@@ -397,11 +405,10 @@ func prepare(ctx context.Context, info devstack.Info) (*env, error) {
 	if e.activity, err = js.Stream(ctx, "AAAS_ACTIVITY"); err != nil {
 		return nil, err
 	}
-	boxes, err := kv.Open[state.Sandbox](ctx, js, state.BucketSandboxes)
-	if err != nil {
+	if e.boxes, err = kv.Open[state.Sandbox](ctx, js, state.BucketSandboxes); err != nil {
 		return nil, err
 	}
-	box, err := boxes.Get(ctx, "bench")
+	box, err := e.boxes.Get(ctx, "bench")
 	if err != nil {
 		return nil, err
 	}
@@ -429,6 +436,27 @@ func prepare(ctx context.Context, info devstack.Info) (*env, error) {
 		}
 	}
 	return e, nil
+}
+
+// signup creates user through the first edge and returns their session id.
+func signup(info devstack.Info, user string) (string, error) {
+	req, _ := http.NewRequest("POST", info.EdgeURLs[0]+"/users", strings.NewReader("user="+user+"&invite="+info.Invite))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Accept", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		return "", fmt.Errorf("signup %s: %s", user, resp.Status)
+	}
+	for _, c := range resp.Cookies() {
+		if c.Name == "dsh_gw_session" {
+			return c.Value, nil
+		}
+	}
+	return "", fmt.Errorf("signup %s: no session cookie", user)
 }
 
 // wsDial opens a WebSocket to t's echo endpoint with t's Host and cookie.

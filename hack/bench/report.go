@@ -24,6 +24,7 @@ type results struct {
 	perSocket           float64
 	natsReqs, natsMsgs  float64
 	natsBeacons         float64
+	models              *modelResults // nil without -models
 	notes               []string
 }
 
@@ -122,6 +123,7 @@ func (r *results) report() []byte {
 	r.latencyTable(&w)
 	r.machineTable(&w)
 	r.websocketTables(&w)
+	r.models.tables(&w, o.rounds)
 	r.setup(&w)
 	if len(r.notes) > 0 {
 		fmt.Fprintf(&w, "\n## Notes\n\n")
@@ -133,7 +135,7 @@ func (r *results) report() []byte {
 }
 
 func (r *results) goals(w *bytes.Buffer) {
-	fmt.Fprintf(w, "## Goals\n\nThe edge's targets, judged on this run's figures.\n\n| goal | target | measured | |\n|---|---|---|---|\n")
+	fmt.Fprintf(w, "## Goals\n\nThe targets, judged on this run's figures.\n\n| goal | target | measured | |\n|---|---|---|---|\n")
 	edge1k, edge1m, chp := r.rps("1 KiB", "edge"), r.rps("1 MiB", "edge"), r.rps("1 KiB", "chp")
 	peer1k, best1k := r.bestPeer("1 KiB")
 	peer1m, best1m := r.bestPeer("1 MiB")
@@ -143,6 +145,7 @@ func (r *results) goals(w *bytes.Buffer) {
 	added, ok := r.added("edge", func(x rateResult) time.Duration { return x.p50 })
 	goal(w, fmt.Sprintf("edge added p50 vs direct at %.0f req/s", r.rate), "≤ 0.50 ms", ms(added), added <= 500*time.Microsecond, ok)
 	goal(w, "edge RSS per idle proxied WebSocket", "≤ 20 KiB", fmt.Sprintf("%.1f KiB", r.perSocket/1024), r.perSocket <= 20*1024, r.perSocket > 0)
+	r.models.goals(w)
 }
 
 func orDash(s string) string {

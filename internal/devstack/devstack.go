@@ -90,6 +90,10 @@ type Info struct {
 	// metrics address and process id.
 	Metrics map[string]string
 	PIDs    map[string]int
+	// Broker is the model broker's URL (the sandboxes' provider base URLs
+	// are under it); Provider is the stand-in's, which ProviderKey opens
+	// (for harnesses measuring the broker beside a direct call).
+	Broker, Provider, ProviderKey string
 }
 
 // owned are the settings devstack itself decides: where each process
@@ -171,9 +175,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	sim, err := startChild("providersim", filepath.Join(o.BinDir, "providersim"), logDir, map[string]string{
-		"PATH": os.Getenv("PATH"), "PROVIDERSIM_KEYS": m.env["PROVIDERSIM_KEYS"], "PROVIDERSIM_LISTEN": m.simAddr,
-	})
+	sim, err := startChild("providersim", filepath.Join(o.BinDir, "providersim"), logDir, m.simEnv(o.Env))
 	if err != nil {
 		return err
 	}
@@ -218,7 +220,8 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	fmt.Fprintf(o.Out, "logs       %s\n", filepath.Join(o.StateDir, "logs"))
-	info := Info{NATSURL: ns.URL(), NATSAdmin: ids.SeedFile(natsauth.Admin), Kubeconfig: cluster.Kubeconfig, Invite: env["SIGNUP_INVITE_CODE"], Metrics: map[string]string{}, PIDs: map[string]int{}}
+	info := Info{NATSURL: ns.URL(), NATSAdmin: ids.SeedFile(natsauth.Admin), Kubeconfig: cluster.Kubeconfig, Invite: env["SIGNUP_INVITE_CODE"], Metrics: map[string]string{}, PIDs: map[string]int{},
+		Broker: "http://" + m.brokerAddr, Provider: "http://" + m.simAddr, ProviderKey: m.env["PROVIDERSIM_KEYS"]}
 	for _, port := range o.EdgePorts {
 		info.SandboxDomains = append(info.SandboxDomains, o.sandboxDomain(env, port))
 	}

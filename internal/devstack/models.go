@@ -96,3 +96,16 @@ func (m *models) broker() map[string]string {
 	}
 	return out
 }
+
+// simEnv is the stand-in's environment: its address and key, and its
+// pacing settings (PROVIDERSIM_SLOW, PROVIDERSIM_TOKEN_INTERVAL) when
+// the stack's options name them, as the benchmark does to hold calls open.
+func (m *models) simEnv(extra map[string]string) map[string]string {
+	env := map[string]string{"PATH": os.Getenv("PATH"), "PROVIDERSIM_KEYS": m.env["PROVIDERSIM_KEYS"], "PROVIDERSIM_LISTEN": m.simAddr}
+	for _, k := range []string{"PROVIDERSIM_SLOW", "PROVIDERSIM_TOKEN_INTERVAL"} {
+		if v, ok := extra[k]; ok {
+			env[k] = v
+		}
+	}
+	return env
+}
