@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -247,7 +246,7 @@ func (m *modelResults) idleStreams(ctx context.Context, clients []*http.Client, 
 	release()
 	wg.Wait()
 	if err != nil {
-		return errors.Join(errors.New("broker RSS"), err)
+		return fmt.Errorf("broker RSS: %w", err)
 	}
 	return nil
 }
