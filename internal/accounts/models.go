@@ -55,6 +55,7 @@ func (s *Service) models(user string) usageBody {
 		return b
 	}
 	b.Usage, b.Budget = s.o.Spend.Spent(user, month), s.o.Spend.Budget(user)
+	b.Recent = nil // the ledger's bookkeeping, not the user's
 	if b.Budget.Limited {
 		left := max(b.Budget.Micros-b.CostMicros, 0)
 		b.LeftMicros = &left

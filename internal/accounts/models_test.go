@@ -176,7 +176,7 @@ func TestPageShowsSpendAndBudget(t *testing.T) {
 		return nil
 	})
 	_, body := p.browser(t, http.MethodGet, "/", "")
-	for _, want := range []string{`<span id="calls">7</span>`, `$20.00 a month (the default)`, `<strong id="left">$18.77</strong>`, `<span id="own-spent">$0.50</span>`} {
+	for _, want := range []string{`<span id="calls">7</span> calls.`, `$20.00 a month (the default)`, `<strong id="left">$18.77</strong>`, `<span id="own-spent">$0.50</span>`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("page lacks %q", want)
 		}

@@ -195,23 +195,24 @@ var monthRE = regexp.MustCompile(`^[0-9]{4}-(0[1-9]|1[0-2])$`)
 
 // usageRow is one user's month in the export.
 type usageRow struct {
-	User           string `json:"user"`
-	Month          string `json:"month"`
-	Calls          int64  `json:"calls"`
-	Estimated      int64  `json:"estimated"`
-	InputTokens    int64  `json:"input_tokens"`
-	OutputTokens   int64  `json:"output_tokens"`
-	CachedTokens   int64  `json:"cached_tokens"`
-	CostMicros     int64  `json:"cost_micros"`
-	BYOKCalls      int64  `json:"byok_calls"`
-	BYOKCostMicros int64  `json:"byok_cost_micros"`
+	User             string `json:"user"`
+	Month            string `json:"month"`
+	Calls            int64  `json:"calls"`
+	Estimated        int64  `json:"estimated"`
+	InputTokens      int64  `json:"input_tokens"`
+	OutputTokens     int64  `json:"output_tokens"`
+	CachedTokens     int64  `json:"cached_tokens"`
+	CacheWriteTokens int64  `json:"cache_write_tokens"`
+	CostMicros       int64  `json:"cost_micros"`
+	BYOKCalls        int64  `json:"byok_calls"`
+	BYOKCostMicros   int64  `json:"byok_cost_micros"`
 }
 
-var usageColumns = []string{"user", "month", "calls", "estimated", "input_tokens", "output_tokens", "cached_tokens", "cost_micros", "byok_calls", "byok_cost_micros"}
+var usageColumns = []string{"user", "month", "calls", "estimated", "input_tokens", "output_tokens", "cached_tokens", "cache_write_tokens", "cost_micros", "byok_calls", "byok_cost_micros"}
 
 func (r usageRow) record() []string {
 	out := []string{r.User, r.Month}
-	for _, n := range []int64{r.Calls, r.Estimated, r.InputTokens, r.OutputTokens, r.CachedTokens, r.CostMicros, r.BYOKCalls, r.BYOKCostMicros} {
+	for _, n := range []int64{r.Calls, r.Estimated, r.InputTokens, r.OutputTokens, r.CachedTokens, r.CacheWriteTokens, r.CostMicros, r.BYOKCalls, r.BYOKCostMicros} {
 		out = append(out, strconv.FormatInt(n, 10))
 	}
 	return out
@@ -245,7 +246,7 @@ func (s *Service) usage(c *fiber.Ctx) error {
 			continue
 		}
 		rows = append(rows, usageRow{User: u.User, Month: u.Month, Calls: u.Calls, Estimated: u.Estimated,
-			InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, CachedTokens: u.CachedTokens, CostMicros: u.CostMicros,
+			InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, CachedTokens: u.CachedTokens, CacheWriteTokens: u.CacheWriteTokens, CostMicros: u.CostMicros,
 			BYOKCalls: u.BYOKCalls, BYOKCostMicros: u.BYOKCostMicros})
 	}
 	name := "usage-" + month
@@ -336,11 +337,11 @@ func (s *Service) budgetRoutes(app *fiber.App) {
 // it, the export asks for one user's.
 const MaxCallRows = 50_000
 
-var callColumns = []string{"id", "at", "user", "provider", "model", "status", "stream", "input_tokens", "output_tokens", "cached_tokens", "estimated", "cost_micros", "byok", "duration_ms", "broker"}
+var callColumns = []string{"id", "at", "user", "provider", "model", "status", "stream", "input_tokens", "output_tokens", "cached_tokens", "cache_write_tokens", "estimated", "cost_micros", "byok", "duration_ms", "broker"}
 
 func callRecord(e events.UsageEvent) []string {
 	return []string{e.ID, e.At.UTC().Format(time.RFC3339Nano), e.User, e.Provider, e.Model, strconv.Itoa(e.Status), strconv.FormatBool(e.Stream),
-		strconv.FormatInt(e.InputTokens, 10), strconv.FormatInt(e.OutputTokens, 10), strconv.FormatInt(e.CachedTokens, 10),
+		strconv.FormatInt(e.InputTokens, 10), strconv.FormatInt(e.OutputTokens, 10), strconv.FormatInt(e.CachedTokens, 10), strconv.FormatInt(e.CacheWriteTokens, 10),
 		strconv.FormatBool(e.Estimated), strconv.FormatInt(e.CostMicros, 10), strconv.FormatBool(e.BYOK),
 		strconv.FormatInt(e.Duration.Milliseconds(), 10), e.Broker}
 }

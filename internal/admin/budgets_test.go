@@ -229,9 +229,9 @@ func TestSpendListAndExport(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := [][]string{usageColumns,
-		{"u00003", month, "3", "0", "100", "50", "0", "5000000", "0", "0"},
-		{"u00007", month, "3", "0", "100", "50", "0", "12340000", "0", "0"},
-		{"u00011", month, "3", "0", "100", "50", "0", "10", "0", "0"},
+		{"u00003", month, "3", "0", "100", "50", "0", "0", "5000000", "0", "0"},
+		{"u00007", month, "3", "0", "100", "50", "0", "0", "12340000", "0", "0"},
+		{"u00011", month, "3", "0", "100", "50", "0", "0", "10", "0", "0"},
 	}
 	if fmt.Sprint(rows) != fmt.Sprint(want) {
 		t.Fatalf("csv rows %q, want %q", rows, want)
@@ -273,7 +273,7 @@ func TestCallExport(t *testing.T) {
 	now := time.Now().UTC()
 	month := state.Month(now)
 	for i, e := range []events.UsageEvent{
-		{ID: "c1", User: "u00001", Provider: "openai", Model: "gpt-4o", Status: 200, Stream: true, InputTokens: 10, OutputTokens: 20, CostMicros: 30, Duration: 1500 * time.Millisecond, At: now, Broker: "broker-a"},
+		{ID: "c1", User: "u00001", Provider: "openai", Model: "gpt-4o", Status: 200, Stream: true, InputTokens: 10, OutputTokens: 20, CacheWriteTokens: 4, CostMicros: 30, Duration: 1500 * time.Millisecond, At: now, Broker: "broker-a"},
 		{ID: "c2", User: "u00002", Provider: "anthropic", Model: "claude", Status: 429, At: now, Broker: "broker-b"},
 		{ID: "c3", User: "u00001", Provider: "openai", Model: "gpt-4o", Status: 200, Estimated: true, BYOK: true, At: now, Broker: "broker-a"},
 		{ID: "c0", User: "u00001", Provider: "openai", Model: "gpt-4o", Status: 200, At: now.AddDate(0, -1, 0), Broker: "broker-a"}, // counted last month
@@ -291,9 +291,9 @@ func TestCallExport(t *testing.T) {
 	}
 	at := now.Format(time.RFC3339Nano)
 	want := [][]string{callColumns,
-		{"c1", at, "u00001", "openai", "gpt-4o", "200", "true", "10", "20", "0", "false", "30", "false", "1500", "broker-a"},
-		{"c2", at, "u00002", "anthropic", "claude", "429", "false", "0", "0", "0", "false", "0", "false", "0", "broker-b"},
-		{"c3", at, "u00001", "openai", "gpt-4o", "200", "false", "0", "0", "0", "true", "0", "true", "0", "broker-a"},
+		{"c1", at, "u00001", "openai", "gpt-4o", "200", "true", "10", "20", "0", "4", "false", "30", "false", "1500", "broker-a"},
+		{"c2", at, "u00002", "anthropic", "claude", "429", "false", "0", "0", "0", "0", "false", "0", "false", "0", "broker-b"},
+		{"c3", at, "u00001", "openai", "gpt-4o", "200", "false", "0", "0", "0", "0", "true", "0", "true", "0", "broker-a"},
 	}
 	if fmt.Sprint(rows) != fmt.Sprint(want) {
 		t.Fatalf("rows %q\nwant %q", rows, want)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -467,10 +468,18 @@ func (l *NATSLedger) write(ctx context.Context, r *record) error {
 // addToTotal adds the call to its month (the month it was admitted in, the
 // one its budget check read). Calls and tokens count every call; the cost
 // of a call made with the user's own key goes to the BYOK fields, never to
-// CostMicros, the budget's measure.
+// CostMicros, the budget's measure. A call already in the total (its
+// update was applied and the acknowledgement lost) is not added again.
 func (l *NATSLedger) addToTotal(ctx context.Context, e events.UsageEvent) error {
 	month := state.Month(e.At)
 	_, err := l.usage.Mutate(ctx, state.UsageKey(e.User, month), func(cur state.Usage, _ bool) (state.Usage, bool, error) {
+		if slices.Contains(cur.Recent, e.ID) {
+			return cur, false, nil
+		}
+		cur.Recent = append(cur.Recent, e.ID)
+		if n := len(cur.Recent) - state.UsageRecentCalls; n > 0 {
+			cur.Recent = slices.Delete(cur.Recent, 0, n)
+		}
 		cur.User, cur.Month = e.User, month
 		cur.Calls++
 		if e.Estimated {
@@ -479,6 +488,7 @@ func (l *NATSLedger) addToTotal(ctx context.Context, e events.UsageEvent) error 
 		cur.InputTokens += e.InputTokens
 		cur.OutputTokens += e.OutputTokens
 		cur.CachedTokens += e.CachedTokens
+		cur.CacheWriteTokens += e.CacheWriteTokens
 		if e.BYOK {
 			cur.BYOKCalls++
 			cur.BYOKCostMicros += e.CostMicros

@@ -346,6 +346,33 @@ func TestEndRecordsTheCallOnceToTheAdmittedUser(t *testing.T) {
 	}
 }
 
+// A record retried after its update was applied (the acknowledgement was
+// lost) is not counted twice, and the ids kept for that stay bounded.
+func TestARetriedTotalIsAddedOnce(t *testing.T) {
+	b := newLedgerBus(t)
+	l, _ := b.ledger("broker-a", nil)
+	ctx := natstest.Context(t, time.Minute)
+	e := events.UsageEvent{ID: "call-1", User: "ann", Status: 200, InputTokens: 10, OutputTokens: 5, CacheWriteTokens: 3, CostMicros: 7, At: time.Now()}
+	for range 3 {
+		if err := l.addToTotal(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := b.usageOf("ann"); got.Calls != 1 || got.InputTokens != 10 || got.CacheWriteTokens != 3 || got.CostMicros != 7 {
+		t.Fatalf("one call added three times: %+v", got)
+	}
+	for i := range state.UsageRecentCalls + 10 {
+		if err := l.addToTotal(ctx, events.UsageEvent{ID: fmt.Sprintf("other-%d", i), User: "ann", CostMicros: 1, At: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := b.usageOf("ann")
+	if got.Calls != 1+state.UsageRecentCalls+10 || got.CostMicros != 7+state.UsageRecentCalls+10 || len(got.Recent) != state.UsageRecentCalls ||
+		got.Recent[len(got.Recent)-1] != fmt.Sprintf("other-%d", state.UsageRecentCalls+9) {
+		t.Fatalf("after %d more calls: %d calls, %d µ$, %d ids kept", state.UsageRecentCalls+10, got.Calls, got.CostMicros, len(got.Recent))
+	}
+}
+
 // The overshoot bound: calls admitted while the spend is under the budget
 // may all finish over it, but at most MaxConcurrent are in flight, so the
 // spend ends at most MaxConcurrent × the largest call over the budget; the

@@ -341,7 +341,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, p provider, res
 	}
 	if resp.StatusCode/100 == 2 {
 		u := m.Result(len(in.Body))
-		ev.InputTokens, ev.OutputTokens, ev.CachedTokens, ev.Estimated = u.Input, u.Output, u.Cached, u.Estimated
+		ev.InputTokens, ev.OutputTokens, ev.CachedTokens, ev.CacheWriteTokens, ev.Estimated = u.Input, u.Output, u.Cached, u.CacheWrite, u.Estimated
 		ev.CostMicros = Cost(u, s.o.Prices[in.Model])
 	}
 	if !clientGone && rerr != io.EOF {
@@ -376,6 +376,7 @@ func (s *Server) end(call Call, ev *events.UsageEvent, start time.Time) {
 		s.m.tokens.WithLabelValues(ev.Provider, ev.Model, "input").Add(float64(ev.InputTokens))
 		s.m.tokens.WithLabelValues(ev.Provider, ev.Model, "output").Add(float64(ev.OutputTokens))
 		s.m.tokens.WithLabelValues(ev.Provider, ev.Model, "cached").Add(float64(ev.CachedTokens))
+		s.m.tokens.WithLabelValues(ev.Provider, ev.Model, "cache_write").Add(float64(ev.CacheWriteTokens))
 		paidBy := "organisation"
 		if ev.BYOK {
 			paidBy = "user"
@@ -383,7 +384,7 @@ func (s *Server) end(call Call, ev *events.UsageEvent, start time.Time) {
 		s.m.cost.WithLabelValues(ev.Provider, ev.Model, paidBy).Add(float64(ev.CostMicros))
 	}
 	s.o.Log.Debug("model call", "call", ev.ID, "user", ev.User, "provider", ev.Provider, "model", ev.Model, "status", ev.Status,
-		"input", ev.InputTokens, "output", ev.OutputTokens, "cached", ev.CachedTokens, "estimated", ev.Estimated,
+		"input", ev.InputTokens, "output", ev.OutputTokens, "cached", ev.CachedTokens, "cache_write", ev.CacheWriteTokens, "estimated", ev.Estimated,
 		"cost_micros", ev.CostMicros, "byok", ev.BYOK, "duration", ev.Duration)
 	call.End(*ev)
 }

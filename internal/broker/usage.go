@@ -8,10 +8,12 @@ import (
 	"github.com/aaas-project/aaas/internal/config"
 )
 
-// Usage is the tokens of one call. Cached tokens are part of Input (for
-// both APIs, as the meter counts them).
+// Usage is the tokens of one call. Cached tokens (read from the
+// provider's cache) and CacheWrite tokens (written to it, Anthropic's
+// cache_creation_input_tokens) are part of Input, for both APIs, as the
+// meter counts them.
 type Usage struct {
-	Input, Output, Cached int64
+	Input, Output, Cached, CacheWrite int64
 	// Estimated is set when the provider did not report (all of) it and
 	// the missing counts were estimated from bytes.
 	Estimated bool
@@ -44,7 +46,7 @@ type meter struct {
 	// total is every byte of the answer.
 	total int64
 
-	input, output, cached int64
+	input, output, cached, cacheWrite int64
 	// inputSeen and outputSeen: the provider reported the count.
 	inputSeen, outputSeen bool
 	// content is the bytes of generated text seen, for the estimate.
@@ -114,8 +116,9 @@ func (m *meter) Result(requestBytes int) Usage {
 		m.content = m.total // too long to read: all of it counts as text
 	}
 	u := Usage{Input: m.input, Output: m.output, Cached: min(m.cached, m.input)}
+	u.CacheWrite = min(m.cacheWrite, u.Input-u.Cached)
 	if !m.inputSeen {
-		u.Input, u.Cached, u.Estimated = estimate(int64(requestBytes)), 0, true
+		u.Input, u.Cached, u.CacheWrite, u.Estimated = estimate(int64(requestBytes)), 0, 0, true
 	}
 	if !m.outputSeen {
 		u.Output, u.Estimated = estimate(m.content), true
@@ -161,7 +164,7 @@ type anthropicUsage struct {
 	InputTokens          *int64 `json:"input_tokens"`
 	OutputTokens         *int64 `json:"output_tokens"`
 	CacheReadInputTokens int64  `json:"cache_read_input_tokens"`
-	// Writing the cache is input too (priced as input here).
+	// Writing the cache is input too, at its own price (Price.CacheWrite).
 	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
 }
 
@@ -245,8 +248,8 @@ func (m *meter) anthropic(data []byte) {
 	// message_delta the cumulative output, and on newer API versions the
 	// input again: the latest report of each wins.
 	if u.InputTokens != nil {
-		cached := max(u.CacheReadInputTokens, 0)
-		m.input, m.cached, m.inputSeen = max(*u.InputTokens, 0)+cached+max(u.CacheCreationInputTokens, 0), cached, true
+		cached, written := max(u.CacheReadInputTokens, 0), max(u.CacheCreationInputTokens, 0)
+		m.input, m.cached, m.cacheWrite, m.inputSeen = max(*u.InputTokens, 0)+cached+written, cached, written, true
 	}
 	if u.OutputTokens != nil {
 		m.output, m.outputSeen = max(*u.OutputTokens, 0), true
@@ -266,16 +269,21 @@ func textLen(raw json.RawMessage) int64 {
 }
 
 // Cost is what u costs at price p, in micro-USD (prices are USD per
-// million tokens, which is micro-USD per token): uncached input at
-// Input, cached input at Cached (at Input when Cached is 0), output at
-// Output, rounded to the micro-USD.
+// million tokens, which is micro-USD per token): input read from the
+// cache at Cached, input written to it at CacheWrite (each at Input when
+// 0), the rest of the input at Input, output at Output, rounded to the
+// micro-USD.
 func Cost(u Usage, p config.Price) int64 {
-	cachedPrice := p.Cached
-	if cachedPrice == 0 {
-		cachedPrice = p.Input
+	or := func(x float64) float64 {
+		if x == 0 {
+			return p.Input
+		}
+		return x
 	}
-	cached := min(max(u.Cached, 0), max(u.Input, 0))
-	c := float64(max(u.Input, 0)-cached)*p.Input + float64(cached)*cachedPrice + float64(max(u.Output, 0))*p.Output
+	input := max(u.Input, 0)
+	cached := min(max(u.Cached, 0), input)
+	written := min(max(u.CacheWrite, 0), input-cached)
+	c := float64(input-cached-written)*p.Input + float64(cached)*or(p.Cached) + float64(written)*or(p.CacheWrite) + float64(max(u.Output, 0))*p.Output
 	if c > math.MaxInt64/2 {
 		return math.MaxInt64 / 2
 	}

@@ -85,7 +85,7 @@ func TestMeter(t *testing.T) {
 		{"openai body without usage", config.APIOpenAI, `{"choices":[{"message":{"content":"12345678"}}]}`, false, 40, Usage{Input: 10, Output: 2, Estimated: true}},
 		{"anthropic stream", config.APIAnthropic, anthropicStream, true, 0, Usage{Input: 125, Output: 15, Cached: 100}},
 		{"anthropic stream cut before message_delta", config.APIAnthropic, anthropicCut, true, 0, Usage{Input: 25, Output: 1}},
-		{"anthropic body", config.APIAnthropic, anthropicBody, false, 0, Usage{Input: 2110, Output: 503, Cached: 10}},
+		{"anthropic body", config.APIAnthropic, anthropicBody, false, 0, Usage{Input: 2110, Output: 503, Cached: 10, CacheWrite: 5}},
 		{"anthropic no usage", config.APIAnthropic, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"abcdefgh\"}}\n\n", true, 8, Usage{Input: 2, Output: 2, Estimated: true}},
 		{"not JSON at all", config.APIOpenAI, "<html>oops</html>", false, 4, Usage{Input: 1, Output: 0, Estimated: true}},
 		{"negative counts", config.APIOpenAI, `{"usage":{"prompt_tokens":-5,"completion_tokens":-1,"prompt_tokens_details":{"cached_tokens":-3}}}`, false, 0, Usage{}},
@@ -125,7 +125,10 @@ func TestCost(t *testing.T) {
 		{"rounded to the micro-USD", Usage{Input: 1, Output: 1}, p, 1},
 		{"no price", Usage{Input: 1e6, Output: 1e6}, config.Price{}, 0},
 		{"one million tokens at one USD", Usage{Input: 1e6}, config.Price{Input: 1}, 1e6},
-		{"negative ignored", Usage{Input: -5, Output: -5, Cached: -5}, p, 0},
+		{"negative ignored", Usage{Input: -5, Output: -5, Cached: -5, CacheWrite: -5}, p, 0},
+		{"cache writes at their price", Usage{Input: 1000, Cached: 400, CacheWrite: 100}, config.Price{Input: 3, Cached: 0.3, CacheWrite: 3.75}, 1500 + 120 + 375},
+		{"no cache-write price charges writes as input", Usage{Input: 1000, CacheWrite: 100}, config.Price{Input: 3}, 3000},
+		{"writes over the uncached input are capped", Usage{Input: 10, Cached: 6, CacheWrite: 50}, config.Price{Input: 1, CacheWrite: 2}, 6 + 4*2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := Cost(tc.u, tc.price); got != tc.want {
@@ -151,7 +154,7 @@ func fuzzMeter(t *testing.T, api string, data []byte, split uint16, sse bool) {
 	if got := parts.Result(len(data)); got != want {
 		t.Fatalf("split at %d: %+v, whole: %+v", at, got, want)
 	}
-	if want.Input < 0 || want.Output < 0 || want.Cached < 0 || want.Cached > want.Input {
+	if want.Input < 0 || want.Output < 0 || want.Cached < 0 || want.CacheWrite < 0 || want.Cached+want.CacheWrite > want.Input {
 		t.Fatalf("counts %+v", want)
 	}
 }

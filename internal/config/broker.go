@@ -46,6 +46,10 @@ type Price struct {
 	// Cached is the price of input tokens the provider served from its
 	// cache (reported apart); 0 charges them as Input.
 	Cached float64 `json:"cached,omitempty"`
+	// CacheWrite is the price of input tokens written to the provider's
+	// cache (Anthropic's cache_creation_input_tokens, 1.25× input there);
+	// 0 charges them as Input.
+	CacheWrite float64 `json:"cache_write,omitempty"`
 }
 
 // Broker is the configuration of cmd/broker, the model-API endpoint
@@ -215,7 +219,7 @@ func loadPrices(e *Env) map[string]Price {
 		return nil
 	}
 	for m, p := range ps {
-		for _, x := range []float64{p.Input, p.Output, p.Cached} {
+		for _, x := range []float64{p.Input, p.Output, p.Cached, p.CacheWrite} {
 			if x < 0 || x > 1e4 || math.IsNaN(x) {
 				e.Fail("BROKER_PRICES", "model %q: a price of %v USD per million tokens is outside [0, 10000]", m, x)
 			}

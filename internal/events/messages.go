@@ -265,6 +265,9 @@ type UsageEvent struct {
 	InputTokens  int64 `json:"input_tokens"`
 	OutputTokens int64 `json:"output_tokens"`
 	CachedTokens int64 `json:"cached_tokens"`
+	// CacheWriteTokens are input tokens written to the provider's cache
+	// (part of InputTokens, like CachedTokens).
+	CacheWriteTokens int64 `json:"cache_write_tokens,omitempty"`
 	// Estimated is set when the provider reported no usage and the
 	// tokens were estimated from the bytes.
 	Estimated  bool          `json:"estimated,omitempty"`

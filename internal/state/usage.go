@@ -41,11 +41,12 @@ type Usage struct {
 	Month string `json:"month"`
 	// Calls counts every call that reached a provider; Estimated those
 	// whose tokens the provider did not report (counted from the bytes).
-	Calls        int64 `json:"calls"`
-	Estimated    int64 `json:"estimated"`
-	InputTokens  int64 `json:"input_tokens"`
-	OutputTokens int64 `json:"output_tokens"`
-	CachedTokens int64 `json:"cached_tokens"`
+	Calls            int64 `json:"calls"`
+	Estimated        int64 `json:"estimated"`
+	InputTokens      int64 `json:"input_tokens"`
+	OutputTokens     int64 `json:"output_tokens"`
+	CachedTokens     int64 `json:"cached_tokens"`
+	CacheWriteTokens int64 `json:"cache_write_tokens,omitempty"`
 	// CostMicros is what the organisation pays, the budget's measure.
 	CostMicros int64 `json:"cost_micros"`
 	// BYOKCalls and BYOKCostMicros are the calls made with the user's
@@ -53,7 +54,18 @@ type Usage struct {
 	BYOKCalls      int64     `json:"byok_calls,omitempty"`
 	BYOKCostMicros int64     `json:"byok_cost_micros,omitempty"`
 	Updated        time.Time `json:"updated"`
+	// Recent are the ids of the last UsageRecentCalls calls added, oldest
+	// first, so a call whose update was applied but whose acknowledgement
+	// was lost is not added again when its record is retried.
+	Recent []string `json:"recent,omitempty"`
 }
+
+// UsageRecentCalls bounds Usage.Recent. A retried record is recognised
+// as long as fewer calls of the same user were added since its first
+// attempt; a record is retried in the order it was held, so that window
+// is the user's calls in flight (BROKER_MAX_CONCURRENT_CALLS, 4 by
+// default) with room to spare, and it costs a month's record about 2 KiB.
+const UsageRecentCalls = 64
 
 // Budget scopes.
 const (
