@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime"
@@ -35,6 +36,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/devstack"
 	"github.com/aaas-project/aaas/internal/embednats"
 	"github.com/aaas-project/aaas/internal/handshake"
@@ -375,10 +377,20 @@ func prepare(ctx context.Context, info devstack.Info) (*env, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The edge listens on 127.0.0.1 and knows itself as localhost:port; the
+	// bench user's sandbox is its own origin, bench.localhost:port, signed
+	// into as a browser is (a code minted on the gateway, traded there).
+	gateway := strings.TrimPrefix(edgeURL, "http://")
+	_, port, _ := strings.Cut(gateway, ":")
+	e.edge = &target{name: "edge", addr: "127.0.0.1:" + port, host: "bench." + gateway, pid: info.PIDs["edge-a"]}
+	if e.edge.cookie, err = sandboxSignIn(e.edge, gateway, sid); err != nil {
+		return nil, err
+	}
 	for name, size := range map[string]int{"1k.bin": 1 << 10, "1m.bin": 1 << 20} {
-		req, _ := http.NewRequest("PUT", edgeURL+"/u/bench/api/files/"+name, bytes.NewReader(bytes.Repeat([]byte("x"), size)))
-		req.Header.Set("Cookie", "dsh_gw_session="+sid)
-		req.Header.Set("Origin", edgeURL)
+		req, _ := http.NewRequest("PUT", e.edge.url("/api/files/"+name), bytes.NewReader(bytes.Repeat([]byte("x"), size)))
+		req.Host = e.edge.host
+		req.Header.Set("Cookie", e.edge.cookie)
+		req.Header.Set("Origin", "http://"+e.edge.host)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return nil, err
@@ -388,10 +400,6 @@ func prepare(ctx context.Context, info devstack.Info) (*env, error) {
 			return nil, fmt.Errorf("upload %s: %s", name, resp.Status)
 		}
 	}
-	// The edge listens on 127.0.0.1 and knows itself as localhost:port.
-	host := strings.TrimPrefix(edgeURL, "http://")
-	_, port, _ := strings.Cut(host, ":")
-	e.edge = &target{name: "edge", addr: "127.0.0.1:" + port, host: host, prefix: "/u/bench", cookie: "dsh_gw_session=" + sid, pid: info.PIDs["edge-a"]}
 
 	admin, err := nats.NkeyOptionFromSeed(info.NATSAdmin)
 	if err != nil {
@@ -436,6 +444,44 @@ func prepare(ctx context.Context, info devstack.Info) (*env, error) {
 		}
 	}
 	return e, nil
+}
+
+// sandboxSignIn signs the holder of gateway session sid into t's sandbox
+// origin: the gateway (on the same edge) mints a code for it, the origin
+// trades it for its own cookie, which it returns as a Cookie header.
+func sandboxSignIn(t *target, gateway, sid string) (string, error) {
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	get := func(host, uri string, header ...string) (*http.Response, error) {
+		req, _ := http.NewRequest("GET", "http://"+t.addr+uri, nil)
+		req.Host = host
+		req.Header.Set("Accept", "text/html")
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		resp, err := noFollow.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return resp, err
+	}
+	resp, err := get(gateway, auth.SandboxMintPath+"?next="+url.QueryEscape("http://"+t.host+"/"), "Cookie", "dsh_gw_session="+sid)
+	if err != nil {
+		return "", err
+	}
+	loc, err := url.Parse(resp.Header.Get("Location"))
+	if resp.StatusCode != http.StatusSeeOther || err != nil || loc.Host != t.host {
+		return "", fmt.Errorf("sandbox sign-in: the gateway answered %s, Location %q", resp.Status, resp.Header.Get("Location"))
+	}
+	if resp, err = get(t.host, loc.RequestURI()); err != nil {
+		return "", err
+	}
+	name := auth.SandboxCookie(false)
+	for _, c := range resp.Cookies() {
+		if c.Name == name {
+			return name + "=" + c.Value, nil
+		}
+	}
+	return "", fmt.Errorf("sandbox sign-in: the origin answered %s without a %s cookie", resp.Status, name)
 }
 
 // signup creates user through the first edge and returns their session id.

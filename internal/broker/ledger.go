@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"sync"
@@ -27,8 +28,9 @@ import (
 // The ledger is the broker's account of model calls, kept in NATS so that
 // any number of brokers share it: before a call it takes one of the
 // user's slots in model_calls (compare-and-set, so brokers racing for the
-// last slot cannot both win) and checks the user's budget against the
-// month's spend; after it, it adds the call to the month's total,
+// last slot cannot both win; a broker's own changes to one user's keys
+// are batched into one write, batch.go) and checks the user's budget
+// against the month's spend; after it, it adds the call to the month's total,
 // publishes its record on AAAS_USAGE and only then frees the slot. That
 // order is what bounds the overshoot: a call whose cost is not yet in the
 // total still holds a slot, and the spend is read holding one, so at most
@@ -79,12 +81,15 @@ const recordAttempt = 10 * time.Second
 
 // NATSLedger is the Ledger on NATS JetStream.
 type NATSLedger struct {
-	o       LedgerOptions
-	ctx     context.Context
-	nc      *nats.Conn
-	pub     *events.Publisher
-	usage   *kv.Bucket[state.Usage]
-	calls   *kv.Bucket[state.ModelCalls]
+	o     LedgerOptions
+	ctx   context.Context
+	nc    *nats.Conn
+	pub   *events.Publisher
+	usage *kv.Bucket[state.Usage]
+	// totals and slots write the usage and model_calls buckets, a
+	// batch of a user's changes at a time.
+	totals  *batcher[state.Usage]
+	slots   *batcher[state.ModelCalls]
 	budgets *kv.Cache[state.Budget]
 	groups  *kv.Cache[state.UserGroups]
 	m       *ledgerMetrics
@@ -139,9 +144,14 @@ func NewLedger(ctx context.Context, o LedgerOptions) (*NATSLedger, error) {
 	if l.usage, err = kv.Open[state.Usage](ctx, o.JS, state.BucketUsage); err != nil {
 		return nil, err
 	}
-	if l.calls, err = kv.Open[state.ModelCalls](ctx, o.JS, state.BucketModelCalls); err != nil {
+	calls, err := kv.Open[state.ModelCalls](ctx, o.JS, state.BucketModelCalls)
+	if err != nil {
 		return nil, err
 	}
+	l.totals = newBatcher(ctx, l.usage, recordAttempt)
+	// The server drops a user's slots record once its newest slot has
+	// lapsed (its floor for a key's TTL is a second).
+	l.slots = newBatcher(ctx, calls, recordAttempt, kv.WithTTL(max(o.CallTimeout, time.Second)))
 	budgets, err := kv.Open[state.Budget](ctx, o.JS, state.BucketBudgets)
 	if err != nil {
 		return nil, err
@@ -331,46 +341,50 @@ func (l *NATSLedger) spent(ctx context.Context, user string, now time.Time) (int
 	return e.Value.CostMicros, err
 }
 
-// slotTTL makes the server drop a user's slots record once its newest slot
-// has lapsed (the server's floor for a key's TTL is a second).
-func (l *NATSLedger) slotTTL() kv.WriteOption { return kv.WithTTL(max(l.o.CallTimeout, time.Second)) }
-
 // takeSlot adds the call to the user's slots unless MaxConcurrent live
-// ones are there; lapsed slots are dropped on the way.
+// ones are there; lapsed slots are dropped on the way. A caller that
+// leaves before the write answers has the slot freed once it is taken.
 func (l *NATSLedger) takeSlot(ctx context.Context, user, id string) error {
-	_, err := l.calls.Mutate(ctx, user, func(cur state.ModelCalls, _ bool) (state.ModelCalls, bool, error) {
+	var full bool
+	err := l.slots.do(ctx, user, func(cur *state.ModelCalls) bool {
 		now := time.Now()
-		live := liveSlots(cur.Slots, now)
-		if len(live) >= l.o.MaxConcurrent {
-			return cur, false, tooMany(l.o.MaxConcurrent)
+		pruned := pruneSlots(cur, now)
+		cur.User = user
+		if full = len(cur.Slots) >= l.o.MaxConcurrent; full {
+			return pruned
 		}
-		live[id] = now.Add(l.o.CallTimeout)
-		return state.ModelCalls{User: user, Slots: live}, true, nil
-	}, l.slotTTL())
+		cur.Slots[id] = now.Add(l.o.CallTimeout)
+		return true
+	}, func() {
+		if !full {
+			l.abandon(user, id)
+		}
+	})
+	if err == nil && full {
+		return tooMany(l.o.MaxConcurrent)
+	}
 	return err
 }
 
 // releaseSlot removes the call's slot (and any lapsed one).
 func (l *NATSLedger) releaseSlot(ctx context.Context, user, id string) error {
-	_, err := l.calls.Mutate(ctx, user, func(cur state.ModelCalls, ok bool) (state.ModelCalls, bool, error) {
-		live := liveSlots(cur.Slots, time.Now())
-		delete(live, id)
-		if !ok || len(live) == len(cur.Slots) {
-			return cur, false, nil
-		}
-		return state.ModelCalls{User: user, Slots: live}, true, nil
-	}, l.slotTTL())
-	return err
+	return l.slots.do(ctx, user, func(cur *state.ModelCalls) bool {
+		pruned := pruneSlots(cur, time.Now())
+		_, held := cur.Slots[id]
+		delete(cur.Slots, id)
+		return pruned || held
+	}, nil)
 }
 
-func liveSlots(slots map[string]time.Time, now time.Time) map[string]time.Time {
-	live := make(map[string]time.Time, len(slots)+1)
-	for id, lapse := range slots {
-		if lapse.After(now) {
-			live[id] = lapse
-		}
+// pruneSlots drops the lapsed slots from cur (making its map if it has
+// none) and reports whether there were any.
+func pruneSlots(cur *state.ModelCalls, now time.Time) bool {
+	if cur.Slots == nil {
+		cur.Slots = map[string]time.Time{}
 	}
-	return live
+	n := len(cur.Slots)
+	maps.DeleteFunc(cur.Slots, func(_ string, lapse time.Time) bool { return !lapse.After(now) })
+	return len(cur.Slots) != n
 }
 
 // call is one admitted call.
@@ -472,9 +486,9 @@ func (l *NATSLedger) write(ctx context.Context, r *record) error {
 // update was applied and the acknowledgement lost) is not added again.
 func (l *NATSLedger) addToTotal(ctx context.Context, e events.UsageEvent) error {
 	month := state.Month(e.At)
-	_, err := l.usage.Mutate(ctx, state.UsageKey(e.User, month), func(cur state.Usage, _ bool) (state.Usage, bool, error) {
+	return l.totals.do(ctx, state.UsageKey(e.User, month), func(cur *state.Usage) bool {
 		if slices.Contains(cur.Recent, e.ID) {
-			return cur, false, nil
+			return false
 		}
 		cur.Recent = append(cur.Recent, e.ID)
 		if n := len(cur.Recent) - state.UsageRecentCalls; n > 0 {
@@ -496,9 +510,8 @@ func (l *NATSLedger) addToTotal(ctx context.Context, e events.UsageEvent) error 
 			cur.CostMicros += e.CostMicros
 		}
 		cur.Updated = time.Now().UTC()
-		return cur, true, nil
-	})
-	return err
+		return true
+	}, nil)
 }
 
 // hold queues a record for later, dropping the oldest when full.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
@@ -134,6 +135,12 @@ func (b *ledgerBus) usageOf(user string) state.Usage {
 		b.t.Fatal(err)
 	}
 	return e.Value
+}
+
+func liveSlots(slots map[string]time.Time, now time.Time) map[string]time.Time {
+	live := maps.Clone(slots)
+	maps.DeleteFunc(live, func(_ string, lapse time.Time) bool { return !lapse.After(now) })
+	return live
 }
 
 // liveSlotsOf are the user's slots in model_calls that have not lapsed.

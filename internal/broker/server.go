@@ -114,8 +114,11 @@ func New(o Options) (*Server, error) {
 		ForceAttemptHTTP2:     true,
 		TLSHandshakeTimeout:   min(o.HeaderTimeout, 30*time.Second),
 		ResponseHeaderTimeout: o.HeaderTimeout,
-		MaxIdleConnsPerHost:   64,
-		IdleConnTimeout:       90 * time.Second,
+		// Every call of every user goes to a few hosts: a small idle pool
+		// would close most connections after each call at a few hundred
+		// concurrent streams and pay a TLS handshake on the next.
+		MaxIdleConnsPerHost: 1024,
+		IdleConnTimeout:     90 * time.Second,
 		// The meter reads the answer as the provider sends it; compressed
 		// answers would be unreadable (Accept-Encoding: identity is sent).
 		DisableCompression: true,
