@@ -22,7 +22,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "aaas_broker_calls_total", Help: "Model calls forwarded, by provider, model and the provider's status class (none: no answer).",
 		}, []string{"provider", "model", "code"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "aaas_broker_tokens_total", Help: "Tokens of forwarded calls, by provider, model and kind (input, output, cached; cached is part of input).",
+			Name: "aaas_broker_tokens_total", Help: "Tokens of forwarded calls, by provider, model and kind (input, output, cached, cache_write; cached and cache_write are part of input).",
 		}, []string{"provider", "model", "kind"}),
 		cost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aaas_broker_cost_micro_usd_total", Help: "Cost of forwarded calls at the configured prices, in micro-USD, by who pays (organisation, or user for their own key).",

@@ -318,7 +318,10 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, p provider, res
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
-	buf := make([]byte, 32<<10)
+	// Small: a stream holds its buffer while it waits for the next event
+	// (an agent's call can sit for minutes between tokens), and events are
+	// a few hundred bytes; 32 KiB made 5,000 idle streams 358 MiB.
+	buf := make([]byte, 4<<10)
 	first, clientGone := true, false
 	var rerr error
 	for {

@@ -10,8 +10,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
+
+	"sigs.k8s.io/yaml"
 )
 
 // The model call behind a chat: DSH asks its provider for a streamed reply,
@@ -49,14 +52,17 @@ func (e *providerError) Error() string {
 type modelClient struct {
 	p  Provider
 	hc *http.Client
+	// credentials is DSH_HOME's .credentials.yaml: a key stored there for
+	// the provider wins over p.Key, as in DSH.
+	credentials string
 }
 
-func newModelClient(p Provider, source net.IP) *modelClient {
+func newModelClient(p Provider, source net.IP, credentials string) *modelClient {
 	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	if source != nil {
 		d.LocalAddr = &net.TCPAddr{IP: source}
 	}
-	return &modelClient{p: p, hc: &http.Client{Transport: &http.Transport{
+	return &modelClient{p: p, credentials: credentials, hc: &http.Client{Transport: &http.Transport{
 		DialContext:           d.DialContext,
 		ForceAttemptHTTP2:     true,
 		TLSHandshakeTimeout:   10 * time.Second,
@@ -125,13 +131,34 @@ func (c *modelClient) request(ctx context.Context, model, message string) (*http
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
+	key := c.p.Key
+	if stored, ok := storedKey(c.credentials, c.p.Name); ok {
+		key = stored
+	}
 	if c.p.Anthropic() {
-		req.Header.Set("x-api-key", c.p.Key)
+		req.Header.Set("x-api-key", key)
 		req.Header.Set("anthropic-version", anthropicVersion)
 	} else {
-		req.Header.Set("Authorization", "Bearer "+c.p.Key)
+		req.Header.Set("Authorization", "Bearer "+key)
 	}
 	return req, nil
+}
+
+// storedKey is the key .credentials.yaml (at path) holds for provider, as
+// a user enters one in DSH's settings: dshsim's form of it is a top-level
+// "<provider>: <key>". Read at each call, as a key entered takes effect
+// without a restart; a file that is absent or unreadable holds none.
+func storedKey(path, provider string) (string, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", false
+	}
+	var creds map[string]any
+	if yaml.Unmarshal(b, &creds) != nil {
+		return "", false
+	}
+	key, ok := creds[provider].(string)
+	return key, ok && key != ""
 }
 
 // apiError is the error object of both APIs: OpenAI's {"error":{...}} and

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -283,6 +285,34 @@ func TestProviderCallsComeFromTheSourceIP(t *testing.T) {
 	testutil.Eventually(t, 10*time.Second, func() error {
 		if calls := sim.Calls(); len(calls) != 1 || calls[0].Remote != "127.0.0.23" {
 			return fmt.Errorf("provider saw %+v, want a call from 127.0.0.23", calls)
+		}
+		return nil
+	})
+}
+
+// A key stored in DSH's .credentials.yaml wins over <PROVIDER>_API_KEY,
+// from the next call on, as UPSTREAM says of DSH: in a sandbox, the key a
+// user enters in DSH's settings is the one sent to the broker (which
+// drops it, whichever it is).
+func TestAStoredCredentialWinsOverTheEnvironment(t *testing.T) {
+	sim, hs := newProvider(t)
+	f, cookie := modelFixture(t, "deepseek", hs.URL, "sk-from-the-env-0000")
+	chat := func() {
+		t.Helper()
+		if text, errEvent, _ := modelReply(t, chatStream(t, f, cookie, `{"message":"hi"}`)); text == "" && errEvent == nil {
+			t.Fatal("no reply")
+		}
+	}
+	chat()
+	creds := filepath.Join(f.srv.opts.DSHHome, ".credentials.yaml")
+	if err := os.WriteFile(creds, []byte("# dsh credentials\ndeepseek: "+providerKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	chat()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		calls := sim.Calls()
+		if len(calls) != 2 || calls[0].KeyHint != "0000" || calls[1].KeyHint != providerKey[len(providerKey)-4:] || calls[1].Status != http.StatusOK {
+			return fmt.Errorf("provider saw %+v: want the environment's key, then the stored one", calls)
 		}
 		return nil
 	})

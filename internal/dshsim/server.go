@@ -75,7 +75,7 @@ func NewServer(o Options, stdout io.Writer) (*Server, error) {
 		if o.SourceIP.IsValid() {
 			source = net.IP(o.SourceIP.AsSlice())
 		}
-		s.model = newModelClient(o.Provider, source)
+		s.model = newModelClient(o.Provider, source, filepath.Join(o.DSHHome, ".credentials.yaml"))
 	}
 	s.handler = s.routes()
 	return s, nil

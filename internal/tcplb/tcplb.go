@@ -1,7 +1,10 @@
 // Package tcplb relays TCP connections, each to the next backend that
 // accepts it, as a Kubernetes Service spreads connections over its
 // endpoints: make run NODE=real puts the edge Service on local ports with
-// it, and tests put it in front of edge replicas (a dead one is skipped).
+// it, and tests put it in front of edge or broker replicas (a dead one is
+// skipped). Like a Service, it keeps the client's address: a loopback
+// client's connection to the backend is made from that same address (the
+// broker attributes calls by it).
 package tcplb
 
 import (
@@ -51,10 +54,14 @@ func (b *Balancer) Close() {
 
 func (b *Balancer) relay(c net.Conn) {
 	defer c.Close()
+	d := net.Dialer{Timeout: 5 * time.Second}
+	if ra, ok := c.RemoteAddr().(*net.TCPAddr); ok && ra.IP.IsLoopback() {
+		d.LocalAddr = &net.TCPAddr{IP: ra.IP}
+	}
 	var up net.Conn
 	for i := 0; i < len(b.backends) && up == nil; i++ {
 		addr := b.backends[int(b.next.Add(1))%len(b.backends)]
-		up, _ = net.DialTimeout("tcp", addr, 5*time.Second)
+		up, _ = d.Dial("tcp", addr)
 	}
 	if up == nil {
 		return

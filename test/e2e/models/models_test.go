@@ -48,14 +48,14 @@ const (
 	budget = "0.00001"
 )
 
-// world is one edge in subdomain mode, the broker, and the stand-in.
+// world is one edge in subdomain mode, two brokers behind one address (as
+// behind their Service), and the stand-in.
 type world struct {
 	*testenv.Stack
 	t          *testing.T
 	port       string
 	edge       *testenv.Edge
-	broker     *testenv.Broker
-	brokerEnv  map[string]string
+	brokers    map[string]*testenv.Broker
 	brokerAddr string
 	sim        *providersim.Server
 	usage      *kv.Bucket[state.Usage]
@@ -97,11 +97,17 @@ func newWorld(t *testing.T) *world {
 		"LISTEN_ADDR": addr, "PUBLIC_HOSTS": gatewayName + ":" + w.port,
 		"CREDENTIALS_PUBLIC_KEY": base64.StdEncoding.EncodeToString(pair.Public[:]),
 	})
-	w.brokerEnv = map[string]string{
-		"BROKER_ADDR": w.brokerAddr, "BROKER_KEYS_DIR": keys, "BROKER_PRICES": string(prices),
+	brokerEnv := map[string]string{
+		"BROKER_KEYS_DIR": keys, "BROKER_PRICES": string(prices),
 		"CREDENTIALS_KEYS": base64.StdEncoding.EncodeToString(pair.Private[:]),
 	}
-	w.broker = w.Broker("broker-a", w.brokerEnv)
+	w.brokers = map[string]*testenv.Broker{}
+	var backends []string
+	for _, id := range []string{"broker-a", "broker-b"} {
+		w.brokers[id] = w.Broker(id, brokerEnv)
+		backends = append(backends, strings.TrimPrefix(w.brokers[id].URL, "http://"))
+	}
+	testenv.NewBalancer(t, w.brokerAddr, backends...)
 	w.usage, err = kv.Open[state.Usage](testenv.Context(t, time.Minute), w.JS, state.BucketUsage)
 	if err != nil {
 		t.Fatal(err)
@@ -266,38 +272,92 @@ func TestChatIsAMeteredModelCallInTheBrowser(t *testing.T) {
 	})
 }
 
-// A broker killed while it streams ends the stream (the page says the
-// reply broke off, it does not hang), and a broker started again serves
-// the next call: what completed calls spent is in NATS, not in the
-// broker that died.
+// A broker killed mid-stream, one of two behind one address: the reply it
+// was relaying breaks off and the page says so; the call it completed
+// before is counted; the next chat goes to the other replica and is
+// metered.
 func TestABrokerKilledMidStream(t *testing.T) {
 	w := newWorld(t)
 	token := w.client().Signup("cy", "")
+	// Over the world's default budget by the second chat: cy has none.
+	budgets, err := kv.Open[state.Budget](testenv.Context(t, time.Minute), w.JS, state.BucketBudgets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := budgets.Put(testenv.Context(t, time.Minute), state.BudgetKey(state.BudgetUser, "cy"),
+		state.Budget{Scope: state.BudgetUser, Name: "cy", Unlimited: true, SetBy: "test", At: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
 	ctx := w.browserFor("cy", token)
+	if reply, shown := w.chat(ctx, "first", model); !strings.HasPrefix(reply, "echo: first") || shown != "" {
+		t.Fatalf("the first chat: reply %q, shown %q", reply, shown)
+	}
+	testutil.Eventually(t, time.Minute, func() error {
+		if u := w.month("cy"); u.Calls != 1 {
+			return fmt.Errorf("cy's month: %+v (want the first call)", u)
+		}
+		return nil
+	})
+	started := w.firstBytes()
 	n := testenv.Get(t, ctx, "replies so far", chromedp.Evaluate[int](`document.querySelectorAll("#chat-log .assistant").length`))
 	testenv.Do(t, ctx, "start a long reply",
 		chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.getElementById("chat-model").value = %q`, model+"-long")),
 		chromedp.SendKeys(chromedp.ID("chat-input"), "keep talking\n"),
 		testenv.Until(fmt.Sprintf(`[...document.querySelectorAll("#chat-log .assistant")].length > %d && [...document.querySelectorAll("#chat-log .assistant")].pop().textContent.length > 20`, n), 2*time.Minute),
 	)
-	w.broker.Kill()
+	// The broker relaying it is the one that relayed one more first byte.
+	var victim, survivor string
+	for id, count := range w.firstBytes() {
+		if count > started[id] {
+			victim = id
+		} else {
+			survivor = id
+		}
+	}
+	if victim == "" || survivor == "" {
+		t.Fatalf("first bytes before %v, during the long reply %v: no one broker relays it", started, w.firstBytes())
+	}
+	served, err := w.brokers[survivor].MetricSum("aaas_broker_calls_total", "code", "2xx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.brokers[victim].Kill()
 	testenv.Do(t, ctx, "the reply ends",
 		testenv.Until(fmt.Sprintf(`document.querySelectorAll("#chat-log .assistant.done").length > %d`, n), 2*time.Minute),
 	)
 	shown := testenv.Get(t, ctx, "the error shown", chromedp.Evaluate[string](`[...document.querySelectorAll("#chat-log .error")].map(e => e.textContent).join("\n")`))
 	if shown == "" {
-		t.Fatal("the page shows nothing after the broker died mid-reply")
+		t.Fatalf("the page shows nothing after %s died mid-reply", victim)
 	}
-	t.Logf("the page says: %s", shown)
-	w.broker = w.Broker("broker-b", w.brokerEnv)
+	t.Logf("%s killed; the page says: %s", victim, shown)
 	reply, shown := w.chat(ctx, "are you back", model)
 	if !strings.HasPrefix(reply, "echo: are you back") || shown != "" {
-		t.Fatalf("the chat after the restart: reply %q, shown %q", reply, shown)
+		t.Fatalf("the chat after %s died: reply %q, shown %q", victim, reply, shown)
 	}
+	if now, err := w.brokers[survivor].MetricSum("aaas_broker_calls_total", "code", "2xx"); err != nil || now != served+1 {
+		t.Fatalf("%s served %v calls after the kill, want %v: %v", survivor, now, served+1, err)
+	}
+	// The first call and the retry; the broken one never ended on a
+	// broker that lived to record it.
 	testutil.Eventually(t, time.Minute, func() error {
-		if u := w.month("cy"); u.Calls != 1 || u.CostMicros != 14 {
-			return fmt.Errorf("cy's month: %+v (want the completed call)", u)
+		if u := w.month("cy"); u.Calls != 2 || u.OutputTokens != 24 || u.CostMicros == 0 {
+			return fmt.Errorf("cy's month: %+v (want the two completed calls)", u)
 		}
 		return nil
 	})
+}
+
+// firstBytes is each live broker's count of answers whose first byte it
+// relayed.
+func (w *world) firstBytes() map[string]float64 {
+	w.t.Helper()
+	out := map[string]float64{}
+	for id, b := range w.brokers {
+		n, err := b.MetricSum("aaas_broker_first_byte_seconds_count")
+		if err != nil {
+			w.t.Fatalf("%s: %v", id, err)
+		}
+		out[id] = n
+	}
+	return out
 }
