@@ -97,7 +97,7 @@ func TestSpendBudgetAndOwnKeyThroughTheEdge(t *testing.T) {
 	})
 	r = boss.Do(http.MethodGet, "/_/admin/usage?format=csv&month="+month, nil, "Authorization", "Bearer "+bossToken)
 	expect(t, r, http.StatusOK, "export")
-	if !strings.Contains(string(r.Body), "ann,"+month+",4,0,0,0,0,3210000,0,0") {
+	if !strings.Contains(string(r.Body), "ann,"+month+",4,0,0,0,0,0,3210000,0,0") {
 		t.Fatalf("export: %s", r.Body)
 	}
 }
