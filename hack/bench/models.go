@@ -38,6 +38,23 @@ type modelResults struct {
 	cpu                time.Duration
 	idle, idleAsked    int
 	rssBefore, rssIdle int64
+	// idleRuntime is the broker's Go runtime (its /metrics) before and
+	// with the idle streams: where the RSS goes.
+	idleRuntime [2]goRuntime
+}
+
+// goRuntime is what a Go process's /metrics says of its memory.
+type goRuntime struct{ heapInuse, stackInuse, goroutines float64 }
+
+func readGoRuntime(addr string) (goRuntime, error) {
+	var g goRuntime
+	for name, v := range map[string]*float64{"go_memstats_heap_inuse_bytes": &g.heapInuse, "go_memstats_stack_inuse_bytes": &g.stackInuse, "go_goroutines": &g.goroutines} {
+		var err error
+		if *v, err = metric(addr, name); err != nil {
+			return g, err
+		}
+	}
+	return g, nil
 }
 
 // modelEnv is the bench's stack settings for the model runs: a -long
@@ -94,7 +111,7 @@ func (r *results) modelCalls(ctx context.Context, info devstack.Info, e *env) er
 			}
 		}
 	}
-	return m.idleStreams(ctx, clients, broker, pid, r.opts.modelIdle)
+	return m.idleStreams(ctx, clients, broker, pid, info.Metrics["broker"], r.opts.modelIdle)
 }
 
 // modelCallerIPs signs up the users the idle streams need beside the
@@ -208,7 +225,7 @@ func modelStream(ctx context.Context, c *http.Client, t modelTarget, model strin
 // idleStreams opens n -long streams through the broker, spread over the
 // callers, waits until each has its first token (the next is an hour
 // away), reads the broker's RSS, and closes them.
-func (m *modelResults) idleStreams(ctx context.Context, clients []*http.Client, broker modelTarget, pid, n int) error {
+func (m *modelResults) idleStreams(ctx context.Context, clients []*http.Client, broker modelTarget, pid int, metrics string, n int) error {
 	m.idleAsked = n
 	if n == 0 {
 		return nil
@@ -216,6 +233,9 @@ func (m *modelResults) idleStreams(ctx context.Context, clients []*http.Client, 
 	var err error
 	if m.rssBefore, err = rss(pid); err != nil {
 		return err
+	}
+	if m.idleRuntime[0], err = readGoRuntime(metrics); err != nil {
+		return fmt.Errorf("broker metrics: %w", err)
 	}
 	fmt.Fprintf(os.Stderr, "holding %d idle model streams through the broker\n", n)
 	hold, release := context.WithCancel(ctx)
@@ -243,10 +263,13 @@ func (m *modelResults) idleStreams(ctx context.Context, clients []*http.Client, 
 		}
 	}
 	m.rssIdle, err = rss(pid)
+	if err == nil {
+		m.idleRuntime[1], err = readGoRuntime(metrics)
+	}
 	release()
 	wg.Wait()
 	if err != nil {
-		return fmt.Errorf("broker RSS: %w", err)
+		return fmt.Errorf("broker RSS and metrics: %w", err)
 	}
 	return nil
 }
@@ -297,6 +320,11 @@ func (m *modelResults) tables(w *bytes.Buffer, rounds int) {
 	if m.idleAsked > 0 {
 		fmt.Fprintf(w, "\n| idle model streams held by one broker (over %d users) | broker RSS before | with the streams | per stream |\n|---|---|---|---|\n| %d | %s | %s | %.1f KiB |\n\nAn idle stream: `deepseek-chat-long` with `PROVIDERSIM_TOKEN_INTERVAL=1h`; it has sent its first token and waits for the next. The broker caps a user's concurrent calls (`BROKER_MAX_CONCURRENT_CALLS=1000` here), so the streams are spread over the bench user and %d more.\n",
 			modelCallers, m.idle, mib(m.rssBefore), mib(m.rssIdle), float64(m.rssIdle-m.rssBefore)/float64(max(m.idle, 1))/1024, modelCallers-1)
+		if before, with := m.idleRuntime[0], m.idleRuntime[1]; with.goroutines > 0 {
+			per := func(a, b float64) string { return fmt.Sprintf("%.1f KiB", (b-a)/float64(max(m.idle, 1))/1024) }
+			fmt.Fprintf(w, "\nWhere it goes, from the broker's Go runtime (`/metrics`), per stream: heap in use %s, goroutine stacks %s, %.1f goroutines; the rest of the RSS is memory the runtime holds beyond what is in use (garbage not yet collected, freed pages not yet returned).\n",
+				per(before.heapInuse, with.heapInuse), per(before.stackInuse, with.stackInuse), (with.goroutines-before.goroutines)/float64(max(m.idle, 1)))
+		}
 		if m.idle < m.idleAsked {
 			fmt.Fprintf(w, "\nThe machine's open-file limit allowed %d of the %d streams asked for.\n", m.idle, m.idleAsked)
 		}
