@@ -289,8 +289,18 @@ func (m *modelResults) goals(w *bytes.Buffer) {
 	if m == nil {
 		return
 	}
+	// A difference of two p99s resolves a 2 ms goal only when direct's
+	// own p99 is of that order: on a machine where 200 clients, the
+	// stand-in, NATS and the broker share the cores, direct's p99 is
+	// queueing, and the difference can come out at any sign.
 	added, ok := m.addedTTFT(200, 99)
-	goal(w, "broker added time to first token, p99, 200 streams", "≤ 2 ms", ms(added), added <= 2*time.Millisecond, ok)
+	var directP99 time.Duration
+	if ok {
+		directP99 = percentile(m.ttft[200]["direct"], 99)
+	}
+	judgeable := directP99 <= 20*time.Millisecond
+	goal(w, "broker added time to first token, p99, 200 streams", "≤ 2 ms", ms(added), added <= 2*time.Millisecond, ok && judgeable,
+		fmt.Sprintf("direct's own p99 at 200 streams is %s, over 10× the goal: this machine is saturated, and the difference is noise", ms(directP99)))
 	goal(w, fmt.Sprintf("broker RSS with %d idle streams", m.idle), "≤ 256 MiB at 5,000", mib(m.rssIdle), m.rssIdle <= 256<<20, m.idle >= 5000)
 }
 

@@ -82,13 +82,17 @@ func ratio(a, b float64) string {
 }
 
 // goal is one line of the goals table.
-func goal(w *bytes.Buffer, what, want string, measured string, met, ok bool) {
+// goal writes a row of the goals table: met or not when ok; else not
+// measured, or not judged for the reason unjudged gives.
+func goal(w *bytes.Buffer, what, want string, measured string, met, ok bool, unjudged ...string) {
 	verdict := "not measured"
 	switch {
 	case ok && met:
 		verdict = "**met**"
 	case ok:
 		verdict = "**not met**"
+	case len(unjudged) > 0:
+		verdict = "not judged: " + unjudged[0]
 	}
 	fmt.Fprintf(w, "| %s | %s | %s | %s |\n", what, want, measured, verdict)
 }
