@@ -30,8 +30,8 @@ import (
 // user's slots in model_calls (compare-and-set, so brokers racing for the
 // last slot cannot both win; a broker's own changes to one user's keys
 // are batched into one write, batch.go) and checks the user's budget
-// against the month's spend; after it, it adds the call to the month's total,
-// publishes its record on AAAS_USAGE and only then frees the slot. That
+// against the month's spend; after it, it adds the call to the month's
+// total, publishes its record on AAAS_USAGE and only then frees the slot. That
 // order is what bounds the overshoot: a call whose cost is not yet in the
 // total still holds a slot, and the spend is read holding one, so at most
 // MaxConcurrent calls' costs are ever missing from the spend a budget

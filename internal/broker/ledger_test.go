@@ -138,9 +138,9 @@ func (b *ledgerBus) usageOf(user string) state.Usage {
 }
 
 func liveSlots(slots map[string]time.Time, now time.Time) map[string]time.Time {
-	live := maps.Clone(slots)
-	maps.DeleteFunc(live, func(_ string, lapse time.Time) bool { return !lapse.After(now) })
-	return live
+	live := state.ModelCalls{Slots: maps.Clone(slots)}
+	pruneSlots(&live, now)
+	return live.Slots
 }
 
 // liveSlotsOf are the user's slots in model_calls that have not lapsed.
