@@ -25,6 +25,7 @@ import (
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/state"
+	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 // Stack is one test's system: its own NATS server (with the production
@@ -419,35 +420,52 @@ func (s *Stack) AuditLog() string {
 }
 
 // readAll passes fn every message an ordered consumer of stream with cfg
-// has for it now, oldest first.
+// has for it now, oldest first. A read the cluster interrupts (a fault
+// test's partition, a stream leader moving: "no responders") starts over
+// with a new consumer until the read completes, so fn sees each message
+// once.
 func (s *Stack) readAll(stream string, cfg jetstream.OrderedConsumerConfig, fn func(jetstream.Msg)) {
 	s.t.Helper()
-	ctx := Context(s.t, time.Minute)
+	var msgs []jetstream.Msg
+	testutil.Eventually(s.t, time.Minute, func() (err error) {
+		msgs, err = s.tryReadAll(stream, cfg)
+		return err
+	})
+	for _, m := range msgs {
+		fn(m)
+	}
+}
+
+func (s *Stack) tryReadAll(stream string, cfg jetstream.OrderedConsumerConfig) ([]jetstream.Msg, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	cons, err := s.JS.OrderedConsumer(ctx, stream, cfg)
 	if err != nil {
-		s.t.Fatal(err)
+		return nil, err
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
-		s.t.Fatal(err)
+		return nil, err
 	}
+	var msgs []jetstream.Msg
 	for pending := info.NumPending; pending > 0; {
 		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(10*time.Second))
 		if err != nil {
-			s.t.Fatal(err)
+			return nil, err
 		}
 		got := 0
 		for m := range batch.Messages() {
 			got++
-			fn(m)
+			msgs = append(msgs, m)
 			if meta, err := m.Metadata(); err == nil {
 				pending = meta.NumPending
 			}
 		}
 		if err := batch.Error(); err != nil || got == 0 {
-			s.t.Fatalf("reading %s: %d messages pending, none delivered (%v)", stream, pending, err)
+			return nil, fmt.Errorf("reading %s: %d messages pending, none delivered (%v)", stream, pending, err)
 		}
 	}
+	return msgs, nil
 }
 
 // Idleness is what the activity stream says about a user's idle clock,
