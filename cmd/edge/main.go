@@ -20,6 +20,7 @@ import (
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/process"
@@ -135,6 +136,18 @@ func run(p *process.Process, cfg config.Edge) error {
 	if err != nil {
 		return err
 	}
+	awake, err := kv.Open[state.KeepAwake](ctx, p.JS, state.BucketKeepAwake)
+	if err != nil {
+		return err
+	}
+	awakes, err := kv.NewCache(ctx, awake, ">", p.Log)
+	if err != nil {
+		return err
+	}
+	// Every edge follows the activity stream: the admin view and the
+	// user's page show the idle rule's view of it.
+	clocks := idle.NewClocks()
+	go clocks.Follow(ctx, p.JS, p.Log)
 	acct := accounts.New(accounts.Options{
 		Auth: authn, Actions: actions, Publisher: pub, Users: users, Sandboxes: boxes, Requests: requests, Queue: queue,
 		InFlight: slots, CookieSecure: cfg.CookieSecure, CookieMaxAge: cfg.Buckets.SessionTTL,
@@ -142,6 +155,7 @@ func run(p *process.Process, cfg config.Edge) error {
 		WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Log: p.Log,
 		SandboxDomain: cfg.SandboxDomain, AdminHosts: cfg.AdminHosts, PublicHosts: cfg.PublicHosts,
 		Spend: book, BYOK: byok,
+		Clocks: clocks, Idle: cfg.Idle, KeepAwake: awake, KeepAwakes: awakes, MaxKeepAwake: cfg.MaxKeepAwake,
 	})
 	prx := proxy.New(proxy.Options{
 		Auth: authn, ValidUser: validUser, SandboxDomain: cfg.SandboxDomain, SignIn: authn.TradeSandboxCode, Gateway: cfg.PublicHosts[0],
@@ -150,14 +164,13 @@ func run(p *process.Process, cfg config.Edge) error {
 		WakeTimeout: cfg.WakeTimeout, HandshakeTimeout: cfg.HandshakeTimeout, MaxStaleness: cfg.RouteMaxStaleness,
 		MaxBody: cfg.MaxBodyBytes, WSMaxMessage: cfg.WSMaxMessageBytes, HeaderAllowlist: cfg.HeaderAllowlist,
 		IdentityHeaders: []string{sso.NameHeader, sso.IDHeader, sso.GroupsHeader}, BeaconInterval: cfg.BeaconInterval, BeaconTTL: cfg.BeaconTTL,
-		ReadTimeout: cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Changes: changes,
+		IdleConnected: cfg.IdleConnectedTimeout,
+		ReadTimeout:   cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Changes: changes,
 		Log: p.Log, Metrics: p.Metrics,
 	})
 
-	activity := admin.NewActivity()
-	go activity.Follow(ctx, p.JS, p.Log)
 	adm := admin.New(admin.Options{
-		Auth: authn, Accounts: acct, Users: users, Sandboxes: boxes, Activity: activity, Publisher: pub, Log: p.Log,
+		Auth: authn, Accounts: acct, Users: users, Sandboxes: boxes, Activity: clocks, Publisher: pub, Log: p.Log,
 		Hosts: cfg.AdminHosts, PublicHosts: cfg.PublicHosts, SandboxDomain: cfg.SandboxDomain,
 		Spend: book, Budgets: budgets, JS: p.JS,
 	})

@@ -22,7 +22,7 @@ func main() {
 func run(p *process.Process, cfg config.Sweeper) error {
 	s, err := sweeper.New(p.Ctx, sweeper.Options{
 		JS: p.JS, Publisher: events.NewPublisher(p.JS, cfg.InstanceID, p.Log),
-		IdleTimeout: cfg.IdleTimeout, Interval: cfg.Interval,
+		Policy: cfg.Policy, Interval: cfg.Interval,
 		IdleEvict: cfg.IdleEvict, MaxRunning: cfg.MaxRunning,
 		Log: p.Log, Metrics: p.Metrics,
 	})

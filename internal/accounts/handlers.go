@@ -24,8 +24,8 @@ func (s *Service) landing(c *fiber.Ctx) error {
 	d := web.Landing{Invite: s.o.InviteCode != "", SSO: s.o.SSO, MaxUserLen: auth.MaxUserLen}
 	if id, err := s.identity(c); err == nil {
 		d.User, d.Sandbox = id.User, s.sites.SandboxURL(c, id.User)
-		st := s.state(id.User)
-		d.Phase, d.Reason = string(st.Phase), st.Reason
+		st := s.statusOf(id.User, d.Sandbox)
+		d.Phase, d.Reason, d.Sleep = st.Phase, st.Reason, s.sleep(st)
 		d.Models = s.landingModels(id.User)
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
@@ -241,6 +241,9 @@ func (s *Service) deleteAccount(c *fiber.Ctx) error {
 	}
 	s.clearCookie(c)
 	s.audit(events.AuditEvent{Kind: events.AuditDelete, User: id.User, Outcome: "requested", Detail: "by " + id.Method})
+	if c.Method() == fiber.MethodPost && !wantsJSON(c) {
+		return c.Redirect("/", fiber.StatusSeeOther) // the confirm page's form
+	}
 	return c.SendStatus(fiber.StatusNoContent)
 }
 
@@ -345,20 +348,6 @@ func (s *Service) Act(user string, verb events.Verb) (state.Result, error) {
 		return state.Result{}, &Refusal{Status: fiber.StatusTooManyRequests, Message: "too many recreates or deletions of this account; wait and try again", RetryAfter: o.retry}
 	}
 	return o.res, err
-}
-
-type statusBody struct {
-	User   string `json:"user"`
-	Phase  string `json:"phase"`
-	Reason string `json:"reason,omitempty"`
-	URL    string `json:"url"`
-}
-
-// statusOf is user's status; url is where their sandbox is reached
-// (Sites.SandboxURL of the request asking).
-func (s *Service) statusOf(user, url string) statusBody {
-	st := s.state(user)
-	return statusBody{User: user, Phase: string(st.Phase), Reason: st.Reason, URL: url}
 }
 
 func (s *Service) status(c *fiber.Ctx) error {

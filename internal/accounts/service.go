@@ -1,6 +1,7 @@
 // Package accounts serves the account endpoints at the edge: the landing
-// page, signup, login, logout, account deletion, recreate, and the status
-// page and stream. It creates SSO users' accounts on first sight, as an
+// page (the user's own page when signed in), signup, login, logout,
+// account deletion, recreate, suspend and keep-awake, and the status page
+// and stream. It creates SSO users' accounts on first sight, as an
 // explicit step (authentication itself never writes an account). Who a
 // request is comes from the auth package.
 package accounts
@@ -26,6 +27,7 @@ import (
 	"github.com/aaas-project/aaas/internal/capacity"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/spend"
 	"github.com/aaas-project/aaas/internal/state"
@@ -67,6 +69,16 @@ type Options struct {
 	AdminHosts    []string
 	PublicHosts   []string
 
+	// Clocks and Idle are the activity the edge follows and the idle rule
+	// (IDLE_TIMEOUT, MAX_RUNTIME): the user's page shows when their sandbox
+	// will be suspended and why. KeepAwake (and its cache) holds users'
+	// keep-awakes, each at most MaxKeepAwake (MAX_KEEPAWAKE).
+	Clocks       *idle.Clocks
+	Idle         idle.Policy
+	KeepAwake    *kv.Bucket[state.KeepAwake]
+	KeepAwakes   *kv.Cache[state.KeepAwake]
+	MaxKeepAwake time.Duration
+
 	// Spend shows the user their model spend and budget on their page;
 	// BYOK, when set, lets them store their own provider keys there.
 	Spend *spend.Book
@@ -104,7 +116,8 @@ func New(o Options) *Service {
 // Ready reports whether the caches the account endpoints read are
 // complete.
 func (s *Service) Ready() bool {
-	return s.o.Auth.Synced() && s.o.Sandboxes.IsSynced() && s.o.Requests.IsSynced() && (s.o.Spend == nil || s.o.Spend.Synced())
+	return s.o.Auth.Synced() && s.o.Sandboxes.IsSynced() && s.o.Requests.IsSynced() && (s.o.Spend == nil || s.o.Spend.Synced()) &&
+		(s.o.KeepAwakes == nil || s.o.KeepAwakes.IsSynced())
 }
 
 // The handlers' calls out (NATS, waits) take context.Background() bounded
@@ -140,6 +153,10 @@ func (s *Service) Register(app *fiber.App) {
 	app.Delete("/users/:user", s.deleteAccount)
 	app.Post("/recreate", s.recreate)
 	app.Get("/_/status", s.status)
+	app.Post("/_/keepawake", s.keepAwake)
+	app.Post("/_/suspend", s.suspendNow)
+	app.Get("/_/confirm/:action", s.confirm)
+	app.Post("/users/:user/delete", s.deleteAccount)
 	app.Get("/_/status/stream", s.statusStream)
 	app.Get("/_/usage", s.usage)
 	app.Put("/_/keys/:provider", s.storeKey)

@@ -34,6 +34,7 @@ import (
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/spend"
 	"github.com/aaas-project/aaas/internal/state"
@@ -52,7 +53,7 @@ type Options struct {
 	Accounts  *accounts.Service
 	Users     *kv.Cache[state.User]
 	Sandboxes *kv.Cache[state.Sandbox]
-	Activity  *Activity
+	Activity  *idle.Clocks
 	Publisher *events.Publisher
 	Log       *slog.Logger
 	// Hosts are ADMIN_HOSTS, canonical: when set, the only hosts the view
@@ -115,7 +116,7 @@ type Row struct {
 	Sessions   int       `json:"sessions"`
 	// InFlight is the work (requests and WebSockets) open on each edge
 	// that has reported it within its beacon's TTL.
-	InFlight []EdgeLoad `json:"in_flight,omitempty"`
+	InFlight []idle.Load `json:"in_flight,omitempty"`
 	// URL is where the user's sandbox is reached (see sandboxURL).
 	URL string `json:"url,omitempty"`
 	// SpentMicros is the user's model spend this month (what the
@@ -226,7 +227,8 @@ func (s *Service) row(name string, now time.Time) Row {
 		r.Phase, r.Reason, r.Pod, r.ReadySince = string(b.Value.Phase), b.Value.Reason, b.Value.PodName, b.Value.ReadySince
 		r.Managed = r.Managed || b.Value.Managed
 	}
-	r.LastActive, r.InFlight = s.o.Activity.Of(name, now)
+	v := s.o.Activity.View(name, now)
+	r.LastActive, r.InFlight = v.Last, v.Load
 	if s.o.Spend != nil {
 		b := s.o.Spend.Budget(name)
 		r.SpentMicros, r.Budget = s.o.Spend.Spent(name, state.Month(now)).CostMicros, &b
@@ -372,7 +374,7 @@ func since(t, now time.Time) string {
 	return strconv.Itoa(int(d.Hours()/24)) + "d"
 }
 
-func inFlightText(load []EdgeLoad) string {
+func inFlightText(load []idle.Load) string {
 	parts := make([]string, len(load))
 	for i, l := range load {
 		parts[i] = fmt.Sprintf("%s: %d", l.Edge, l.InFlight)

@@ -13,6 +13,7 @@ import (
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/spend"
 	"github.com/aaas-project/aaas/internal/state"
@@ -91,7 +92,7 @@ func fixtureJS(t testing.TB, n int, where Options) (*Service, string, jetstream.
 	budgets := open[state.Budget](t, js, state.BucketBudgets)
 	book := &spend.Book{Usage: cache(t, open[state.Usage](t, js, state.BucketUsage)), Budgets: cache(t, budgets),
 		Groups: cache(t, open[state.UserGroups](t, js, state.BucketUserGroups)), DefaultMicros: 20_000_000}
-	return New(Options{Auth: a, Users: uc, Sandboxes: bc, Activity: NewActivity(), Log: quiet, Publisher: events.NewPublisher(js, "edge-test", quiet),
+	return New(Options{Auth: a, Users: uc, Sandboxes: bc, Activity: idle.NewClocks(), Log: quiet, Publisher: events.NewPublisher(js, "edge-test", quiet),
 		Hosts: where.Hosts, SandboxDomain: where.SandboxDomain, PublicHosts: where.PublicHosts, Spend: book, Budgets: budgets, JS: js}), token, js
 }
 
@@ -168,41 +169,6 @@ func TestPagesCoverEveryUserOnce(t *testing.T) {
 	zed := s.Page(Query{Limit: 1, Prefix: "zed"}, time.Now()).Users[0]
 	if zed.Managed || !zed.Created.IsZero() || zed.Phase != string(state.PhaseReady) {
 		t.Fatalf("a sandbox without an account: %+v", zed)
-	}
-}
-
-// The admin view's activity table: per edge the newest beacon, its time
-// taken from the stream (an edge's clock 30 s off changes nothing), and
-// work in flight only while its beacon's TTL runs.
-func TestActivity(t *testing.T) {
-	a := NewActivity()
-	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	skew := 30 * time.Second
-	beacon := func(edge string, inFlight int, idle time.Duration, clockOff time.Duration) events.Beacon {
-		sent := t0.Add(clockOff)
-		return events.Beacon{User: "ann", Edge: edge, InFlight: inFlight, LastActive: sent.Add(-idle), SentAt: sent, TTL: 10 * time.Second}
-	}
-	a.observe(beacon("edge-a", 2, 0, skew), 1, t0)
-	a.observe(beacon("edge-b", 0, time.Minute, -skew), 2, t0)
-	a.observe(beacon("edge-a", 0, time.Hour, 0), 3, t0.Add(-time.Second)) // older, delivered late
-
-	for _, tc := range []struct {
-		at   time.Time
-		load []EdgeLoad
-	}{
-		{t0.Add(5 * time.Second), []EdgeLoad{{Edge: "edge-a", InFlight: 2, At: t0}}},
-		{t0.Add(11 * time.Second), nil},
-	} {
-		last, load := a.Of("ann", tc.at)
-		if !last.Equal(t0) {
-			t.Errorf("at %s: last active %s, want the stream's %s", tc.at, last, t0)
-		}
-		if fmt.Sprint(load) != fmt.Sprint(tc.load) {
-			t.Errorf("at %s: in flight %v, want %v", tc.at, load, tc.load)
-		}
-	}
-	if last, load := a.Of("nobody", t0); !last.IsZero() || load != nil {
-		t.Errorf("unknown user: %v %v", last, load)
 	}
 }
 

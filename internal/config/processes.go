@@ -11,6 +11,7 @@ import (
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/idle"
 )
 
 // Edge is the configuration of cmd/edge.
@@ -102,6 +103,16 @@ type Edge struct {
 	// AdminGroups is ADMIN_GROUPS: with SSO, the groups (from
 	// AUTH_PROXY_GROUPS_HEADER) whose members may use /_/admin.
 	AdminGroups []string
+	// Idle is IDLE_TIMEOUT and MAX_RUNTIME, read as the sweeper reads them:
+	// the user's page shows when the sandbox will be suspended.
+	Idle idle.Policy
+	// IdleConnectedTimeout is IDLE_CONNECTED_TIMEOUT: a stream (WebSocket,
+	// streamed response) with no browser input for this long stops
+	// counting as activity, so a forgotten tab does not pin its sandbox.
+	IdleConnectedTimeout time.Duration
+	// MaxKeepAwake is MAX_KEEPAWAKE: the longest keep-awake a user may ask
+	// for (POST /_/keepawake).
+	MaxKeepAwake time.Duration
 	// BeaconInterval is BEACON_INTERVAL: heartbeat period while busy.
 	BeaconInterval time.Duration
 	// BeaconTTL is BEACON_TTL: how long a beacon reporting work in flight
@@ -170,9 +181,15 @@ func LoadEdge(e *Env) (Edge, error) {
 		HeaderAllowlist:    e.List("UPSTREAM_HEADER_ALLOWLIST", nil),
 		HandshakeKeys:      handshakeKeys(e),
 		BeaconInterval:     beaconInterval(e),
-		MaxUsers:           e.Int("MAX_USERS", 0, 0, 10_000_000),
-		AdminGroups:        e.List("ADMIN_GROUPS", nil),
-		ShutdownTimeout:    shutdownTimeout(e),
+		Idle:               idlePolicy(e),
+		// Long enough for reading a long answer or watching an agent work
+		// without typing; short enough that a tab forgotten overnight
+		// frees its pod.
+		IdleConnectedTimeout: e.Duration("IDLE_CONNECTED_TIMEOUT", time.Hour, 10*time.Second, 30*24*time.Hour),
+		MaxKeepAwake:         e.Duration("MAX_KEEPAWAKE", 8*time.Hour, time.Minute, 30*24*time.Hour),
+		MaxUsers:             e.Int("MAX_USERS", 0, 0, 10_000_000),
+		AdminGroups:          e.List("ADMIN_GROUPS", nil),
+		ShutdownTimeout:      shutdownTimeout(e),
 		// Above a NATS leader election and a stalled watch's replacement
 		// (4-20 s), so neither trips it; as long as BEACON_TTL's default,
 		// after which the rest of the gateway may act on this edge's
@@ -522,9 +539,8 @@ func handshakeKeys(e *Env) [][]byte {
 // Sweeper is the configuration of cmd/sweeper.
 type Sweeper struct {
 	Common
-	// IdleTimeout is IDLE_TIMEOUT: a Ready sandbox with no activity and
-	// nothing in flight for this long is suspended.
-	IdleTimeout time.Duration
+	// Policy is IDLE_TIMEOUT and MAX_RUNTIME (idlePolicy).
+	Policy idle.Policy
 	// Interval is SWEEP_INTERVAL, default a tenth of IDLE_TIMEOUT (at
 	// most 30s).
 	Interval time.Duration
@@ -543,17 +559,33 @@ func maxRunning(e *Env) int { return e.Int("MAX_RUNNING_SANDBOXES", 0, 0, 10_000
 // LoadSweeper reads and validates the sweeper's variables.
 func LoadSweeper(e *Env) (Sweeper, error) {
 	c := Sweeper{
-		Common:      LoadCommon(e, ":9092"),
-		IdleTimeout: e.Duration("IDLE_TIMEOUT", 15*time.Minute, time.Second, 30*24*time.Hour),
-		LeaseTTL:    e.Duration("LEASE_TTL", 10*time.Second, time.Second, 5*time.Minute),
-		MaxRunning:  maxRunning(e),
-		IdleEvict:   e.Bool("IDLE_EVICT", false),
+		Common:     LoadCommon(e, ":9092"),
+		Policy:     idlePolicy(e),
+		LeaseTTL:   e.Duration("LEASE_TTL", 10*time.Second, time.Second, 5*time.Minute),
+		MaxRunning: maxRunning(e),
+		IdleEvict:  e.Bool("IDLE_EVICT", false),
 	}
 	if c.IdleEvict && c.MaxRunning == 0 {
 		e.Fail("IDLE_EVICT", "needs MAX_RUNNING_SANDBOXES: eviction makes room under that cap")
 	}
-	c.Interval = e.Duration("SWEEP_INTERVAL", min(max(c.IdleTimeout/10, 100*time.Millisecond), 30*time.Second), 50*time.Millisecond, time.Hour)
+	c.Interval = e.Duration("SWEEP_INTERVAL", min(max(c.Policy.IdleTimeout/10, 100*time.Millisecond), 30*time.Second), 50*time.Millisecond, time.Hour)
 	return c, e.Err()
+}
+
+// idlePolicy reads IDLE_TIMEOUT (a Ready sandbox with nothing in flight
+// and no activity for this long is suspended) and MAX_RUNTIME (one awake
+// this long without a keep-awake is suspended even if busy; 0, the
+// default, is no ceiling). The sweeper decides by them; the edge shows
+// users when their sandbox will be suspended by the same rule.
+func idlePolicy(e *Env) idle.Policy {
+	p := idle.Policy{
+		IdleTimeout: e.Duration("IDLE_TIMEOUT", 15*time.Minute, time.Second, 30*24*time.Hour),
+		MaxRuntime:  e.Duration("MAX_RUNTIME", 0, 0, 365*24*time.Hour),
+	}
+	if p.MaxRuntime > 0 && p.MaxRuntime < p.IdleTimeout {
+		e.Fail("MAX_RUNTIME", "%s is shorter than IDLE_TIMEOUT (%s): every sandbox would meet the ceiling before it could fall idle", p.MaxRuntime, p.IdleTimeout)
+	}
+	return p
 }
 
 // routeMaxStaleness reads ROUTE_MAX_STALENESS, the longest an edge (which

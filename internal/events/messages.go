@@ -109,6 +109,13 @@ type SuspendArgs struct {
 	// however recently the sandbox was used. (A worker that predates the
 	// field sees no evidence and cancels it if there was any activity.)
 	By string `json:"by,omitempty"`
+	// Reason is why (an idle.Reason: idle, idle_connected, max_runtime,
+	// evicted, admin, user); empty from a build that predates it, read as
+	// idle, or admin when By is set. Forced reasons are carried out
+	// whatever the activity since.
+	Reason string `json:"reason,omitempty"`
+	// Detail is the decision in words, for the audit and the user's page.
+	Detail string `json:"detail,omitempty"`
 }
 
 // HandshakeArgs says which pod and which browser Host the DSH auth cookie is
@@ -176,10 +183,10 @@ func NewWake(user string, stateRev uint64) Command {
 	return newCommand(VerbWake, user, strconv.FormatUint(stateRev, 10))
 }
 
-// NewSuspend records the sweeper's decision.
-func NewSuspend(user string, activitySeq, stateRev uint64, idleSince time.Time) Command {
+// NewSuspend records the sweeper's decision and why (an idle.Reason).
+func NewSuspend(user string, activitySeq, stateRev uint64, idleSince time.Time, reason, detail string) Command {
 	c := newCommand(VerbSuspend, user, strconv.FormatUint(stateRev, 10)+"."+strconv.FormatUint(activitySeq, 10))
-	c.Suspend = &SuspendArgs{ActivitySeq: activitySeq, IdleSince: idleSince.UTC()}
+	c.Suspend = &SuspendArgs{ActivitySeq: activitySeq, IdleSince: idleSince.UTC(), Reason: reason, Detail: detail}
 	return c
 }
 
@@ -187,7 +194,15 @@ func NewSuspend(user string, activitySeq, stateRev uint64, idleSince time.Time) 
 // its state revision stateRev: administrators asking at once ask once.
 func NewAdminSuspend(user string, stateRev uint64, by string) Command {
 	c := newCommand(VerbSuspend, user, strconv.FormatUint(stateRev, 10)+".admin")
-	c.Suspend = &SuspendArgs{By: by}
+	c.Suspend = &SuspendArgs{By: by, Reason: "admin"}
+	return c
+}
+
+// NewUserSuspend is the user's own "suspend now", as of the sandbox's
+// state revision stateRev (a double click asks once).
+func NewUserSuspend(user string, stateRev uint64) Command {
+	c := newCommand(VerbSuspend, user, strconv.FormatUint(stateRev, 10)+".user")
+	c.Suspend = &SuspendArgs{Reason: "user"}
 	return c
 }
 
@@ -218,8 +233,14 @@ type Beacon struct {
 	V    int    `json:"v"`
 	User string `json:"user"`
 	Edge string `json:"edge"`
-	// InFlight counts requests and WebSockets open on this edge right now.
+	// InFlight counts the work in flight for the user on this sender right
+	// now: an edge's requests and the streams (WebSockets, streamed
+	// responses) that had browser input within IDLE_CONNECTED_TIMEOUT; a
+	// broker's model calls.
 	InFlight int `json:"in_flight"`
+	// IdleStreams counts the streams open on this edge that no longer
+	// count as activity (no browser input for IDLE_CONNECTED_TIMEOUT).
+	IdleStreams int `json:"idle_streams,omitempty"`
 	// LastActive is when this edge last started or finished work for the user.
 	LastActive time.Time `json:"last_active"`
 	SentAt     time.Time `json:"sent_at"`
@@ -304,6 +325,9 @@ const (
 	// AuditCredential is a user storing or deleting their own provider
 	// key (BYOK); the key itself is never in it.
 	AuditCredential AuditKind = "credential"
+	// AuditKeepAwake is a user keeping their sandbox awake (or ending a
+	// keep-awake).
+	AuditKeepAwake AuditKind = "keepawake"
 )
 
 // AuditEvent is one audit record. Detail is free text for humans and must

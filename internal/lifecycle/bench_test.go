@@ -54,7 +54,7 @@ func BenchmarkWakeOverhead(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		box, _ := f.boxes.Get("wb")
-		f.command(events.NewSuspend("wb", f.lastActivitySeq("wb"), box.Revision, time.Now()))
+		f.command(events.NewSuspend("wb", f.lastActivitySeq("wb"), box.Revision, time.Now(), "idle", ""))
 		f.waitPhase("wb", state.PhaseSuspended)
 		e, _ := f.boxes.Get("wb")
 		b.StartTimer()

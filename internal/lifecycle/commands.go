@@ -17,6 +17,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
+	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/sandbox"
 	"github.com/aaas-project/aaas/internal/state"
@@ -131,38 +132,79 @@ func (w *Worker) start(ctx context.Context, user string, sb *sandboxv1beta1.Sand
 	return nil
 }
 
-// suspend is compare-and-suspend: it refuses when the user has any
-// activity newer than the sweeper saw, and it only ever sees claims with
-// the managed-by label (the claim informer selects on it).
+// suspend is compare-and-suspend: unless its reason is forced (a ceiling,
+// an administrator, the user: idle.Reason.Forced) it refuses when the
+// user has any activity newer than the sweeper saw or a keep-awake that
+// still holds, the same rule the sweeper decided by (idle). It only ever
+// sees claims with the managed-by label (the claim informer selects on
+// it). Why it suspended goes on the Sandbox with the suspend itself.
 func (w *Worker) suspend(ctx context.Context, c events.Command) (string, error) {
 	st := w.k8s.Lookup(c.User)
 	if st.Claim == nil || !w.k8s.Managed(st.Claim) || st.Sandbox == nil {
 		return "skipped", nil
 	}
-	seq, err := w.lastActivity(ctx, c.User)
-	if err != nil {
-		return "", err
-	}
-	if c.Suspend.By == "" && seq > c.Suspend.ActivitySeq {
-		w.pub.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: c.User, Outcome: "cancelled",
-			Detail: fmt.Sprintf("activity %d is newer than the decision's %d", seq, c.Suspend.ActivitySeq)})
-		return "cancelled", nil
+	reason := suspendReason(c.Suspend)
+	if !reason.Forced() {
+		seq, err := w.lastActivity(ctx, c.User)
+		if err != nil {
+			return "", err
+		}
+		if seq > c.Suspend.ActivitySeq {
+			w.pub.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: c.User, Outcome: "cancelled",
+				Detail: fmt.Sprintf("activity %d is newer than the decision's %d", seq, c.Suspend.ActivitySeq)})
+			return "cancelled", nil
+		}
+		k, err := w.keepAwake.Get(ctx, c.User)
+		switch {
+		case err == nil && k.Value.Holds(time.Now()):
+			w.pub.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: c.User, Outcome: "cancelled",
+				Detail: "kept awake until " + k.Value.Until.UTC().Format(time.RFC3339)})
+			return "cancelled", nil
+		case err != nil && !errors.Is(err, kv.ErrNotFound):
+			return "", err
+		}
 	}
 	if st.Sandbox.Spec.OperatingMode == sandboxv1beta1.SandboxOperatingModeSuspended {
 		return "skipped", nil
 	}
-	if err := w.k8s.SetMode(ctx, st.Sandbox.Name, sandboxv1beta1.SandboxOperatingModeSuspended); err != nil {
+	// Detail is in words for the user's pages (the sweeper's
+	// idle.Reason.Describe); the audit says who asked.
+	detail, by := c.Suspend.Detail, ""
+	switch {
+	case reason == idle.ReasonAdmin:
+		detail, by = reason.Describe(idle.Policy{}), ", by "+c.Suspend.By
+	case reason == idle.ReasonUser:
+		detail = reason.Describe(idle.Policy{})
+	case detail == "":
+		detail = "it was idle since " + c.Suspend.IdleSince.Format(time.RFC3339)
+	}
+	if len(detail) > 200 {
+		detail = detail[:200]
+	}
+	why := state.Suspension{At: time.Now().UTC(), Reason: string(reason), Detail: detail}
+	if err := w.k8s.Suspend(ctx, st.Sandbox.Name, why); err != nil {
 		return "", w.kubeFail(ctx, "suspend", err)
 	}
 	if _, err := w.handshakes.PurgePrefix(ctx, c.User); err != nil {
 		return "", err
 	}
-	detail := fmt.Sprintf("sandbox %s idle since %s", st.Sandbox.Name, c.Suspend.IdleSince.Format(time.RFC3339))
-	if c.Suspend.By != "" {
-		detail = fmt.Sprintf("sandbox %s suspended by administrator %s", st.Sandbox.Name, c.Suspend.By)
-	}
-	w.pub.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: c.User, Outcome: "suspended", Detail: detail})
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: c.User, Outcome: "suspended",
+		Detail: fmt.Sprintf("sandbox %s: %s (%s%s)", st.Sandbox.Name, detail, reason, by)})
 	return "suspended", nil
+}
+
+// suspendReason is a command's reason; a command from a build before
+// reasons (or with one this build does not know) is an administrator's
+// when it names one, else the sweeper's idle decision: never forced by
+// mistake.
+func suspendReason(a *events.SuspendArgs) idle.Reason {
+	switch r := idle.Reason(a.Reason); {
+	case a.By != "":
+		return idle.ReasonAdmin
+	case r.Valid():
+		return r
+	}
+	return idle.ReasonIdle
 }
 
 // lastActivity is the newest activity-stream sequence for user (0: none).

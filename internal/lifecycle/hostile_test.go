@@ -83,7 +83,7 @@ func TestCommandNotOnItsOwnSubjectIsRefused(t *testing.T) {
 	}
 	const subject = "aaas.cmd.suspend.x"
 	box, _ := f.boxes.Get("victim")
-	control, _ := json.Marshal(events.NewSuspend("victim", f.lastActivitySeq("victim"), box.Revision, time.Now()))
+	control, _ := json.Marshal(events.NewSuspend("victim", f.lastActivitySeq("victim"), box.Revision, time.Now(), "idle", ""))
 	for _, m := range []struct {
 		subject string
 		data    []byte

@@ -71,6 +71,7 @@ type Worker struct {
 	handshakes *kv.Bucket[state.Handshake]
 	requests   *kv.Bucket[state.Result]
 	queue      *kv.Bucket[state.Queued]
+	keepAwake  *kv.Bucket[state.KeepAwake]
 	userCache  *kv.Cache[state.User]
 	boxCache   *kv.Cache[state.Sandbox]
 	queueCache *kv.Cache[state.Queued]
@@ -102,6 +103,9 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 		return nil, err
 	}
 	if w.requests, err = kv.Open[state.Result](ctx, o.JS, state.BucketRequests); err != nil {
+		return nil, err
+	}
+	if w.keepAwake, err = kv.Open[state.KeepAwake](ctx, o.JS, state.BucketKeepAwake); err != nil {
 		return nil, err
 	}
 	if w.activity, err = o.JS.Stream(ctx, events.StreamActivity); err != nil {

@@ -273,7 +273,7 @@ func TestSuspendWakeAndHandshake(t *testing.T) {
 	}
 	before, _ := f.boxes.Get("dora")
 
-	f.command(events.NewSuspend("dora", f.lastActivitySeq("dora"), before.Revision, time.Now()))
+	f.command(events.NewSuspend("dora", f.lastActivitySeq("dora"), before.Revision, time.Now(), "idle", ""))
 	f.waitPhase("dora", state.PhaseSuspended)
 	testutil.Eventually(t, 10*time.Second, func() error {
 		keys, err := f.handshakes.Keys(ctx(t), "dora.>")
@@ -305,7 +305,7 @@ func TestCompareAndSuspendRefusesWhenActivityIsNewer(t *testing.T) {
 	decided := f.beacon("emil")
 	box, _ := f.boxes.Get("emil")
 	f.beacon("emil") // the user came back after the sweeper decided
-	f.command(events.NewSuspend("emil", decided, box.Revision, time.Now()))
+	f.command(events.NewSuspend("emil", decided, box.Revision, time.Now(), "idle", ""))
 	// The command is handled (the queue drains) and nothing changes.
 	testutil.Eventually(t, 20*time.Second, func() error {
 		s, _ := f.JS.Stream(ctx(t), events.StreamCommands)
@@ -324,7 +324,7 @@ func TestCompareAndSuspendRefusesWhenActivityIsNewer(t *testing.T) {
 		t.Fatalf("phase = %s", b.Value.Phase)
 	}
 	// With no newer activity the same decision goes through.
-	f.command(events.NewSuspend("emil", f.lastActivitySeq("emil"), box.Revision+1, time.Now()))
+	f.command(events.NewSuspend("emil", f.lastActivitySeq("emil"), box.Revision+1, time.Now(), "idle", ""))
 	f.waitPhase("emil", state.PhaseSuspended)
 }
 
@@ -351,9 +351,9 @@ func TestUnmanagedClaimIsNeverSuspendedOrTaken(t *testing.T) {
 		return nil
 	})
 	ctl, _ := f.boxes.Get("ctl")
-	f.command(events.NewSuspend("alice", 1<<40, 1, time.Now()))
-	f.command(events.NewSuspend("alice", 1<<40, 2, time.Now()))
-	f.command(events.NewSuspend("ctl", f.lastActivitySeq("ctl"), ctl.Revision, time.Now()))
+	f.command(events.NewSuspend("alice", 1<<40, 1, time.Now(), "idle", ""))
+	f.command(events.NewSuspend("alice", 1<<40, 2, time.Now(), "idle", ""))
+	f.command(events.NewSuspend("ctl", f.lastActivitySeq("ctl"), ctl.Revision, time.Now(), "idle", ""))
 	f.waitPhase("ctl", state.PhaseSuspended)
 	f.drained(t) // alice's suspends were handled, not left waiting
 	if res := f.command(events.NewClaim("alice", "req-alice", tokenHash())); res.Outcome != state.OutcomeConflict {
@@ -410,7 +410,7 @@ func TestKilledWorkerMidClaimAndMidWakeIsFinishedByAnother(t *testing.T) {
 
 	// Now a wake, with b killed as it takes it and a third replica left.
 	box, _ := f.boxes.Get("finn")
-	f.command(events.NewSuspend("finn", f.lastActivitySeq("finn"), box.Revision, time.Now()))
+	f.command(events.NewSuspend("finn", f.lastActivitySeq("finn"), box.Revision, time.Now(), "idle", ""))
 	f.waitPhase("finn", state.PhaseSuspended)
 	f.drained(t)
 	f.Faults.Blackhole("kube-lc-b")
@@ -671,7 +671,7 @@ func TestMirrorSetsRightARecordChangedBehindItsBack(t *testing.T) {
 	f.lifecycle("lc-a")
 	f.signup("rita")
 	ready, _ := f.boxes.Get("rita")
-	f.command(events.NewSuspend("rita", f.lastActivitySeq("rita"), ready.Revision, time.Now()))
+	f.command(events.NewSuspend("rita", f.lastActivitySeq("rita"), ready.Revision, time.Now(), "idle", ""))
 	suspended := f.waitPhase("rita", state.PhaseSuspended)
 	// The pod's last events are over: it is gone from the API server.
 	testutil.Eventually(t, 30*time.Second, func() error {

@@ -68,7 +68,7 @@ func TestLifecycleRoleIsMinimal(t *testing.T) {
 		},
 		"sandboxes/patch": func(t *testing.T, _ string) {
 			box, _ := f.boxes.Get("mo")
-			f.command(events.NewSuspend("mo", f.lastActivitySeq("mo"), box.Revision, time.Now()))
+			f.command(events.NewSuspend("mo", f.lastActivitySeq("mo"), box.Revision, time.Now(), "idle", ""))
 			testutil.Eventually(t, 30*time.Second, func() error {
 				for _, e := range f.auditEvents(events.AuditCommandFailed) {
 					if e.User == "mo" && strings.Contains(e.Detail, "suspend command") {

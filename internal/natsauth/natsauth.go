@@ -80,9 +80,10 @@ var grants = map[Role]grant{
 	// and audit events; every edge's beacons for the admin view. Model
 	// spend is read (usage, and the usage stream for the admin's
 	// per-call export); budget overrides (admin), users' sealed own
-	// keys and the SSO groups users sign in with are written.
+	// keys, the SSO groups users sign in with and users' keep-awakes are
+	// written.
 	Edge: {
-		writes: []string{state.BucketSessions, state.BucketRateLimit, state.BucketSigninCodes, state.BucketBudgets, state.BucketCredentials, state.BucketUserGroups},
+		writes: []string{state.BucketSessions, state.BucketRateLimit, state.BucketSigninCodes, state.BucketBudgets, state.BucketCredentials, state.BucketUserGroups, state.BucketKeepAwake},
 		reads:  []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketQueue, state.BucketUsage},
 		publishes: append(commandSubjects(events.VerbClaim, events.VerbWake, events.VerbHandshake, events.VerbSuspend, events.VerbDelete, events.VerbRecreate),
 			events.ActivitySubject("*", "*"), events.AuditSubjectsAll),
@@ -90,21 +91,22 @@ var grants = map[Role]grant{
 	},
 	// The commands' durable consumer (pull and acknowledge only), every
 	// record (pruning the sessions of deleted accounts too), and the newest
-	// beacon of a user for compare-and-suspend.
+	// beacon and the keep-awake of a user for compare-and-suspend.
 	Lifecycle: {
 		writes:    []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketSessions, state.BucketLocks, state.BucketQueue},
+		reads:     []string{state.BucketKeepAwake},
 		publishes: []string{events.AuditSubjectsAll},
 		gets:      []string{events.StreamActivity},
 		durable:   &durable{events.StreamCommands, events.CommandConsumer},
 	},
-	// Idle clocks from the activity stream, suspend commands only, and the
-	// lease. No session: NATS cannot tell a purge from a put on a key's
+	// Idle clocks from the activity stream, users' keep-awakes, suspend
+	// commands only, and the lease. No session: NATS cannot tell a purge from a put on a key's
 	// subject, so an identity that may remove sessions may forge them, and
 	// pruning the sessions of deleted accounts is lifecycle's, which
 	// writes them anyway.
 	Sweeper: {
 		writes:    []string{state.BucketLocks},
-		reads:     []string{state.BucketSandboxes, state.BucketUsers, state.BucketQueue},
+		reads:     []string{state.BucketSandboxes, state.BucketUsers, state.BucketQueue, state.BucketKeepAwake},
 		publishes: append(commandSubjects(events.VerbSuspend), events.AuditSubjectsAll),
 		consumes:  []string{events.StreamActivity},
 	},

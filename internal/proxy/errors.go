@@ -5,6 +5,9 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+
+	"github.com/aaas-project/aaas/internal/state"
+	"github.com/aaas-project/aaas/internal/web"
 )
 
 // statusClientClosed is nginx's 499: the client left before the response.
@@ -112,4 +115,14 @@ func authFailed(err error) *proxyError {
 func responseRefused(err error) error {
 	return &proxyError{Status: http.StatusBadGateway, Title: "Response refused",
 		Detail: "Your sandbox's answer was not passed on: " + err.Error() + "."}
+}
+
+const titlePaused = "Sandbox paused"
+
+// paused answers a page's background request to a sandbox the gateway
+// put to sleep for want of use (Resolver.ready): it stays asleep until
+// the user comes back to it.
+func paused(why *state.Suspension) *proxyError {
+	return &proxyError{Status: http.StatusServiceUnavailable, Title: titlePaused,
+		Detail: web.Slept(why) + " Reload the page to wake it."}
 }

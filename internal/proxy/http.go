@@ -44,7 +44,11 @@ func (p *Proxy) serveHTTP(r *request) error {
 func (p *Proxy) finish(r *request, status int) {
 	r.cancel()
 	p.o.Slots.Release(r.user)
-	p.tracker.end(r.user)
+	if r.stream != nil {
+		r.stream.close()
+	} else {
+		p.tracker.end(r.user)
+	}
 	p.m.inFlight.Dec()
 	p.m.count(status)
 	if p.o.Log.Enabled(context.Background(), slog.LevelDebug) {
@@ -199,12 +203,14 @@ func (p *Proxy) respond(r *request, up Upstream, a *answer) (int, bool, error) {
 		p.tracker.touch(r.user)
 		return status, false, nil
 	}
-	x := &exchange{id: r.id, cancel: r.cancel}
+	// A streamed answer is a stream: it counts as activity while the
+	// browser's input is recent (IDLE_CONNECTED_TIMEOUT from the request).
+	r.stream = p.tracker.promote(r.user)
+	x := &exchange{id: r.id, pod: up.PodUID, cancel: r.cancel}
 	p.live.add(x)
 	c.Response().SetBodyStream(&responseBody{a: a, conn: c.Context().Conn(), write: p.o.WriteTimeout, done: func(n int64) {
 		p.live.remove(x)
 		p.m.bytesDown.Add(float64(n))
-		p.tracker.touch(r.user)
 		p.finish(r, status)
 	}}, int(a.Size))
 	return status, true, nil

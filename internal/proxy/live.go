@@ -8,6 +8,7 @@ import (
 	"github.com/fasthttp/websocket"
 
 	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // exchange is a long-lived proxied exchange: a WebSocket or a streamed
@@ -15,6 +16,9 @@ import (
 // while it lasts, so a logout, a deletion or a recreate on any edge ends it.
 type exchange struct {
 	id auth.Identity
+	// pod is the pod it goes to: when that sandbox is suspended the
+	// exchange ends, a WebSocket with 4408 and why.
+	pod string
 	// ws is the browser's side of a WebSocket; cancel aborts a streamed
 	// response (its upstream request).
 	ws     *websocket.Conn
@@ -49,8 +53,10 @@ func (l *live) snapshot() []*exchange {
 	return out
 }
 
-// revalidate ends the exchanges whose credentials no longer hold:
-// WebSockets with 4401 (the page signs in again), streamed responses by
+// revalidate ends the exchanges whose credentials no longer hold
+// (WebSockets with 4401: the page signs in again) and those whose sandbox
+// is being suspended (4408, with why: the page tells the user rather
+// than reconnecting into a sleeping sandbox), streamed responses by
 // aborting them. It checks on every change to sessions or accounts
 // (Options.Changes), and every interval in case one was missed; the
 // checks are cache reads.
@@ -65,18 +71,43 @@ func (p *Proxy) revalidate(ctx context.Context, interval time.Duration) {
 		case <-p.o.Changes:
 		}
 		for _, x := range p.live.snapshot() {
+			code, why := closeUnauthorized, "signed out"
 			if p.o.Auth.Valid(x.id) {
-				continue
+				if code, why = p.asleep(x); code == 0 {
+					continue
+				}
+			} else {
+				p.m.revoked.Inc()
 			}
-			p.m.revoked.Inc()
 			p.live.remove(x)
 			if x.ws != nil {
-				closeWith(x.ws, closeUnauthorized, "signed out")
+				closeWith(x.ws, code, why)
 			} else {
 				x.cancel()
 			}
 		}
 	}
+}
+
+// asleep is 4408 and why for an exchange whose sandbox is being
+// suspended (or was, and woke as another pod), 0 otherwise.
+func (p *Proxy) asleep(x *exchange) (int, string) {
+	e, ok := p.o.Sandboxes.Get(x.id.User)
+	if !ok || x.pod == "" {
+		return 0, ""
+	}
+	switch b := e.Value; {
+	case b.Phase == state.PhaseSuspending || b.Phase == state.PhaseSuspended,
+		b.Phase == state.PhaseReady && b.PodUID != x.pod && b.LastSuspend != nil:
+		// A close reason must fit a control frame: the reason's name,
+		// which the page can put in words (the landing page has them).
+		why := "sandbox suspended; files kept"
+		if b.LastSuspend != nil {
+			why = "sandbox suspended (" + b.LastSuspend.Reason + "); files kept"
+		}
+		return closeSuspended, why
+	}
+	return 0, ""
 }
 
 // closeWith sends a close frame and closes the connection; safe to call

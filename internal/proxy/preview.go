@@ -52,13 +52,13 @@ func (p *Proxy) resolve(r *request, wait bool) (Upstream, error) {
 	if r.port == 0 {
 		return p.resolver.Resolve(r.ctx, r.target(), wait)
 	}
-	return p.resolver.Preview(r.ctx, r.user, r.port, wait)
+	return p.resolver.Preview(r.ctx, r.user, r.port, wait, background(r.c))
 }
 
 // Preview returns the upstream of user's preview on port: the sandbox's
 // address (waking it as Resolve does) at that port, with no cookie.
-func (r *Resolver) Preview(ctx context.Context, user string, port int, wait bool) (Upstream, error) {
-	box, err := r.ready(ctx, user, wait)
+func (r *Resolver) Preview(ctx context.Context, user string, port int, wait, background bool) (Upstream, error) {
+	box, err := r.ready(ctx, user, wait, background)
 	if err != nil {
 		return Upstream{}, err
 	}

@@ -87,6 +87,9 @@ type Options struct {
 	// BeaconInterval and BeaconTTL are the activity beacons' period while
 	// busy and how long each is trusted.
 	BeaconInterval, BeaconTTL time.Duration
+	// IdleConnected is IDLE_CONNECTED_TIMEOUT: a stream without browser
+	// input this long stops counting as activity.
+	IdleConnected time.Duration
 	// ReadTimeout bounds how long a request body may stall; WriteTimeout
 	// how long one write to the browser may block (both per chunk, so
 	// long streams are fine). Revalidate is how often long-lived exchanges
@@ -135,7 +138,7 @@ func New(o Options) *Proxy {
 			NetDialContext: up.dialer.DialContext, HandshakeTimeout: 10 * time.Second,
 			ReadBufferSize: wsReadBufferSize, WriteBufferSize: wsWriteBufferSize, WriteBufferPool: wsWriteBuffers,
 		},
-		tracker:    newTracker(o.Publisher, o.Edge, o.BeaconInterval, o.BeaconTTL, o.Log),
+		tracker:    newTracker(o.Publisher, o.Edge, o.BeaconInterval, o.BeaconTTL, o.IdleConnected, o.Log),
 		departures: departures{m: map[*request]net.Conn{}},
 		live:       live{m: map[*exchange]struct{}{}},
 	}
@@ -377,7 +380,7 @@ func (p *Proxy) fail(c *fiber.Ctx, rid string, err error) int {
 		c.Set(fiber.HeaderCacheControl, "no-store")
 		c.Type("html")
 		_ = web.RenderStarting(c, web.Starting{User: starting.User, Phase: string(starting.Phase), Reason: starting.Reason,
-			Reload: httpguard.Get(c).OnSandboxDomain})
+			Slept: web.Slept(starting.Slept), Reload: httpguard.Get(c).OnSandboxDomain})
 		return fiber.StatusServiceUnavailable
 	}
 	pe := asProxyError(err)

@@ -38,6 +38,8 @@ type request struct {
 	host, scheme string
 	origin       bool
 	start        time.Time
+	// stream is the request's answer once it became a stream (tracker).
+	stream *stream
 }
 
 // departures cancels the requests whose clients have gone. One goroutine
@@ -108,7 +110,15 @@ func (p *Proxy) begin(c *fiber.Ctx, rid, user, rest string, id auth.Identity) *r
 
 // target is what the resolver needs to know of the request.
 func (r *request) target() Target {
-	return Target{User: r.user, Host: r.host, Scheme: r.scheme, Origin: r.origin}
+	return Target{User: r.user, Host: r.host, Scheme: r.scheme, Origin: r.origin, Background: background(r.c)}
+}
+
+// background reports a page's own request: one a browser marks with a
+// Sec-Fetch-Mode other than navigate (fetch, XHR, EventSource, WebSocket).
+// Clients that send no Sec-Fetch-Mode (API clients, curl) are not pages.
+func background(c *fiber.Ctx) bool {
+	m := c.Get("Sec-Fetch-Mode")
+	return m != "" && m != "navigate"
 }
 
 // uri is the path and query DSH gets.

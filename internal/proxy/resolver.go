@@ -12,6 +12,7 @@ import (
 	"github.com/aaas-project/aaas/internal/capacity"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
+	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
 )
@@ -27,6 +28,9 @@ type Commander interface {
 type Target struct {
 	User, Host, Scheme string
 	Origin             bool
+	// Background: a page's own request (a fetch, a WebSocket), not the
+	// user's navigation (background).
+	Background bool
 }
 
 // Upstream is where a request goes and the cookie it carries.
@@ -48,6 +52,8 @@ type sandboxStarting struct {
 	User   string
 	Phase  state.Phase
 	Reason string
+	// Slept is the sandbox's last suspend, which the page explains.
+	Slept *state.Suspension
 }
 
 func (e *sandboxStarting) Error() string { return "sandbox " + string(e.Phase) }
@@ -98,7 +104,7 @@ type openedCookie struct {
 // once; otherwise Resolve waits up to WakeTimeout for it. Every wait ends
 // with ctx.
 func (r *Resolver) Resolve(ctx context.Context, t Target, wait bool) (Upstream, error) {
-	box, err := r.ready(ctx, t.User, wait)
+	box, err := r.ready(ctx, t.User, wait, t.Background)
 	if err != nil {
 		return Upstream{}, err
 	}
@@ -143,8 +149,12 @@ func usable(e kv.Entry[state.Sandbox], ok bool) bool {
 	return ok && e.Value.Phase == state.PhaseReady && e.Value.Address != ""
 }
 
-// ready returns user's sandbox once it is Ready.
-func (r *Resolver) ready(ctx context.Context, user string, wait bool) (state.Sandbox, error) {
+// ready returns user's sandbox once it is Ready. A page's background
+// request does not wake a sandbox the gateway put to sleep for want of use
+// (idle.Reason.Inactive): a forgotten tab reconnecting would undo the
+// suspend it caused. It is told the sandbox is paused; the user's
+// navigation wakes it.
+func (r *Resolver) ready(ctx context.Context, user string, wait, background bool) (state.Sandbox, error) {
 	e, ok := r.Sandboxes.Get(user)
 	if usable(e, ok) {
 		return e.Value, nil
@@ -167,6 +177,10 @@ func (r *Resolver) ready(ctx context.Context, user string, wait bool) (state.San
 		case state.PhaseDeleting:
 			return state.Sandbox{}, errDeleting
 		case state.PhaseSuspended, state.PhaseSuspending:
+			if ls := e.Value.LastSuspend; background && ls != nil && idle.Reason(ls.Reason).Inactive() {
+				r.m.wakes.WithLabelValues("paused").Inc()
+				return state.Sandbox{}, paused(ls)
+			}
 			// Wake it; the command's ID is derived from this revision, so
 			// every edge asking about the same state publishes one wake.
 			if e.Revision != woken {
@@ -179,7 +193,7 @@ func (r *Resolver) ready(ctx context.Context, user string, wait bool) (state.San
 		}
 		if !wait {
 			shown := r.Queue.Describe(e.Value)
-			return state.Sandbox{}, &sandboxStarting{User: user, Phase: shown.Phase, Reason: shown.Reason}
+			return state.Sandbox{}, &sandboxStarting{User: user, Phase: shown.Phase, Reason: shown.Reason, Slept: e.Value.LastSuspend}
 		}
 		rev := e.Revision
 		var err error

@@ -17,11 +17,14 @@ import (
 )
 
 // Close codes sent to browsers: 4401 asks the page to sign in again, 4403
-// refuses a cross-site socket, 1011 covers every upstream failure and the
-// per-user cap, 1009 a message from DSH above WS_MAX_MESSAGE_BYTES.
+// refuses a cross-site socket, 4408 says the sandbox was suspended (the
+// reason says why; the page should not reconnect by itself), 1011 covers
+// every upstream failure and the per-user cap, 1009 a message from DSH
+// above WS_MAX_MESSAGE_BYTES.
 const (
 	closeUnauthorized = 4401
 	closeForbidden    = 4403
+	closeSuspended    = 4408
 )
 
 // WebSocket buffers: reads go through a small buffer per socket (an idle
@@ -45,6 +48,9 @@ func closeCode(pe *proxyError) int {
 		return closeUnauthorized
 	case errDraining: // this edge is going away; reconnect elsewhere
 		return websocket.CloseGoingAway
+	}
+	if pe.Title == titlePaused {
+		return closeSuspended
 	}
 	switch pe.Status {
 	case fiber.StatusUnauthorized:
@@ -100,18 +106,18 @@ func (p *Proxy) serveWebSocket(r *request) error {
 	if sp := conn.Subprotocol(); sp != "" {
 		upgrader.Subprotocols = []string{sp}
 	}
-	p.tracker.begin(r.user)
+	st := p.tracker.open(r.user)
 	p.m.inFlight.Inc()
 	p.m.count(fiber.StatusSwitchingProtocols)
 	done := func() {
 		r.cancel()
 		p.m.inFlight.Dec()
-		p.tracker.end(r.user)
+		st.close()
 		p.o.Slots.Release(r.user)
 	}
 	err = upgrader.Upgrade(r.c.Context(), func(down *websocket.Conn) {
 		defer done()
-		p.bridge(r.id, down, conn)
+		p.bridge(r.id, up.PodUID, st, down, conn)
 	})
 	if err != nil {
 		conn.Close()
@@ -155,10 +161,11 @@ func (p *Proxy) dial(r *request, up Upstream) (*websocket.Conn, *http.Response, 
 
 // bridge copies messages both ways, frame by frame (a 16 MiB message is
 // never held whole), passes pings, pongs and close codes through, and
-// counts messages as activity. It lasts while id's credentials hold.
-func (p *Proxy) bridge(id auth.Identity, down, up *websocket.Conn) {
-	user := id.User
-	x := &exchange{id: id, ws: down}
+// counts the browser's messages as its input on st (DSH's are not: a page
+// that only receives is a tab nobody may be looking at). It lasts while
+// id's credentials hold and pod's sandbox is awake.
+func (p *Proxy) bridge(id auth.Identity, pod string, st *stream, down, up *websocket.Conn) {
+	x := &exchange{id: id, pod: pod, ws: down}
 	p.live.add(x)
 	p.m.websockets.Inc()
 	defer func() {
@@ -176,11 +183,11 @@ func (p *Proxy) bridge(id auth.Identity, down, up *websocket.Conn) {
 	upDone := make(chan struct{})
 	go func() {
 		defer close(upDone)
-		_ = p.pump(user, p.m.bytesUp, up, down, closeFor)
+		_ = p.pump(st.browserInput, p.m.bytesUp, up, down, closeFor)
 		// The browser's side ended; closing DSH's ends the other pump.
 		up.Close()
 	}()
-	_ = p.pump(user, p.m.bytesDown, down, up, func(err error) []byte {
+	_ = p.pump(nil, p.m.bytesDown, down, up, func(err error) []byte {
 		// The sandbox went away because its user was signed out (a
 		// deletion, a recreate): tell the page so, not "lost".
 		if !p.o.Auth.Valid(id) {
@@ -205,8 +212,9 @@ func forwardControl(from, to *websocket.Conn) {
 
 // pump copies messages read from src to dst until src ends, then tells dst
 // why with closing(err) (1009 when src sent too much; the library has
-// already told src). bytes counts what passes in this direction.
-func (p *Proxy) pump(user string, bytes prometheus.Counter, dst, src *websocket.Conn, closing func(error) []byte) error {
+// already told src). bytes counts what passes in this direction; input,
+// when set, is told of each message.
+func (p *Proxy) pump(input func(), bytes prometheus.Counter, dst, src *websocket.Conn, closing func(error) []byte) error {
 	for {
 		typ, r, err := src.NextReader()
 		if err != nil {
@@ -231,7 +239,9 @@ func (p *Proxy) pump(user string, bytes prometheus.Counter, dst, src *websocket.
 		if err := w.Close(); err != nil {
 			return err
 		}
-		p.tracker.touch(user)
+		if input != nil {
+			input()
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,12 +29,19 @@ import (
 	extinformers "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/informers/externalversions"
 	sandboxinformers "sigs.k8s.io/agent-sandbox/clients/k8s/informers/externalversions"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // Annotations and labels the gateway writes on claims.
 const (
 	// TokenHashAnnotation holds the hex SHA-256 of the user's bearer token.
 	TokenHashAnnotation = "aaas.example.com/token-sha256"
+	// SuspendAnnotation, on a Sandbox, is the gateway's last suspend of
+	// it: JSON of state.Suspension (when, why, in words). The mirror copies
+	// it into the sandbox's record, so the user's pages can say why it
+	// sleeps.
+	SuspendAnnotation = "aaas.example.com/last-suspend"
 	// UserLabel names the gateway user a claim belongs to.
 	UserLabel = "aaas.example.com/user"
 	// ClaimUIDLabel is set by agent-sandbox on a claimed sandbox; warm
@@ -443,6 +451,28 @@ func (c *Cluster) SetMode(ctx context.Context, sandbox string, mode sandboxv1bet
 	_, err := c.sandbox.AgentsV1beta1().Sandboxes(c.cfg.Namespace).Patch(ctx, sandbox, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
 		return fmt.Errorf("set sandbox %s %s: %w", sandbox, mode, err)
+	}
+	return nil
+}
+
+// Suspend sets a sandbox Suspended and records why on it
+// (SuspendAnnotation), in one patch.
+func (c *Cluster) Suspend(ctx context.Context, sandbox string, why state.Suspension) error {
+	note, err := json.Marshal(why)
+	if err != nil {
+		return err
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"annotations": map[string]string{SuspendAnnotation: string(note)}},
+		"spec":     map[string]any{"operatingMode": sandboxv1beta1.SandboxOperatingModeSuspended},
+	})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	if _, err := c.sandbox.AgentsV1beta1().Sandboxes(c.cfg.Namespace).Patch(ctx, sandbox, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("suspend sandbox %s: %w", sandbox, err)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"encoding/json"
 	"net"
 	"strconv"
 	"time"
@@ -31,6 +32,7 @@ func (c *Cluster) Derive(user string, s State, prev state.Sandbox) state.Sandbox
 	r.Claim = s.Claim.Name
 	if s.Sandbox != nil {
 		r.Sandbox = s.Sandbox.Name
+		r.LastSuspend = lastSuspend(s.Sandbox.Annotations[SuspendAnnotation])
 	}
 	if s.Pod != nil && s.Pod.DeletionTimestamp == nil {
 		r.PodName, r.PodUID = s.Pod.Name, string(s.Pod.UID)
@@ -66,6 +68,19 @@ func (c *Cluster) Derive(user string, s State, prev state.Sandbox) state.Sandbox
 		}
 	}
 	return r
+}
+
+// lastSuspend reads SuspendAnnotation; nil when absent or unreadable (an
+// annotation edited by hand says nothing).
+func lastSuspend(note string) *state.Suspension {
+	if note == "" {
+		return nil
+	}
+	var s state.Suspension
+	if json.Unmarshal([]byte(note), &s) != nil || s.At.IsZero() || s.Reason == "" {
+		return nil
+	}
+	return &s
 }
 
 func podPhase(pod *corev1.Pod, starting state.Phase) (state.Phase, string) {

@@ -31,6 +31,8 @@ const (
 	// BucketSigninCodes holds the single-use codes that carry a gateway
 	// session to a sandbox origin (subdomain mode).
 	BucketSigninCodes = "signin_codes"
+	// BucketKeepAwake holds users' keep-awakes (KeepAwake).
+	BucketKeepAwake = "keepawake"
 )
 
 // BucketsConfig sizes the buckets for an environment.
@@ -84,6 +86,7 @@ func BucketConfigs(c BucketsConfig) []jetstream.KeyValueConfig {
 		{Bucket: BucketModelCalls, Description: "model calls in flight per user, for the concurrency cap", TTL: 24 * time.Hour, LimitMarkerTTL: markerTTL, MaxBytes: 32 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
 		{Bucket: BucketCredentials, Description: "provider keys users brought, sealed to the brokers", MaxBytes: 64 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
 		{Bucket: BucketUserGroups, Description: "SSO groups each user last signed in with", TTL: c.SessionTTL, LimitMarkerTTL: markerTTL, MaxBytes: 64 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketKeepAwake, Description: "users' keep-awakes, written by the edges, honoured by the sweeper and lifecycle", TTL: 31 * 24 * time.Hour, LimitMarkerTTL: markerTTL, MaxBytes: 16 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
 		{Bucket: BucketQueue, Description: "wakes waiting for a free place (MAX_RUNNING_SANDBOXES, MAX_CONCURRENT_STARTS), admitted oldest first", MaxBytes: 16 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
 	}
 }
@@ -206,8 +209,31 @@ type Sandbox struct {
 	// ReadySince is when the sandbox last became Ready; the sweeper uses it
 	// as the idle clock of a sandbox nobody has touched through the gateway.
 	ReadySince time.Time `json:"ready_since,omitzero"`
-	Updated    time.Time `json:"updated"`
+	// LastSuspend is the gateway's last suspend of the sandbox, kept
+	// after it wakes (nil: never suspended by this gateway).
+	LastSuspend *Suspension `json:"last_suspend,omitempty"`
+	Updated     time.Time   `json:"updated"`
 }
+
+// Suspension is one suspend the gateway carried out: when, why (an
+// idle.Reason) and the decision in words. Lifecycle writes it on the
+// Sandbox object with the suspend itself (sandbox.SuspendAnnotation).
+type Suspension struct {
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason"`
+	Detail string    `json:"detail,omitempty"`
+}
+
+// KeepAwake is a user's request to keep their sandbox awake until Until
+// (POST /_/keepawake, at most MAX_KEEPAWAKE ahead). Its key is the user;
+// edges write it, the sweeper and lifecycle honour it.
+type KeepAwake struct {
+	Until time.Time `json:"until"`
+	At    time.Time `json:"at"`
+}
+
+// Holds reports whether the keep-awake still holds at now.
+func (k KeepAwake) Holds(now time.Time) bool { return now.Before(k.Until) }
 
 // Handshake is the outcome of a DSH launch-token handshake for one
 // (user, pod, host). Exactly one of Sealed and Error is set.

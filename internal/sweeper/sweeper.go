@@ -13,6 +13,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/capacity"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
 )
@@ -21,8 +22,9 @@ import (
 type Options struct {
 	JS        jetstream.JetStream
 	Publisher *events.Publisher
-	// IdleTimeout is how long a Ready sandbox may go without activity.
-	IdleTimeout time.Duration
+	// Policy is IDLE_TIMEOUT and MAX_RUNTIME: the rule the sweeper
+	// decides by (idle.Policy.Decide).
+	Policy idle.Policy
 	// Interval is how often the active sweeper looks.
 	Interval time.Duration
 	// IdleEvict suspends the longest-idle sandboxes while wakes wait for
@@ -38,10 +40,11 @@ type Options struct {
 type Sweeper struct {
 	o      Options
 	m      *metrics
-	clocks *clocks
+	clocks *idle.Clocks
 	boxes  *kv.Cache[state.Sandbox]
 	users  *kv.Cache[state.User]
 	queue  *kv.Cache[state.Queued]
+	awake  *kv.Cache[state.KeepAwake]
 	synced atomic.Bool
 
 	// Only the leader's loop touches it.
@@ -52,7 +55,7 @@ type issue struct{ rev, seq uint64 }
 
 // New opens the buckets and caches; Run starts following the stream.
 func New(ctx context.Context, o Options) (*Sweeper, error) {
-	s := &Sweeper{o: o, m: newMetrics(o.Metrics), clocks: newClocks(), issued: map[string]issue{}}
+	s := &Sweeper{o: o, m: newMetrics(o.Metrics), clocks: idle.NewClocks(), issued: map[string]issue{}}
 	boxes, err := kv.Open[state.Sandbox](ctx, o.JS, state.BucketSandboxes)
 	if err != nil {
 		return nil, err
@@ -72,6 +75,13 @@ func New(ctx context.Context, o Options) (*Sweeper, error) {
 		return nil, err
 	}
 	if s.queue, err = kv.NewCache(ctx, queue, ">", o.Log); err != nil {
+		return nil, err
+	}
+	awake, err := kv.Open[state.KeepAwake](ctx, o.JS, state.BucketKeepAwake)
+	if err != nil {
+		return nil, err
+	}
+	if s.awake, err = kv.NewCache(ctx, awake, ">", o.Log); err != nil {
 		return nil, err
 	}
 	o.Metrics.MustRegister(s.inventory())
@@ -111,7 +121,7 @@ func (i *inventory) Collect(ch chan<- prometheus.Metric) {
 
 // Ready reports whether the clocks and caches are complete.
 func (s *Sweeper) Ready() bool {
-	return s.synced.Load() && s.boxes.IsSynced() && s.users.IsSynced() && s.queue.IsSynced()
+	return s.synced.Load() && s.boxes.IsSynced() && s.users.IsSynced() && s.queue.IsSynced() && s.awake.IsSynced()
 }
 
 // Follow reads the activity stream into the clocks until ctx ends
@@ -119,9 +129,9 @@ func (s *Sweeper) Ready() bool {
 // then each new one.
 func (s *Sweeper) Follow(ctx context.Context) error {
 	start := time.Now()
-	return events.FollowActivity(ctx, s.o.JS, s.o.Log, s.clocks.observe, func() {
+	return events.FollowActivity(ctx, s.o.JS, s.o.Log, s.clocks.Observe, func() {
 		s.synced.Store(true)
-		s.o.Log.Info("idle clocks rebuilt", "users", s.clocks.len(), "took", time.Since(start).String())
+		s.o.Log.Info("idle clocks rebuilt", "users", s.clocks.Len(), "took", time.Since(start).String())
 	})
 }
 
@@ -129,7 +139,7 @@ func (s *Sweeper) Follow(ctx context.Context) error {
 func (s *Sweeper) Lead(ctx context.Context) {
 	s.m.leader.Set(1)
 	defer s.m.leader.Set(0)
-	s.o.Log.Info("sweeping", "idle_timeout", s.o.IdleTimeout.String())
+	s.o.Log.Info("sweeping", "idle_timeout", s.o.Policy.IdleTimeout.String(), "max_runtime", s.o.Policy.MaxRuntime.String())
 	tick := time.NewTicker(s.o.Interval)
 	defer tick.Stop()
 	for {
@@ -163,30 +173,33 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 		}
 		return true
 	})
-	idle, freeing := 0, 0
+	due, freeing := 0, 0
 	var asks []ask
 	var evictable []capacity.Candidate
 	seen := map[string]ask{}
 	for _, c := range cands {
-		v := s.clocks.view(c.user, now)
-		last := v.last
-		if c.readySince.After(last) {
-			last = c.readySince
+		v := s.clocks.View(c.user, now)
+		sb := idle.Sandbox{ReadySince: c.readySince}
+		if k, ok := s.awake.Get(c.user); ok {
+			sb.KeepAwakeUntil = k.Value.Until
 		}
-		a := ask{candidate: c, seq: v.seq, last: last}
-		if s.issued[c.user] == (issue{c.rev, v.seq}) {
+		d := s.o.Policy.Decide(v, sb, now)
+		a := ask{candidate: c, seq: v.Seq, last: d.Last, reason: d.Reason}
+		if s.issued[c.user] == (issue{c.rev, v.Seq}) {
 			freeing++ // asked already; lifecycle is on it
-			if !v.busy && now.Sub(last) >= s.o.IdleTimeout {
-				idle++
+			if d.Due {
+				due++
 			}
 			continue
 		}
-		if v.busy || now.Sub(last) < s.o.IdleTimeout {
-			evictable = append(evictable, capacity.Candidate{User: c.user, Last: last, Busy: v.busy})
+		if !d.Due {
+			if !sb.KeepAwakeUntil.After(now) {
+				evictable = append(evictable, capacity.Candidate{User: c.user, Last: d.Last, Busy: d.Busy})
+			}
 			seen[c.user] = a
 			continue
 		}
-		idle++
+		due++
 		asks = append(asks, a)
 	}
 	// Wakes waiting for a place: make room by suspending the longest-idle
@@ -195,7 +208,7 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 		use := capacity.Count(s.boxes)
 		for _, u := range capacity.Evict(s.queue.Len(), use, capacity.Limits{MaxRunning: s.o.MaxRunning}, freeing+use.Stopping+len(asks), evictable) {
 			a := seen[u]
-			a.evict = true
+			a.reason = idle.ReasonEvicted
 			asks = append(asks, a)
 		}
 	}
@@ -209,20 +222,16 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 		case a.dup:
 			s.m.suspends.WithLabelValues("duplicate").Inc()
 		default:
-			why := "idle"
-			if a.evict {
-				why = "evicted"
-			}
 			s.m.suspends.WithLabelValues("requested").Inc()
 			s.o.Publisher.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: a.user, Outcome: "requested",
-				Detail: fmt.Sprintf("%s since %s (%s)", why, a.last.UTC().Format(time.RFC3339), now.Sub(a.last).Round(time.Second))})
-			s.o.Log.Info("suspend requested", "user", a.user, "idle", now.Sub(a.last).Round(time.Second).String(), "evicted", a.evict)
+				Detail: fmt.Sprintf("%s (%s): last active %s, %s before", a.detail, a.reason, a.last.UTC().Format(time.RFC3339), now.Sub(a.last).Round(time.Second))})
+			s.o.Log.Info("suspend requested", "user", a.user, "reason", a.reason, "idle", now.Sub(a.last).Round(time.Second).String())
 		}
 		s.issued[a.user] = issue{a.rev, a.seq}
 	}
 	s.forget(now)
-	s.m.tracked.Set(float64(s.clocks.len()))
-	s.m.idle.Set(float64(idle))
+	s.m.tracked.Set(float64(s.clocks.Len()))
+	s.m.idle.Set(float64(due))
 	s.m.tick.Observe(time.Since(start).Seconds())
 }
 
@@ -231,11 +240,13 @@ type ask struct {
 	candidate
 	seq  uint64
 	last time.Time
-	// evict: not idle for IDLE_TIMEOUT, but the longest idle while wakes
-	// wait for a place (IDLE_EVICT).
-	evict bool
-	dup   bool
-	err   error
+	// reason is why (idle.Policy.Decide's, or evicted: not due, but the
+	// longest idle while wakes wait for a place, IDLE_EVICT); detail
+	// says it in words, for the user's pages.
+	reason idle.Reason
+	detail string
+	dup    bool
+	err    error
 }
 
 // publishers bounds the suspend commands in flight at once: a takeover, or
@@ -247,6 +258,9 @@ const publishers = 64
 // publish sends the asks' commands, publishers at a time, and records each
 // outcome in its ask.
 func (s *Sweeper) publish(ctx context.Context, asks []ask) {
+	for i := range asks {
+		asks[i].detail = asks[i].reason.Describe(s.o.Policy)
+	}
 	sem := make(chan struct{}, publishers)
 	var wg sync.WaitGroup
 	for i := range asks {
@@ -254,7 +268,7 @@ func (s *Sweeper) publish(ctx context.Context, asks []ask) {
 		wg.Go(func() {
 			defer func() { <-sem }()
 			a := &asks[i]
-			a.dup, a.err = s.o.Publisher.Command(ctx, events.NewSuspend(a.user, a.seq, a.rev, a.last))
+			a.dup, a.err = s.o.Publisher.Command(ctx, events.NewSuspend(a.user, a.seq, a.rev, a.last, string(a.reason), a.detail))
 		})
 	}
 	wg.Wait()
@@ -270,14 +284,14 @@ func (s *Sweeper) publish(ctx context.Context, asks []ask) {
 // record written again, a bucket restored), so a busy sandbox would be
 // judged idle.
 func (s *Sweeper) forget(now time.Time) {
-	if n := s.boxes.Len(); s.clocks.len() <= n && len(s.issued) <= n {
+	if n := s.boxes.Len(); s.clocks.Len() <= n && len(s.issued) <= n {
 		return
 	}
 	gone := func(user string) bool {
 		_, ok := s.boxes.Get(user)
 		return !ok
 	}
-	s.clocks.forget(gone, now, s.o.IdleTimeout)
+	s.clocks.Forget(gone, now, s.o.Policy.IdleTimeout)
 	for u := range s.issued {
 		if gone(u) {
 			delete(s.issued, u)
@@ -296,7 +310,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		tracked: prometheus.NewGauge(prometheus.GaugeOpts{Name: "aaas_sweeper_users_tracked", Help: "Users with an idle clock."}),
-		idle:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "aaas_sweeper_idle", Help: "Ready sandboxes idle past IDLE_TIMEOUT at the last sweep."}),
+		idle:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "aaas_sweeper_idle", Help: "Ready sandboxes due to be suspended (idle, or past MAX_RUNTIME) at the last sweep."}),
 		suspends: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aaas_sweeper_suspends_total", Help: "Suspend decisions, by outcome (requested, duplicate, error).",
 		}, []string{"outcome"}),

@@ -16,6 +16,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/natsconn"
 	"github.com/aaas-project/aaas/internal/state"
@@ -25,7 +26,7 @@ import (
 
 var quiet = slog.New(slog.DiscardHandler)
 
-const idle = time.Minute
+const idleTimeout = time.Minute
 
 type world struct {
 	t     testing.TB
@@ -54,10 +55,15 @@ func setup(t testing.TB) *world {
 
 func (w *world) sweeper() *sweeper.Sweeper {
 	w.t.Helper()
+	return w.sweeperWith(idle.Policy{IdleTimeout: idleTimeout})
+}
+
+func (w *world) sweeperWith(p idle.Policy) *sweeper.Sweeper {
+	w.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	w.t.Cleanup(cancel)
 	w.reg = prometheus.NewRegistry()
-	s, err := sweeper.New(ctx, sweeper.Options{JS: w.js, Publisher: events.NewPublisher(w.js, "sweeper", quiet), IdleTimeout: idle, Interval: time.Hour, Log: quiet, Metrics: w.reg})
+	s, err := sweeper.New(ctx, sweeper.Options{JS: w.js, Publisher: events.NewPublisher(w.js, "sweeper", quiet), Policy: p, Interval: time.Hour, Log: quiet, Metrics: w.reg})
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -137,18 +143,18 @@ func (w *world) gauge(name string) float64 {
 
 func TestDecisions(t *testing.T) {
 	w := setup(t)
-	long := w.now.Add(-2 * idle)
+	long := w.now.Add(-2 * idleTimeout)
 	w.sandbox("idle", state.PhaseReady, true, long)
-	seq := w.beacon("idle", "edge-a", 0, 2*idle, time.Second)
+	seq := w.beacon("idle", "edge-a", 0, 2*idleTimeout, time.Second)
 	w.sandbox("busy", state.PhaseReady, true, long)
-	w.beacon("busy", "edge-a", 1, 2*idle, 3*idle) // a WebSocket open, heartbeating
+	w.beacon("busy", "edge-a", 1, 2*idleTimeout, 3*idleTimeout) // a WebSocket open, heartbeating
 	w.sandbox("dead-edge", state.PhaseReady, true, long)
-	w.beacon("dead-edge", "edge-b", 1, 2*idle, time.Second) // in flight, but the edge stops reporting
+	w.beacon("dead-edge", "edge-b", 1, 2*idleTimeout, time.Second) // in flight, but the edge stops reporting
 	w.sandbox("other-edge-busy", state.PhaseReady, true, long)
-	w.beacon("other-edge-busy", "edge-a", 0, 2*idle, time.Second)
-	w.beacon("other-edge-busy", "edge-b", 2, 2*idle, 3*idle)
+	w.beacon("other-edge-busy", "edge-a", 0, 2*idleTimeout, time.Second)
+	w.beacon("other-edge-busy", "edge-b", 2, 2*idleTimeout, 3*idleTimeout)
 	w.sandbox("recent", state.PhaseReady, true, long)
-	w.beacon("recent", "edge-a", 0, idle/2, time.Second)
+	w.beacon("recent", "edge-a", 0, idleTimeout/2, time.Second)
 	w.sandbox("just-woken", state.PhaseReady, true, w.now.Add(-time.Second)) // no beacons at all
 	w.sandbox("unmanaged", state.PhaseReady, false, long)
 	w.sandbox("asleep", state.PhaseSuspended, true, long)
@@ -179,26 +185,72 @@ func TestDecisions(t *testing.T) {
 	// Sweeping again issues nothing new.
 	sweep(w.now.Add(5*time.Second), "[idle never-used]")
 	// An edge that stopped reporting stops pinning its user after the
-	// beacon's TTL: idle a whole timeout after its last beacon.
-	sweep(w.now.Add(idle+5*time.Second), "[dead-edge idle just-woken never-used recent]")
+	// beacon's TTL: idleTimeout a whole timeout after its last beacon.
+	sweep(w.now.Add(idleTimeout+5*time.Second), "[dead-edge idle just-woken never-used recent]")
+}
+
+// Every decision carries its reason; MAX_RUNTIME suspends a busy sandbox;
+// a keep-awake holds off both idleness and the ceiling until it ends, and
+// no longer.
+func TestReasonsCeilingAndKeepAwake(t *testing.T) {
+	w := setup(t)
+	long := w.now.Add(-2 * idleTimeout)
+	w.sandbox("plain", state.PhaseReady, true, long)
+	w.beacon("plain", "edge-a", 0, 2*idleTimeout, time.Second)
+	w.sandbox("forgotten", state.PhaseReady, true, long)
+	if _, err := w.pub.Beacon(events.Beacon{User: "forgotten", Edge: "edge-a", IdleStreams: 1, LastActive: long, SentAt: w.now, TTL: 3 * idleTimeout}); err != nil {
+		t.Fatal(err)
+	}
+	w.sandbox("marathon", state.PhaseReady, true, w.now.Add(-3*time.Hour))
+	w.beacon("marathon", "edge-a", 1, 0, 3*idleTimeout) // a model call running
+	w.sandbox("kept", state.PhaseReady, true, long)
+	w.beacon("kept", "edge-a", 0, 2*idleTimeout, time.Second)
+	w.sandbox("kept-marathon", state.PhaseReady, true, w.now.Add(-3*time.Hour))
+	w.beacon("kept-marathon", "edge-a", 1, 0, 3*idleTimeout)
+	awake, err := kv.Open[state.KeepAwake](context.Background(), w.js, state.BucketKeepAwake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"kept", "kept-marathon"} {
+		if _, err := awake.Put(context.Background(), u, state.KeepAwake{Until: w.now.Add(30 * time.Second), At: w.now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := w.sweeperWith(idle.Policy{IdleTimeout: idleTimeout, MaxRuntime: 2 * time.Hour})
+	reasons := func(at time.Time) map[string]string {
+		s.Sweep(context.Background(), at)
+		out := map[string]string{}
+		for u, c := range w.suspends() {
+			out[u] = c.Suspend.Reason
+		}
+		return out
+	}
+	want := map[string]string{"plain": "idle", "forgotten": "idle_connected", "marathon": "max_runtime"}
+	if got := reasons(w.now.Add(5 * time.Second)); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("suspended %v, want %v (the kept-awake ones held)", got, want)
+	}
+	want["kept"], want["kept-marathon"] = "idle", "max_runtime"
+	if got := reasons(w.now.Add(31 * time.Second)); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("after the keep-awake ended: suspended %v, want %v", got, want)
+	}
 }
 
 func TestClocksSurviveARestart(t *testing.T) {
 	w := setup(t)
-	long := w.now.Add(-2 * idle)
+	long := w.now.Add(-2 * idleTimeout)
 	w.sandbox("a", state.PhaseReady, true, long)
-	w.beacon("a", "edge-a", 0, idle/2, time.Second)
+	w.beacon("a", "edge-a", 0, idleTimeout/2, time.Second)
 	first := w.sweeper()
 	first.Sweep(context.Background(), w.now)
 	if len(w.suspends()) != 0 {
-		t.Fatal("suspended a user active half an idle timeout ago")
+		t.Fatal("suspended a user active half an idleTimeout timeout ago")
 	}
 	// A new sweeper (the old one restarted, or a standby) knows the same
-	// clock: at now+idle/2 the user has been idle a whole timeout.
+	// clock: at now+idleTimeout/2 the user has been idleTimeout a whole timeout.
 	second := w.sweeper()
-	second.Sweep(context.Background(), w.now.Add(idle/2+time.Second))
+	second.Sweep(context.Background(), w.now.Add(idleTimeout/2+time.Second))
 	if _, ok := w.suspends()["a"]; !ok {
-		t.Fatal("the restarted sweeper lost the idle clock")
+		t.Fatal("the restarted sweeper lost the idleTimeout clock")
 	}
 }
 
@@ -211,18 +263,18 @@ func TestClocksSurviveARestart(t *testing.T) {
 func TestSweepsForgetTheClocksOfDeletedSandboxes(t *testing.T) {
 	w := setup(t)
 	ctx := natstest.Context(t, time.Minute)
-	long := w.now.Add(-2 * idle)
+	long := w.now.Add(-2 * idleTimeout)
 	w.sandbox("gone", state.PhaseReady, true, long)
-	w.beacon("gone", "edge-a", 0, idle/2, time.Second) // active half an idle timeout ago
+	w.beacon("gone", "edge-a", 0, idleTimeout/2, time.Second) // active half an idleTimeout timeout ago
 	w.sandbox("kept", state.PhaseReady, true, long)
-	w.beacon("kept", "edge-a", 1, 2*idle, 3*idle) // a WebSocket open
+	w.beacon("kept", "edge-a", 1, 2*idleTimeout, 3*idleTimeout) // a WebSocket open
 	s := w.sweeper()
 	s.Sweep(ctx, w.now)
 	if n := w.gauge("aaas_sweeper_users_tracked"); n != 2 {
 		t.Fatalf("%v users tracked, want 2", n)
 	}
 	if got := w.suspends(); len(got) != 0 {
-		t.Fatalf("suspended users active half an idle timeout ago or busy: %v", got)
+		t.Fatalf("suspended users active half an idleTimeout timeout ago or busy: %v", got)
 	}
 
 	if err := w.boxes.Delete(ctx, "gone", 0); err != nil {
@@ -251,14 +303,14 @@ func TestSweepsForgetTheClocksOfDeletedSandboxes(t *testing.T) {
 	if n := w.gauge("aaas_sweeper_users_tracked"); n != 2 {
 		t.Fatalf("%v users tracked right after the deletion, want 2 (the clock can still decide)", n)
 	}
-	// An idle timeout later it can decide nothing: forgotten.
-	later := w.now.Add(idle + 5*time.Second) // the stream stamped the beacon a moment after w.now
+	// An idleTimeout timeout later it can decide nothing: forgotten.
+	later := w.now.Add(idleTimeout + 5*time.Second) // the stream stamped the beacon a moment after w.now
 	s.Sweep(ctx, later)
 	if n := w.gauge("aaas_sweeper_users_tracked"); n != 1 {
 		t.Fatalf("%v users tracked, want 1", n)
 	}
 	// The kept clock still decides: judged by its sandbox's Ready time
-	// alone, kept would be idle for three timeouts.
+	// alone, kept would be idleTimeout for three timeouts.
 	if got := w.suspends(); len(got) != 0 {
 		t.Fatalf("kept lost its clock: suspended %v", got)
 	}
@@ -286,9 +338,9 @@ func TestSweepsForgetTheClocksOfDeletedSandboxes(t *testing.T) {
 func TestBeaconsBeforeTheirSandboxStillDecide(t *testing.T) {
 	w := setup(t)
 	ctx := natstest.Context(t, time.Minute)
-	long := w.now.Add(-2 * idle)
-	w.beacon("busy", "edge-a", 1, 2*idle, 3*idle)
-	w.beacon("recent", "edge-a", 0, idle/2, time.Second)
+	long := w.now.Add(-2 * idleTimeout)
+	w.beacon("busy", "edge-a", 1, 2*idleTimeout, 3*idleTimeout)
+	w.beacon("recent", "edge-a", 0, idleTimeout/2, time.Second)
 	s := w.sweeper()
 	s.Sweep(ctx, w.now) // no sandboxes yet: the clocks outnumber them
 	for _, u := range []string{"busy", "recent", "never-used"} {
@@ -312,7 +364,7 @@ func TestBeaconsBeforeTheirSandboxStillDecide(t *testing.T) {
 func BenchmarkSweep100k(b *testing.B) {
 	const users = 100_000
 	w := setup(b)
-	long := w.now.Add(-2 * idle)
+	long := w.now.Add(-2 * idleTimeout)
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 64)

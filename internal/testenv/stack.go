@@ -334,7 +334,7 @@ func (s *Stack) Suspend(user string) {
 				seq = m.Sequence
 			}
 		}
-		if _, err := pub.Command(ctx, events.NewSuspend(user, seq, e.Revision, time.Now())); err != nil {
+		if _, err := pub.Command(ctx, events.NewSuspend(user, seq, e.Revision, time.Now(), "idle", "")); err != nil {
 			s.t.Fatal(err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -15,10 +15,12 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 //go:embed templates/*.html
@@ -109,7 +111,24 @@ type Landing struct {
 	// Models is the signed-in user's model spend, budget and own keys;
 	// nil hides it.
 	Models *Models
+	// Sleep is when and why the sandbox sleeps, and the keep-awake
+	// choices (When, Slept).
+	Sleep Sleep
 }
+
+// Sleep is what the user's page says about their sandbox's sleep: the
+// last activity, the suspend to come and its reason (in words), a
+// keep-awake in force, the last suspend, and the keep-awake lengths
+// offered.
+type Sleep struct {
+	LastActive, SuspendAt, SuspendWhy, KeepAwakeUntil, Slept string
+	Busy                                                     bool
+	Running                                                  bool
+	KeepAwakeFor                                             []Choice
+}
+
+// Choice is one option of a select: its value and label.
+type Choice struct{ Value, Label string }
 
 // Models is a user's model calls this month as their page shows them.
 type Models struct {
@@ -128,11 +147,31 @@ type Models struct {
 // key's last four characters and when it was set.
 type ProviderKey struct{ Provider, Hint, Set string }
 
+// Slept says when and why the gateway last suspended a sandbox, for the
+// user's pages: "Suspended 2 Dec 14:02 UTC because it was idle for 15
+// minutes; your files were kept." "" when it never did.
+func Slept(s *state.Suspension) string {
+	if s == nil {
+		return ""
+	}
+	return "Suspended " + s.At.UTC().Format("2 Jan 15:04 MST") + " because " + s.Detail + "; your files were kept."
+}
+
+// When is a moment for the user's pages, "" for none.
+func When(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format("2 Jan 15:04:05 MST")
+}
+
 // Starting is the data of the page shown while a sandbox wakes.
 type Starting struct {
 	User   string
 	Phase  string
 	Reason string
+	// Slept is why it was last suspended (Slept), "" if never.
+	Slept string
 	// Reload: the page reloads itself every few seconds instead of
 	// following the gateway's status stream, which a sandbox origin does
 	// not serve (every path there but the sign-in is the sandbox's); each
@@ -194,6 +233,13 @@ type AdminBudgetConfirm struct {
 func RenderAdminBudgetConfirm(w io.Writer, d AdminBudgetConfirm) error {
 	return pages.ExecuteTemplate(w, "admin_budget_confirm.html", d)
 }
+
+// Confirm asks a user to confirm a destructive action on their own
+// account (Action: recreate or delete), posting to Path.
+type Confirm struct{ User, Action, Path string }
+
+// RenderConfirm writes the page that confirms a user's action.
+func RenderConfirm(w io.Writer, d Confirm) error { return pages.ExecuteTemplate(w, "confirm.html", d) }
 
 // AdminConfirm asks an administrator to confirm an action.
 type AdminConfirm struct{ User, Action string }

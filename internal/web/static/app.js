@@ -1,5 +1,6 @@
-// Landing page: signup that shows the token once, live sandbox state, and
-// the confirmed delete/recreate actions. Everything else is plain forms.
+// Landing page: signup that shows the token once, and the user's page
+// live: the sandbox's state and when and why it will sleep. Every action
+// is a plain form (recreate and delete confirmed on a page of their own).
 document.documentElement.classList.add("js");
 
 function showError(msg) {
@@ -40,18 +41,17 @@ if (signup) {
   document.getElementById("copy-token").addEventListener("click", () => navigator.clipboard && navigator.clipboard.writeText(document.getElementById("token").textContent));
 }
 
-const account = document.getElementById("account");
-if (account) {
-  const user = account.dataset.user;
-  followStatus();
-  for (const [id, method, url] of [["recreate", "POST", "/recreate"], ["delete", "DELETE", "/users/" + user]]) {
-    const b = document.getElementById(id);
-    b.addEventListener("click", async () => {
-      if (!confirm(b.dataset.confirm)) return;
-      b.disabled = true;
-      const resp = await fetch(url, { method, headers: { "Accept": "application/json" } });
-      if (!resp.ok) { b.disabled = false; showError(await problem(resp)); return; }
-      location.href = "/";
-    });
-  }
+if (document.getElementById("account")) followStatus(showSleep);
+
+// The user's page follows when and why the sandbox will sleep, in the
+// server's words.
+function showSleep(s) {
+  const when = (t) => t ? new Date(t).toUTCString().replace(" GMT", " UTC") : "";
+  const set = (id, text) => { const el = document.getElementById(id); if (el) el.textContent = text; };
+  const show = (id, on) => { const el = document.getElementById(id); if (el) el.hidden = !on; };
+  set("last-active", when(s.last_active)); show("last-active-line", !!s.last_active);
+  show("busy", !!s.busy);
+  set("suspend-at", when(s.suspend_at)); set("suspend-why", s.suspend_why || ""); show("suspend-line", !!s.suspend_at);
+  set("keep-awake-until", when(s.keep_awake_until)); show("keep-awake-line", !!s.keep_awake_until);
+  set("slept", s.slept || ""); show("slept", !!s.slept);
 }

@@ -1,6 +1,7 @@
-package sweeper
+package idle
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -70,17 +71,53 @@ func TestClocksTrustTheStreamAndOnlyMoveForward(t *testing.T) {
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := newClocks()
+			c := NewClocks()
 			for i, b := range tt.beacons {
-				c.observe(b, uint64(i+1), tt.stamped[i])
+				c.Observe(b, uint64(i+1), tt.stamped[i])
 			}
-			v := c.view("ann", tt.at)
-			if !v.last.Equal(tt.wantLast) || v.busy != tt.wantBusy {
-				t.Fatalf("view = last %s busy %v, want last %s busy %v", v.last, v.busy, tt.wantLast, tt.wantBusy)
+			v := c.View("ann", tt.at)
+			if !v.Last.Equal(tt.wantLast) || v.Busy != tt.wantBusy {
+				t.Fatalf("view = last %s busy %v, want last %s busy %v", v.Last, v.Busy, tt.wantLast, tt.wantBusy)
 			}
-			if v.seq != uint64(len(tt.beacons)) {
-				t.Fatalf("seq %d", v.seq)
+			if v.Seq != uint64(len(tt.beacons)) {
+				t.Fatalf("seq %d", v.Seq)
 			}
 		})
+	}
+}
+
+// The table the admin view shows: per edge the newest beacon, its time
+// taken from the stream (an edge's clock 30 s off changes nothing), and
+// work in flight only while its beacon's TTL runs.
+func TestLoadPerSender(t *testing.T) {
+	a := NewClocks()
+	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	skew := 30 * time.Second
+	beacon := func(edge string, inFlight int, idle time.Duration, clockOff time.Duration) events.Beacon {
+		sent := t0.Add(clockOff)
+		return events.Beacon{User: "ann", Edge: edge, InFlight: inFlight, LastActive: sent.Add(-idle), SentAt: sent, TTL: 10 * time.Second}
+	}
+	a.Observe(beacon("edge-a", 2, 0, skew), 1, t0)
+	a.Observe(beacon("edge-b", 0, time.Minute, -skew), 2, t0)
+	a.Observe(beacon("edge-a", 0, time.Hour, 0), 3, t0.Add(-time.Second)) // older, delivered late
+
+	for _, tc := range []struct {
+		at   time.Time
+		load []Load
+	}{
+		{t0.Add(5 * time.Second), []Load{{Edge: "edge-a", InFlight: 2, At: t0}}},
+		{t0.Add(11 * time.Second), nil},
+	} {
+		v := a.View("ann", tc.at)
+		last, load := v.Last, v.Load
+		if !last.Equal(t0) {
+			t.Errorf("at %s: last active %s, want the stream's %s", tc.at, last, t0)
+		}
+		if fmt.Sprint(load) != fmt.Sprint(tc.load) {
+			t.Errorf("at %s: in flight %v, want %v", tc.at, load, tc.load)
+		}
+	}
+	if v := a.View("nobody", t0); !v.Last.IsZero() || v.Load != nil {
+		t.Errorf("unknown user: %+v", v)
 	}
 }

@@ -1,0 +1,194 @@
+package accounts
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/idle"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
+	"github.com/aaas-project/aaas/internal/web"
+)
+
+// statusBody is the user's sandbox as /_/status, the status stream and
+// the user's page show it: its state and, while it is Ready, what the
+// idle rule says (idle.Policy.Decide, the sweeper's own rule): when it was
+// last active, whether work is in flight, and when and why it will be
+// suspended if nothing changes. Times are whole seconds, so the stream
+// speaks when something changed, not every time a beacon arrives.
+type statusBody struct {
+	User   string `json:"user"`
+	Phase  string `json:"phase"`
+	Reason string `json:"reason,omitempty"`
+	URL    string `json:"url"`
+
+	LastActive *time.Time `json:"last_active,omitempty"`
+	Busy       bool       `json:"busy,omitempty"`
+	// SuspendAt is absent while work is in flight and no ceiling applies.
+	SuspendAt     *time.Time `json:"suspend_at,omitempty"`
+	SuspendReason string     `json:"suspend_reason,omitempty"`
+	// SuspendWhy is SuspendReason in words.
+	SuspendWhy     string     `json:"suspend_why,omitempty"`
+	KeepAwakeUntil *time.Time `json:"keep_awake_until,omitempty"`
+	// LastSuspend is the gateway's last suspend of the sandbox; Slept
+	// says it in words.
+	LastSuspend *state.Suspension `json:"last_suspend,omitempty"`
+	Slept       string            `json:"slept,omitempty"`
+}
+
+// statusOf is user's status; url is where their sandbox is reached
+// (Sites.SandboxURL of the request asking).
+func (s *Service) statusOf(user, url string) statusBody {
+	st := s.state(user)
+	b := statusBody{User: user, Phase: string(st.Phase), Reason: st.Reason, URL: url, LastSuspend: st.LastSuspend, Slept: web.Slept(st.LastSuspend)}
+	if st.Phase != state.PhaseReady || s.o.Clocks == nil {
+		return b
+	}
+	now := time.Now()
+	sb := idle.Sandbox{ReadySince: st.ReadySince}
+	if k, ok := s.o.KeepAwakes.Get(user); ok && k.Value.Holds(now) {
+		sb.KeepAwakeUntil = k.Value.Until
+		b.KeepAwakeUntil = second(k.Value.Until)
+	}
+	d := s.o.Idle.Decide(s.o.Clocks.View(user, now), sb, now)
+	b.LastActive, b.Busy = second(d.Last), d.Busy
+	if !d.SuspendAt.IsZero() {
+		b.SuspendAt, b.SuspendReason, b.SuspendWhy = second(d.SuspendAt), string(d.Reason), d.Reason.Ahead(s.o.Idle)
+	}
+	return b
+}
+
+func second(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC().Truncate(time.Second)
+	return &t
+}
+
+// keepAwake is POST /_/keepawake (form or JSON field "for": a duration,
+// at most MAX_KEEPAWAKE; "0" ends the keep-awake): the sandbox is neither
+// suspended for idleness nor stopped at MAX_RUNTIME until then. It is
+// audited; the same-origin rule of every cookie-authenticated mutation
+// applies.
+func (s *Service) keepAwake(c *fiber.Ctx) error {
+	id, ok, err := s.mutation(c)
+	if !ok {
+		return err
+	}
+	f, status, msg := ReadForm(c, "for")
+	if status != 0 {
+		return s.fail(c, status, msg)
+	}
+	d, err := time.ParseDuration(f["for"])
+	if f["for"] == "0" {
+		d, err = 0, nil
+	}
+	if err != nil || d < 0 || d > s.o.MaxKeepAwake || d > 0 && d < time.Minute {
+		return s.fail(c, fiber.StatusBadRequest, "for: give a duration from 1m to "+s.o.MaxKeepAwake.String()+" (e.g. 2h), or 0 to end the keep-awake")
+	}
+	if st := s.state(id.User); d > 0 && st.Phase != state.PhaseReady {
+		return s.fail(c, fiber.StatusConflict, "your sandbox is "+string(st.Phase)+", not running: open it first, then keep it awake")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	now := time.Now().UTC()
+	detail := "ended"
+	if d == 0 {
+		if err := s.o.KeepAwake.Delete(ctx, id.User, 0); err != nil && !errors.Is(err, kv.ErrNotFound) {
+			return s.unavailable(c, "keep-awake not ended", err)
+		}
+	} else {
+		until := now.Add(d)
+		if _, err := s.o.KeepAwake.Put(ctx, id.User, state.KeepAwake{Until: until, At: now}); err != nil {
+			return s.unavailable(c, "keep-awake not stored", err)
+		}
+		detail = "until " + until.Format(time.RFC3339) + " (" + d.String() + ")"
+		// This edge shows it at once; the others when their caches hear.
+		_, _, _ = s.o.KeepAwakes.Wait(ctx, id.User, func(e kv.Entry[state.KeepAwake], ok bool) bool { return ok && e.Value.Until.Equal(until) })
+	}
+	s.audit(events.AuditEvent{Kind: events.AuditKeepAwake, User: id.User, Outcome: "ok", Detail: detail + ", by " + id.Method})
+	return s.done(c, id.User)
+}
+
+// suspendNow is POST /_/suspend: the user puts their own sandbox to sleep
+// (the reason "user", carried out whatever the activity).
+func (s *Service) suspendNow(c *fiber.Ctx) error {
+	id, ok, err := s.mutation(c)
+	if !ok {
+		return err
+	}
+	e, found := s.o.Sandboxes.Get(id.User)
+	if !found || e.Value.Phase != state.PhaseReady {
+		return s.fail(c, fiber.StatusConflict, "your sandbox is not running")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := s.o.Publisher.Command(ctx, events.NewUserSuspend(id.User, e.Revision)); err != nil {
+		return s.unavailable(c, "suspend not published", err)
+	}
+	s.audit(events.AuditEvent{Kind: events.AuditSuspend, User: id.User, Outcome: "requested", Detail: "user: by " + id.Method})
+	c.Status(fiber.StatusAccepted)
+	return s.done(c, id.User)
+}
+
+// sleep is what the user's page shows of st: the page is rendered with
+// it, and the status stream keeps it current.
+func (s *Service) sleep(st statusBody) web.Sleep {
+	w := web.Sleep{Slept: st.Slept, Busy: st.Busy, Running: st.Phase == string(state.PhaseReady), SuspendWhy: st.SuspendWhy}
+	if st.LastActive != nil {
+		w.LastActive = web.When(*st.LastActive)
+	}
+	if st.SuspendAt != nil {
+		w.SuspendAt = web.When(*st.SuspendAt)
+	}
+	if st.KeepAwakeUntil != nil {
+		w.KeepAwakeUntil = web.When(*st.KeepAwakeUntil)
+	}
+	for _, d := range []time.Duration{time.Hour, 2 * time.Hour, 4 * time.Hour, 8 * time.Hour, 24 * time.Hour} {
+		if d <= s.o.MaxKeepAwake {
+			w.KeepAwakeFor = append(w.KeepAwakeFor, web.Choice{Value: d.String(), Label: idle.Words(d)})
+		}
+	}
+	if n := len(w.KeepAwakeFor); n == 0 || w.KeepAwakeFor[n-1].Value != s.o.MaxKeepAwake.String() {
+		w.KeepAwakeFor = append(w.KeepAwakeFor, web.Choice{Value: s.o.MaxKeepAwake.String(), Label: idle.Words(s.o.MaxKeepAwake)})
+	}
+	return w
+}
+
+// done answers a page action: its status for API clients, the user's
+// page again for a form.
+func (s *Service) done(c *fiber.Ctx, user string) error {
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	if wantsJSON(c) {
+		return c.JSON(s.statusOf(user, s.sites.SandboxURL(c, user)))
+	}
+	return c.Redirect("/", fiber.StatusSeeOther)
+}
+
+// confirm is GET /_/confirm/recreate and /_/confirm/delete: the page of
+// its own that asks before the destructive action, whose form posts to
+// the action's endpoint.
+func (s *Service) confirm(c *fiber.Ctx) error {
+	id, err := s.identity(c)
+	if err != nil {
+		return s.fail(c, auth.Status(err), err.Error())
+	}
+	d := web.Confirm{User: id.User, Action: c.Params("action")}
+	switch d.Action {
+	case "recreate":
+		d.Path = "/recreate"
+	case "delete":
+		d.Path = "/users/" + id.User + "/delete"
+	default:
+		return s.fail(c, fiber.StatusNotFound, "no such action")
+	}
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	c.Type("html")
+	return web.RenderConfirm(c, d)
+}
