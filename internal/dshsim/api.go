@@ -233,12 +233,13 @@ func (s *Server) postChat(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.WriteString(w, "event: done\ndata: done\n\n")
 }
 
-// chatWithModel relays the provider's reply as it arrives. The call ends
-// with the chat request (the browser leaving cancels it) or on shutdown;
-// the history gets the user's turn and whatever reply arrived, whole once
-// the provider finished.
+// chatWithModel relays the provider's reply as it arrives. The call is the
+// agent's work, as in DSH: it goes on when the browser leaves (the reply
+// is kept in the history, and the gateway sees the model call as the
+// agent working) and ends when the provider finishes, or on shutdown; the
+// history gets the user's turn and whatever reply arrived.
 func (s *Server) chatWithModel(w http.ResponseWriter, r *http.Request, session, message, model string) {
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	defer cancel()
 	go func() {
 		select {
@@ -251,12 +252,14 @@ func (s *Server) chatWithModel(w http.ResponseWriter, r *http.Request, session, 
 	rc := http.NewResponseController(w)
 	_ = rc.Flush() // the page shows the turn as started before the first token
 	var reply strings.Builder
+	// gone: the browser left; the reply is no longer written to it.
+	gone := false
 	err := s.model.stream(ctx, model, message, func(text string) error {
 		reply.WriteString(text)
-		if err := writeEvent(w, "delta", text); err != nil {
-			return err
+		if !gone && (r.Context().Err() != nil || writeEvent(w, "delta", text) != nil || rc.Flush() != nil) {
+			gone = true
 		}
-		return rc.Flush()
+		return nil
 	})
 	turns := []chatMessage{{"user", message}}
 	if reply.Len() > 0 {
@@ -265,11 +268,13 @@ func (s *Server) chatWithModel(w http.ResponseWriter, r *http.Request, session, 
 	if herr := s.appendHistory(session, turns...); herr != nil && err == nil {
 		err = herr
 	}
-	if ctx.Err() != nil {
+	if err != nil {
+		s.out.printf("dsh: model call: %v", err)
+	}
+	if gone || ctx.Err() != nil || r.Context().Err() != nil {
 		return // nobody is left to tell
 	}
 	if err != nil {
-		s.out.printf("dsh: model call: %v", err)
 		status := 0
 		var pe *providerError
 		if errors.As(err, &pe) {

@@ -105,6 +105,9 @@ func newFixture(t *testing.T, o Options) *fixture {
 	}
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
+	// First (cleanups run last in, first out): a model call the browser
+	// left goes on until shutdown, and Close waits for it.
+	t.Cleanup(srv.stopStreams)
 	client := ts.Client()
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	return &fixture{t: t, srv: srv, ts: ts, out: out, client: client}

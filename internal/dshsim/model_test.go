@@ -158,16 +158,34 @@ func TestChatRelaysTheReplyAsItArrives(t *testing.T) {
 				t.Fatalf("the provider finished before the client read the reply: %+v", calls)
 			}
 			resp.Body.Close()
+		})
+	}
+}
+
+// The browser leaving does not end the agent's call: it runs to its end
+// at the provider, and the whole reply is in the history.
+func TestTheAgentsCallOutlivesTheBrowser(t *testing.T) {
+	for _, provider := range []string{"openai", "anthropic"} {
+		t.Run(provider, func(t *testing.T) {
+			sim := providersim.New(providersim.Options{Keys: []string{providerKey}, Slow: 10 * time.Millisecond, TokenInterval: 20 * time.Millisecond})
+			hs := httptest.NewServer(sim)
+			t.Cleanup(hs.Close)
+			f, cookie := modelFixture(t, provider, hs.URL, providerKey)
+			resp := chatStream(t, f, cookie, `{"message":"hello there","session":"s","model":"sim-slow"}`)
+			ev, err := readEvent(bufio.NewReader(resp.Body))
+			if err != nil || ev.event != "delta" {
+				t.Fatalf("first event %+v, %v", ev, err)
+			}
+			resp.Body.Close() // the browser leaves after the first token
 			testutil.Eventually(t, 10*time.Second, func() error {
-				if len(sim.Calls()) != 1 {
-					return fmt.Errorf("the provider call goes on after the browser left")
+				if c := sim.Calls(); len(c) != 1 || c[0].Status != http.StatusOK || c[0].OutputTokens != 12 {
+					return fmt.Errorf("the provider's calls %+v, want the one, finished with its 12 tokens", c)
 				}
 				return nil
 			})
 			testutil.Eventually(t, 10*time.Second, func() error {
-				h := chatHistory(t, f, cookie, "s")
-				if len(h) != 2 || !strings.HasPrefix(h[1].Text, "echo: go on go") {
-					return fmt.Errorf("history %+v, want the reply so far", h)
+				if h := chatHistory(t, f, cookie, "s"); len(h) != 2 || h[1].Text != twelveTokens {
+					return fmt.Errorf("history %+v, want the whole reply", h)
 				}
 				return nil
 			})
