@@ -89,8 +89,8 @@ func (s *Service) keepAwake(c *fiber.Ctx) error {
 	if f["for"] == "0" {
 		d, err = 0, nil
 	}
-	if err != nil || d < 0 || d > s.o.MaxKeepAwake || d > 0 && d < time.Minute {
-		return s.fail(c, fiber.StatusBadRequest, "for: give a duration from 1m to "+s.o.MaxKeepAwake.String()+" (e.g. 2h), or 0 to end the keep-awake")
+	if err != nil || d < 0 || d > s.o.MaxKeepAwake || d > 0 && d < time.Second {
+		return s.fail(c, fiber.StatusBadRequest, "for: give a duration from 1s to "+s.o.MaxKeepAwake.String()+" (e.g. 2h), or 0 to end the keep-awake")
 	}
 	if st := s.state(id.User); d > 0 && st.Phase != state.PhaseReady {
 		return s.fail(c, fiber.StatusConflict, "your sandbox is "+string(st.Phase)+", not running: open it first, then keep it awake")

@@ -186,7 +186,7 @@ func LoadEdge(e *Env) (Edge, error) {
 		// without typing; short enough that a tab forgotten overnight
 		// frees its pod.
 		IdleConnectedTimeout: e.Duration("IDLE_CONNECTED_TIMEOUT", time.Hour, 10*time.Second, 30*24*time.Hour),
-		MaxKeepAwake:         e.Duration("MAX_KEEPAWAKE", 8*time.Hour, time.Minute, 30*24*time.Hour),
+		MaxKeepAwake:         e.Duration("MAX_KEEPAWAKE", 8*time.Hour, 10*time.Second, 30*24*time.Hour),
 		MaxUsers:             e.Int("MAX_USERS", 0, 0, 10_000_000),
 		AdminGroups:          e.List("ADMIN_GROUPS", nil),
 		ShutdownTimeout:      shutdownTimeout(e),

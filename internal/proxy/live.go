@@ -8,6 +8,7 @@ import (
 	"github.com/fasthttp/websocket"
 
 	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
 )
 
@@ -93,6 +94,28 @@ func (p *Proxy) revalidate(ctx context.Context, interval time.Duration) {
 // suspended (or was, and woke as another pod), 0 otherwise.
 func (p *Proxy) asleep(x *exchange) (int, string) {
 	e, ok := p.o.Sandboxes.Get(x.id.User)
+	return asleep(x, e, ok)
+}
+
+// asleepSoon is asleep once the sandboxes cache says so, waiting up to
+// suspendNotice: a socket whose pod went away may have gone because of a
+// suspend the cache has not brought yet (the pod can stop before this
+// edge hears of it).
+func (p *Proxy) asleepSoon(x *exchange) (int, string) {
+	ctx, cancel := context.WithTimeout(context.Background(), suspendNotice)
+	defer cancel()
+	e, ok, _ := p.o.Sandboxes.Wait(ctx, x.id.User, func(e kv.Entry[state.Sandbox], ok bool) bool {
+		code, _ := asleep(x, e, ok)
+		return code != 0
+	})
+	return asleep(x, e, ok)
+}
+
+// suspendNotice bounds how long a lost socket waits to learn it was lost
+// to a suspend.
+const suspendNotice = 2 * time.Second
+
+func asleep(x *exchange, e kv.Entry[state.Sandbox], ok bool) (int, string) {
 	if !ok || x.pod == "" {
 		return 0, ""
 	}

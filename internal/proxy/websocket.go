@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fasthttp/websocket"
@@ -181,17 +182,26 @@ func (p *Proxy) bridge(id auth.Identity, pod string, st *stream, down, up *webso
 	// Browser to DSH in a goroutine, DSH to browser in this one: two
 	// goroutines per socket, not three (an idle socket is mostly stacks).
 	upDone := make(chan struct{})
+	var browserLeft atomic.Bool
 	go func() {
 		defer close(upDone)
 		_ = p.pump(st.browserInput, p.m.bytesUp, up, down, closeFor)
 		// The browser's side ended; closing DSH's ends the other pump.
+		browserLeft.Store(true)
 		up.Close()
 	}()
 	_ = p.pump(nil, p.m.bytesDown, down, up, func(err error) []byte {
 		// The sandbox went away because its user was signed out (a
-		// deletion, a recreate): tell the page so, not "lost".
+		// deletion, a recreate) or it is being suspended: tell the page
+		// so, not "lost".
 		if !p.o.Auth.Valid(id) {
 			return websocket.FormatCloseMessage(closeUnauthorized, "signed out")
+		}
+		var ce *websocket.CloseError
+		if lost := !errors.As(err, &ce) || ce.Code == websocket.CloseAbnormalClosure; lost && !browserLeft.Load() {
+			if code, why := p.asleepSoon(x); code != 0 {
+				return websocket.FormatCloseMessage(code, why)
+			}
 		}
 		return closeFor(err)
 	})
