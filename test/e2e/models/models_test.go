@@ -61,9 +61,13 @@ type world struct {
 	usage      *kv.Bucket[state.Usage]
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t *testing.T) *world { return newWorldWith(t, time.Second, nil) }
+
+// newWorldWith is newWorld with the stand-in's -slow models holding
+// their first byte for slow, and env set for every process.
+func newWorldWith(t *testing.T, slow time.Duration, env map[string]string) *world {
 	t.Helper()
-	sim := providersim.New(providersim.Options{Keys: []string{orgKey, annKey}, Slow: time.Second, TokenInterval: 50 * time.Millisecond})
+	sim := providersim.New(providersim.Options{Keys: []string{orgKey, annKey}, Slow: slow, TokenInterval: 50 * time.Millisecond})
 	simSrv := httptest.NewServer(sim)
 	t.Cleanup(simSrv.Close)
 	w := &world{t: t, sim: sim, brokerAddr: testenv.FreeAddr(t)}
@@ -85,10 +89,13 @@ func newWorld(t *testing.T) *world {
 	if err := os.WriteFile(filepath.Join(keys, "deepseek"), []byte(orgKey), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	providers, _ := json.Marshal([]config.Provider{{Name: "deepseek", API: config.APIOpenAI, BaseURL: simSrv.URL, Models: []string{model, model + "-long"}}})
-	prices, _ := json.Marshal(map[string]config.Price{model: {Input: 0.27, Output: 1.10}, model + "-long": {Input: 0.27, Output: 1.10}})
+	providers, _ := json.Marshal([]config.Provider{{Name: "deepseek", API: config.APIOpenAI, BaseURL: simSrv.URL, Models: []string{model, model + "-long", model + "-slow"}}})
+	prices, _ := json.Marshal(map[string]config.Price{model: {Input: 0.27, Output: 1.10}, model + "-long": {Input: 0.27, Output: 1.10}, model + "-slow": {Input: 0.27, Output: 1.10}})
 	addr := testenv.FreeAddr(t)
 	_, w.port, _ = net.SplitHostPort(addr)
+	for k, v := range env {
+		w.Env[k] = v
+	}
 	w.Env["SANDBOX_DOMAIN"] = sandboxZone + ":" + w.port
 	w.Env["BROKER_BUDGET_DEFAULT"] = budget
 	w.Env["BROKER_BYOK"] = "true"
@@ -345,6 +352,80 @@ func TestABrokerKilledMidStream(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// An agent is not a page: a chat the user starts and then closes the
+// browser on keeps its model call running for over three IDLE_TIMEOUTs,
+// and the broker's beacons keep the sandbox awake the whole time; it is
+// suspended IDLE_TIMEOUT after the call ends, by the activity stream's
+// clock.
+func TestAgentWorkKeepsTheSandboxAwakeWithoutABrowser(t *testing.T) {
+	idle := 4 * time.Second
+	w := newWorldWith(t, 3*idle+2*time.Second, map[string]string{
+		"IDLE_TIMEOUT": idle.String(), "SWEEP_INTERVAL": "200ms", "BEACON_INTERVAL": "1s", "BEACON_TTL": "3s",
+	})
+	sweeps := map[string]*testenv.Sweeps{"sw-a": testenv.FollowSweeps(t, w.Sweeper("sw-a", nil))}
+	token := w.client().Signup("dee", "")
+	ctx := w.browserFor("dee", token)
+	testenv.Do(t, ctx, "ask the agent for something slow",
+		testenv.Until(`document.readyState === "complete"`, time.Minute),
+		chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.getElementById("chat-model").value = %q`, model+"-slow")),
+		chromedp.SendKeys(chromedp.ID("chat-input"), "take your time\n"),
+	)
+	// The call is under way once a broker has said so on the activity
+	// stream.
+	testutil.Eventually(t, time.Minute, func() error {
+		for edge := range w.Idleness("dee").Stamped {
+			if strings.HasPrefix(edge, "broker-") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no broker beacon for dee yet")
+	})
+	chromedp.Cancel(ctx) // the laptop closes
+	closed := time.Now()
+	// The sandbox stays Ready while the call runs.
+	wctx, cancel := context.WithCancel(testenv.Context(t, 5*time.Minute))
+	defer cancel()
+	left := make(chan state.Phase, 1)
+	go func() {
+		if e, _, err := w.Sandboxes().Wait(wctx, "dee", func(e kv.Entry[state.Sandbox], _ bool) bool { return e.Value.Phase != state.PhaseReady }); err == nil {
+			left <- e.Value.Phase
+		}
+	}()
+	var ended time.Time
+	testutil.Eventually(t, 3*time.Minute, func() error {
+		select {
+		case p := <-left:
+			t.Fatalf("dee's sandbox became %s while the agent's call ran, %s after the browser closed", p, time.Since(closed))
+		default:
+		}
+		for _, c := range w.sim.Calls() {
+			if c.Model == model+"-slow" && c.Status == http.StatusOK {
+				ended = time.Now()
+				return nil
+			}
+		}
+		return fmt.Errorf("the agent's call is still running")
+	})
+	if ran := ended.Sub(closed); ran < 3*idle {
+		t.Fatalf("the call ended %s after the browser closed: not the three IDLE_TIMEOUTs (%s) this test is about", ran, 3*idle)
+	}
+	testutil.Eventually(t, 2*time.Minute, func() error {
+		select {
+		case p := <-left:
+			if p == state.PhaseSuspending || p == state.PhaseSuspended {
+				return nil
+			}
+			t.Fatalf("dee's sandbox became %s", p)
+		default:
+		}
+		return fmt.Errorf("dee's sandbox not suspended yet")
+	})
+	w.DecidedOnTime("dee", idle, sweeps)
+	if d, ok := w.Decision("dee"); !ok || d.At.Sub(ended) < idle-2*time.Second {
+		t.Fatalf("decided %s after the call ended; IDLE_TIMEOUT is %s", d.At.Sub(ended), idle)
+	}
 }
 
 // firstBytes is each live broker's count of answers whose first byte it
