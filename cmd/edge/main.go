@@ -172,7 +172,7 @@ func run(p *process.Process, cfg config.Edge) error {
 	adm := admin.New(admin.Options{
 		Auth: authn, Accounts: acct, Users: users, Sandboxes: boxes, Activity: clocks, Publisher: pub, Log: p.Log,
 		Hosts: cfg.AdminHosts, PublicHosts: cfg.PublicHosts, SandboxDomain: cfg.SandboxDomain,
-		Spend: book, Budgets: budgets, JS: p.JS,
+		Spend: book, Budgets: budgets, JS: p.JS, Idle: cfg.Idle,
 	})
 
 	var draining atomic.Bool

@@ -140,7 +140,7 @@ func (s *Service) suspendNow(c *fiber.Ctx) error {
 // sleep is what the user's page shows of st: the page is rendered with
 // it, and the status stream keeps it current.
 func (s *Service) sleep(st statusBody) web.Sleep {
-	w := web.Sleep{Slept: st.Slept, Busy: st.Busy, Running: st.Phase == string(state.PhaseReady), SuspendWhy: st.SuspendWhy}
+	w := web.Sleep{Slept: st.Slept, Busy: st.Busy, Running: st.Phase == string(state.PhaseReady), SuspendWhy: st.SuspendWhy, Dormancy: s.dormancy(st)}
 	if st.LastActive != nil {
 		w.LastActive = web.When(*st.LastActive)
 	}
@@ -159,6 +159,25 @@ func (s *Service) sleep(st statusBody) web.Sleep {
 		w.KeepAwakeFor = append(w.KeepAwakeFor, web.Choice{Value: s.o.MaxKeepAwake.String(), Label: idle.Words(s.o.MaxKeepAwake)})
 	}
 	return w
+}
+
+// dormancy says what happens to the account if it stays unused, with the
+// date when its sandbox sleeps.
+func (s *Service) dormancy(st statusBody) string {
+	p := s.o.Idle
+	if p.DormantAfter <= 0 {
+		return ""
+	}
+	msg := "An account whose sandbox sleeps for " + idle.Words(p.DormantAfter) + " is marked dormant"
+	if p.DormantDeleteAfter > 0 {
+		msg += " and deleted, files and all, " + idle.Words(p.DormantDeleteAfter) + " later"
+	}
+	if st.LastSuspend != nil && st.Phase == string(state.PhaseSuspended) {
+		if _, at := p.Dormancy(st.LastSuspend.At, time.Now()); !at.IsZero() {
+			return msg + ": yours on " + web.When(at) + " unless you open your sandbox before."
+		}
+	}
+	return msg + "; opening your sandbox keeps it."
 }
 
 // done answers a page action: its status for API clients, the user's

@@ -54,6 +54,9 @@ type Options struct {
 	Users     *kv.Cache[state.User]
 	Sandboxes *kv.Cache[state.Sandbox]
 	Activity  *idle.Clocks
+	// Idle is the idle rule's settings: the view marks dormant accounts
+	// (DORMANT_AFTER) and when they will be deleted.
+	Idle      idle.Policy
 	Publisher *events.Publisher
 	Log       *slog.Logger
 	// Hosts are ADMIN_HOSTS, canonical: when set, the only hosts the view
@@ -123,7 +126,14 @@ type Row struct {
 	// organisation pays); Budget the budget that applies to them.
 	SpentMicros int64          `json:"spent_micros"`
 	Budget      *state.Applied `json:"budget,omitempty"`
+	// Dormant: its sandbox has slept DORMANT_AFTER; DeleteAt is when
+	// DORMANT_DELETE_AFTER deletes it (absent: never).
+	Dormant  bool       `json:"dormant,omitempty"`
+	DeleteAt *time.Time `json:"delete_at,omitempty"`
 }
+
+// dormantFilter is the phase filter that lists dormant accounts.
+const dormantFilter = "Dormant"
 
 // Query selects a page of the list: users after After, whose name
 // starts with Prefix and whose phase is Phase (each optional), by name or,
@@ -154,8 +164,8 @@ func (s *Service) parseQuery(c *fiber.Ctx) (Query, error) {
 		}
 		q.Limit = n
 	}
-	if q.Phase != "" && !slices.Contains(state.Phases, state.Phase(q.Phase)) {
-		return q, fmt.Errorf("phase must be one of %v", state.Phases)
+	if q.Phase != "" && q.Phase != dormantFilter && !slices.Contains(state.Phases, state.Phase(q.Phase)) {
+		return q, fmt.Errorf("phase must be one of %v or %s", state.Phases, dormantFilter)
 	}
 	if len(q.After) > auth.MaxUserLen || len(q.Prefix) > auth.MaxUserLen {
 		return q, errors.New("after and q are user names or their beginnings")
@@ -205,7 +215,7 @@ func (s *Service) Page(q Query, now time.Time) Page {
 			break
 		}
 		r := s.row(name, now)
-		if q.Phase != "" && r.Phase != q.Phase {
+		if q.Phase == dormantFilter && !r.Dormant || q.Phase != "" && q.Phase != dormantFilter && r.Phase != q.Phase {
 			continue
 		}
 		if len(page.Users) == q.Limit {
@@ -226,6 +236,12 @@ func (s *Service) row(name string, now time.Time) Row {
 	if b, ok := s.o.Sandboxes.Get(name); ok {
 		r.Phase, r.Reason, r.Pod, r.ReadySince = string(b.Value.Phase), b.Value.Reason, b.Value.PodName, b.Value.ReadySince
 		r.Managed = r.Managed || b.Value.Managed
+		if ls := b.Value.LastSuspend; ls != nil && b.Value.Phase == state.PhaseSuspended && b.Value.Managed {
+			var at time.Time
+			if r.Dormant, at = s.o.Idle.Dormancy(ls.At, now); r.Dormant && !at.IsZero() {
+				r.DeleteAt = &at
+			}
+		}
 	}
 	v := s.o.Activity.View(name, now)
 	r.LastActive, r.InFlight = v.Last, v.Load
@@ -334,7 +350,10 @@ func (s *Service) page(c *fiber.Ctx) error {
 		row := web.AdminRow{
 			User: r.User, Phase: r.Phase, Reason: r.Reason, Managed: r.Managed, Pod: r.Pod,
 			Age: since(r.Created, time.Now()), LastActive: since(r.LastActive, time.Now()), Sessions: r.Sessions,
-			InFlight: inFlightText(r.InFlight), URL: s.sandboxURL(c, r.User),
+			InFlight: inFlightText(r.InFlight), URL: s.sandboxURL(c, r.User), Dormant: r.Dormant,
+		}
+		if r.DeleteAt != nil {
+			row.DeleteAt = web.When(*r.DeleteAt)
 		}
 		if r.Budget != nil {
 			row.Spent, row.Budget = spend.USD(r.SpentMicros), spend.Describe(*r.Budget)
@@ -350,11 +369,11 @@ func (s *Service) page(c *fiber.Ctx) error {
 }
 
 func phaseNames() []string {
-	out := make([]string, len(state.Phases))
+	out := make([]string, len(state.Phases), len(state.Phases)+1)
 	for i, p := range state.Phases {
 		out[i] = string(p)
 	}
-	return out
+	return append(out, dormantFilter)
 }
 
 // since is a coarse age ("3m", "2h", "5d"), "—" for a zero time.

@@ -573,14 +573,20 @@ func LoadSweeper(e *Env) (Sweeper, error) {
 }
 
 // idlePolicy reads IDLE_TIMEOUT (a Ready sandbox with nothing in flight
-// and no activity for this long is suspended) and MAX_RUNTIME (one awake
+// and no activity for this long is suspended), MAX_RUNTIME (one awake
 // this long without a keep-awake is suspended even if busy; 0, the
-// default, is no ceiling). The sweeper decides by them; the edge shows
+// default, is no ceiling), and DORMANT_AFTER and DORMANT_DELETE_AFTER
+// (idle.Policy.Dormancy; both off by default). The sweeper decides by them; the edge shows
 // users when their sandbox will be suspended by the same rule.
 func idlePolicy(e *Env) idle.Policy {
 	p := idle.Policy{
 		IdleTimeout: e.Duration("IDLE_TIMEOUT", 15*time.Minute, time.Second, 30*24*time.Hour),
 		MaxRuntime:  e.Duration("MAX_RUNTIME", 0, 0, 365*24*time.Hour),
+	}
+	p.DormantAfter = e.Duration("DORMANT_AFTER", 0, 0, 10*365*24*time.Hour)
+	p.DormantDeleteAfter = e.Duration("DORMANT_DELETE_AFTER", 0, 0, 10*365*24*time.Hour)
+	if p.DormantDeleteAfter > 0 && p.DormantAfter == 0 {
+		e.Fail("DORMANT_DELETE_AFTER", "needs DORMANT_AFTER: accounts are deleted that long after they became dormant")
 	}
 	if p.MaxRuntime > 0 && p.MaxRuntime < p.IdleTimeout {
 		e.Fail("MAX_RUNTIME", "%s is shorter than IDLE_TIMEOUT (%s): every sandbox would meet the ceiling before it could fall idle", p.MaxRuntime, p.IdleTimeout)

@@ -328,6 +328,9 @@ const (
 	// AuditKeepAwake is a user keeping their sandbox awake (or ending a
 	// keep-awake).
 	AuditKeepAwake AuditKind = "keepawake"
+	// AuditDormant is an account found dormant (DORMANT_AFTER), and its
+	// deletion asked for (DORMANT_DELETE_AFTER).
+	AuditDormant AuditKind = "dormant"
 )
 
 // AuditEvent is one audit record. Detail is free text for humans and must

@@ -119,6 +119,24 @@ type Policy struct {
 	IdleTimeout time.Duration
 	// MaxRuntime is MAX_RUNTIME (0: no ceiling).
 	MaxRuntime time.Duration
+	// DormantAfter is DORMANT_AFTER: an account whose sandbox has been
+	// asleep this long is dormant (0: never). DormantDeleteAfter is
+	// DORMANT_DELETE_AFTER: a dormant account is deleted, volume and all,
+	// this much later (0: never).
+	DormantAfter, DormantDeleteAfter time.Duration
+}
+
+// Dormancy is what the rule says of an account whose sandbox has been
+// asleep since asleep (zero: it is not): whether it is dormant, and when
+// it will be deleted (zero: never). Waking the sandbox ends it.
+func (p Policy) Dormancy(asleep, now time.Time) (dormant bool, deleteAt time.Time) {
+	if p.DormantAfter <= 0 || asleep.IsZero() {
+		return false, time.Time{}
+	}
+	if p.DormantDeleteAfter > 0 {
+		deleteAt = asleep.Add(p.DormantAfter + p.DormantDeleteAfter)
+	}
+	return now.Sub(asleep) >= p.DormantAfter, deleteAt
 }
 
 // Sandbox is what the rule needs of a Ready sandbox besides its clock.

@@ -67,6 +67,33 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+func TestDormancy(t *testing.T) {
+	t0 := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	day := 24 * time.Hour
+	p := Policy{IdleTimeout: time.Minute, DormantAfter: 90 * day, DormantDeleteAfter: 30 * day}
+	for _, tt := range []struct {
+		name     string
+		p        Policy
+		asleep   time.Time
+		now      time.Time
+		dormant  bool
+		deleteAt time.Time
+	}{
+		{"off", Policy{IdleTimeout: time.Minute}, t0, t0.Add(1000 * day), false, time.Time{}},
+		{"awake", p, time.Time{}, t0, false, time.Time{}},
+		{"asleep, not yet", p, t0, t0.Add(89 * day), false, t0.Add(120 * day)},
+		{"dormant", p, t0, t0.Add(90 * day), true, t0.Add(120 * day)},
+		{"dormant, never deleted", Policy{DormantAfter: day}, t0, t0.Add(2 * day), true, time.Time{}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d, at := tt.p.Dormancy(tt.asleep, tt.now)
+			if d != tt.dormant || !at.Equal(tt.deleteAt) {
+				t.Fatalf("Dormancy = %v %s, want %v %s", d, at, tt.dormant, tt.deleteAt)
+			}
+		})
+	}
+}
+
 func TestReasons(t *testing.T) {
 	p := Policy{IdleTimeout: 15 * time.Minute, MaxRuntime: 8 * time.Hour}
 	for _, r := range Reasons {

@@ -172,7 +172,7 @@ func (w *Worker) suspend(ctx context.Context, c events.Command) (string, error) 
 	detail, by := c.Suspend.Detail, ""
 	switch {
 	case reason == idle.ReasonAdmin:
-		detail, by = reason.Describe(idle.Policy{}), ", by "+c.Suspend.By
+		detail, by = reason.Describe(idle.Policy{}), ", by administrator "+c.Suspend.By
 	case reason == idle.ReasonUser:
 		detail = reason.Describe(idle.Policy{})
 	case detail == "":

@@ -697,3 +697,65 @@ func TestMirrorSetsRightARecordChangedBehindItsBack(t *testing.T) {
 		t.Fatalf("set right to %+v, want it as before: %+v", e.Value, suspended)
 	}
 }
+
+// Compare-and-suspend reads the idle rule: a keep-awake that holds
+// cancels the sweeper's decision; a forced reason (MAX_RUNTIME) is carried
+// out despite newer activity, and why is recorded on the Sandbox and in
+// the record; a reason this build does not know never forces anything.
+func TestSuspendReasonsAndKeepAwake(t *testing.T) {
+	f := setup(t, nil)
+	f.lifecycle("lc-a")
+	f.signup("kai")
+	f.signup("fay")
+	awake, err := kv.Open[state.KeepAwake](ctx(t), f.JS, state.BucketKeepAwake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := awake.Put(ctx(t), "kai", state.KeepAwake{Until: time.Now().Add(time.Hour), At: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	box, _ := f.boxes.Get("kai")
+	f.command(events.NewSuspend("kai", f.lastActivitySeq("kai"), box.Revision, time.Now(), "idle", "it was idle for 15 minutes"))
+	decided := f.beacon("fay")
+	f.beacon("fay") // fay came back after the decision
+	fayBox, _ := f.boxes.Get("fay")
+	f.command(events.NewSuspend("fay", decided, fayBox.Revision, time.Now(), "sleepy", "a reason from nowhere"))
+	f.drained(t)
+	for _, u := range []string{"kai", "fay"} {
+		if b, _ := f.boxes.Get(u); b.Value.Phase != state.PhaseReady || b.Value.LastSuspend != nil {
+			t.Fatalf("%s after a cancelled suspend: %+v", u, b.Value)
+		}
+	}
+	cancelled := map[string]string{}
+	for _, a := range f.auditEvents(events.AuditSuspend) {
+		if a.Outcome == "cancelled" {
+			cancelled[a.User] = a.Detail
+		}
+	}
+	if !strings.Contains(cancelled["kai"], "kept awake until") || !strings.Contains(cancelled["fay"], "newer") {
+		t.Fatalf("cancellations %v", cancelled)
+	}
+
+	// The ceiling, with activity newer than its decision: carried out.
+	f.beacon("kai")
+	box, _ = f.boxes.Get("kai")
+	f.command(events.NewSuspend("kai", 1, box.Revision, time.Now(), "max_runtime", "it had been running for 8 hours"))
+	got := f.waitPhase("kai", state.PhaseSuspended)
+	if ls := got.LastSuspend; ls == nil || ls.Reason != "max_runtime" || ls.Detail != "it had been running for 8 hours" || time.Since(ls.At) > time.Minute {
+		t.Fatalf("recorded suspend %+v", got.LastSuspend)
+	}
+	sc, _, _ := pkg.Cluster.SandboxClients()
+	sb, err := sc.AgentsV1beta1().Sandboxes(f.NS.Name).Get(ctx(t), got.Sandbox, metav1.GetOptions{})
+	if err != nil || !strings.Contains(sb.Annotations["aaas.example.com/last-suspend"], `"reason":"max_runtime"`) {
+		t.Fatalf("the Sandbox's annotations %v (%v)", sb.Annotations, err)
+	}
+	// It wakes, and the record still says why it last slept.
+	asleep, _ := f.boxes.Get("kai")
+	f.command(events.NewWake("kai", asleep.Revision))
+	testutil.Eventually(t, time.Minute, func() error {
+		if b, _ := f.boxes.Get("kai"); b.Value.Phase != state.PhaseReady || b.Value.LastSuspend == nil {
+			return fmt.Errorf("after the wake: %+v", b.Value)
+		}
+		return nil
+	})
+}

@@ -100,14 +100,15 @@ var grants = map[Role]grant{
 		durable:   &durable{events.StreamCommands, events.CommandConsumer},
 	},
 	// Idle clocks from the activity stream, users' keep-awakes, suspend
-	// commands only, and the lease. No session: NATS cannot tell a purge from a put on a key's
+	// commands and the deletion of dormant accounts (DORMANT_DELETE_AFTER;
+	// lifecycle deletes only managed claims), and the lease. No session: NATS cannot tell a purge from a put on a key's
 	// subject, so an identity that may remove sessions may forge them, and
 	// pruning the sessions of deleted accounts is lifecycle's, which
 	// writes them anyway.
 	Sweeper: {
 		writes:    []string{state.BucketLocks},
 		reads:     []string{state.BucketSandboxes, state.BucketUsers, state.BucketQueue, state.BucketKeepAwake},
-		publishes: append(commandSubjects(events.VerbSuspend), events.AuditSubjectsAll),
+		publishes: append(commandSubjects(events.VerbSuspend, events.VerbDelete), events.AuditSubjectsAll),
 		consumes:  []string{events.StreamActivity},
 	},
 	// A model call's attribution (sandboxes: the Ready pod's address), the

@@ -192,10 +192,13 @@ func TestEachIdentityIsRefusedWhatIsNotItsJob(t *testing.T) {
 
 	sweeper := b.as(natsauth.Sweeper)
 	sweeper.allowed(t, "sweeper publishes a suspend", publish(sweeper.js, events.CommandSubject(events.VerbSuspend, "ann"), events.Command{V: 1, ID: "s1", Verb: events.VerbSuspend, User: "ann"}))
-	for _, v := range []events.Verb{events.VerbDelete, events.VerbRecreate, events.VerbClaim, events.VerbWake, events.VerbHandshake} {
+	// A dormant account's deletion (DORMANT_DELETE_AFTER).
+	sweeper.allowed(t, "sweeper publishes a delete", publish(sweeper.js, events.CommandSubject(events.VerbDelete, "ann"), events.Command{V: 1, ID: "d1", Verb: events.VerbDelete, User: "ann"}))
+	for _, v := range []events.Verb{events.VerbRecreate, events.VerbClaim, events.VerbWake, events.VerbHandshake} {
 		sweeper.refused(t, "sweeper publishes "+string(v), regexp.QuoteMeta(events.CommandSubject(v, "ann")), publish(sweeper.js, events.CommandSubject(v, "ann"), map[string]string{}))
 	}
 	sweeper.refused(t, "sweeper writes sandboxes", regexp.QuoteMeta("$KV.sandboxes.ann"), put(sweeper.js, state.BucketSandboxes, "ann"))
+	sweeper.refused(t, "sweeper writes a keep-awake", regexp.QuoteMeta("$KV.keepawake.ann"), put(sweeper.js, state.BucketKeepAwake, "ann"))
 
 	lc := b.as(natsauth.Lifecycle)
 	lc.allowed(t, "lifecycle writes sandboxes", put(lc.js, state.BucketSandboxes, "ann"))

@@ -47,15 +47,23 @@ type Sweeper struct {
 	awake  *kv.Cache[state.KeepAwake]
 	synced atomic.Bool
 
-	// Only the leader's loop touches it.
+	// Only the leader's loop touches them.
 	issued map[string]issue
+	// dormant holds the accounts audited dormant, by when their sandbox
+	// fell asleep, and whether their deletion was asked for.
+	dormant map[string]dormancy
 }
 
 type issue struct{ rev, seq uint64 }
 
+type dormancy struct {
+	asleep  time.Time
+	deleted bool
+}
+
 // New opens the buckets and caches; Run starts following the stream.
 func New(ctx context.Context, o Options) (*Sweeper, error) {
-	s := &Sweeper{o: o, m: newMetrics(o.Metrics), clocks: idle.NewClocks(), issued: map[string]issue{}}
+	s := &Sweeper{o: o, m: newMetrics(o.Metrics), clocks: idle.NewClocks(), issued: map[string]issue{}, dormant: map[string]dormancy{}}
 	boxes, err := kv.Open[state.Sandbox](ctx, o.JS, state.BucketSandboxes)
 	if err != nil {
 		return nil, err
@@ -224,11 +232,12 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 		default:
 			s.m.suspends.WithLabelValues("requested").Inc()
 			s.o.Publisher.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: a.user, Outcome: "requested",
-				Detail: fmt.Sprintf("%s (%s): last active %s, %s before", a.detail, a.reason, a.last.UTC().Format(time.RFC3339), now.Sub(a.last).Round(time.Second))})
+				Detail: fmt.Sprintf("%s since %s (%s): %s", a.reason, a.last.UTC().Format(time.RFC3339), now.Sub(a.last).Round(time.Second), a.detail)})
 			s.o.Log.Info("suspend requested", "user", a.user, "reason", a.reason, "idle", now.Sub(a.last).Round(time.Second).String())
 		}
 		s.issued[a.user] = issue{a.rev, a.seq}
 	}
+	s.dormancy(ctx, now)
 	s.forget(now)
 	s.m.tracked.Set(float64(s.clocks.Len()))
 	s.m.idle.Set(float64(due))
@@ -274,6 +283,54 @@ func (s *Sweeper) publish(ctx context.Context, asks []ask) {
 	wg.Wait()
 }
 
+// dormancy audits the accounts whose managed sandbox has slept for
+// DORMANT_AFTER, once per sleep, and asks lifecycle to delete those that
+// have slept DORMANT_DELETE_AFTER longer (its id derived from the record's
+// revision, so replicas and rounds ask once). Lifecycle deletes only
+// claims this gateway manages, and an unmanaged sandbox is never asked
+// about at all.
+func (s *Sweeper) dormancy(ctx context.Context, now time.Time) {
+	if s.o.Policy.DormantAfter <= 0 {
+		return
+	}
+	s.boxes.Range(func(e kv.Entry[state.Sandbox]) bool {
+		b := e.Value
+		if b.Phase != state.PhaseSuspended || !b.Managed {
+			delete(s.dormant, e.Key)
+			return true
+		}
+		asleep := b.Updated
+		if b.LastSuspend != nil {
+			asleep = b.LastSuspend.At
+		}
+		dormant, deleteAt := s.o.Policy.Dormancy(asleep, now)
+		if !dormant {
+			return true
+		}
+		d, seen := s.dormant[e.Key]
+		if !seen || !d.asleep.Equal(asleep) {
+			d = dormancy{asleep: asleep}
+			detail := "asleep since " + asleep.UTC().Format(time.RFC3339)
+			if !deleteAt.IsZero() {
+				detail += "; to be deleted at " + deleteAt.UTC().Format(time.RFC3339)
+			}
+			s.o.Publisher.Audit(events.AuditEvent{Kind: events.AuditDormant, User: e.Key, Outcome: "dormant", Detail: detail})
+		}
+		if !deleteAt.IsZero() && !now.Before(deleteAt) && !d.deleted {
+			id := fmt.Sprintf("dormant-%s-%d", e.Key, e.Revision)
+			if _, err := s.o.Publisher.Command(ctx, events.NewDelete(e.Key, id)); err != nil {
+				s.o.Log.Warn("dormant account's deletion not asked", "user", e.Key, "err", err)
+			} else {
+				d.deleted = true
+				s.o.Publisher.Audit(events.AuditEvent{Kind: events.AuditDormant, User: e.Key, Outcome: "deleting",
+					Detail: "unused since " + asleep.UTC().Format(time.RFC3339)})
+			}
+		}
+		s.dormant[e.Key] = d
+		return true
+	})
+}
+
 // forget drops the idle clocks, and the record of suspends asked, of users
 // without a sandbox (deleted), so neither holds more users than there are
 // sandboxes. It looks only when one of them does (then some user in it
@@ -284,7 +341,7 @@ func (s *Sweeper) publish(ctx context.Context, asks []ask) {
 // record written again, a bucket restored), so a busy sandbox would be
 // judged idle.
 func (s *Sweeper) forget(now time.Time) {
-	if n := s.boxes.Len(); s.clocks.Len() <= n && len(s.issued) <= n {
+	if n := s.boxes.Len(); s.clocks.Len() <= n && len(s.issued) <= n && len(s.dormant) <= n {
 		return
 	}
 	gone := func(user string) bool {
@@ -295,6 +352,11 @@ func (s *Sweeper) forget(now time.Time) {
 	for u := range s.issued {
 		if gone(u) {
 			delete(s.issued, u)
+		}
+	}
+	for u := range s.dormant {
+		if gone(u) {
+			delete(s.dormant, u)
 		}
 	}
 }

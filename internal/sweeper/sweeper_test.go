@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -103,7 +104,30 @@ func (w *world) beacon(user, edge string, inFlight int, idleFor, ttl time.Durati
 }
 
 // suspends lists the suspend commands waiting in the work queue.
-func (w *world) suspends() map[string]events.Command {
+func (w *world) suspends() map[string]events.Command { return w.commands(events.VerbSuspend) }
+
+// audit is every audit event so far, as "<kind> <user> <outcome>".
+func (w *world) audit() []string {
+	w.t.Helper()
+	ctx := natstest.Context(w.t, time.Minute)
+	s, err := w.js.Stream(ctx, events.StreamAudit)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	info, _ := s.Info(ctx)
+	var out []string
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		if m, err := s.GetMsg(ctx, seq); err == nil {
+			if e, err := events.Decode[events.AuditEvent](m.Data); err == nil {
+				out = append(out, fmt.Sprintf("%s %s %s", e.Kind, e.User, e.Outcome))
+			}
+		}
+	}
+	return out
+}
+
+// commands lists the commands of verb waiting in the work queue, by user.
+func (w *world) commands(verb events.Verb) map[string]events.Command {
 	w.t.Helper()
 	ctx := natstest.Context(w.t, time.Minute)
 	s, err := w.js.Stream(ctx, events.StreamCommands)
@@ -118,7 +142,7 @@ func (w *world) suspends() map[string]events.Command {
 			continue
 		}
 		c, err := events.Decode[events.Command](m.Data)
-		if err == nil && c.Verb == events.VerbSuspend {
+		if err == nil && c.Verb == verb {
 			out[c.User] = c
 		}
 	}
@@ -232,6 +256,41 @@ func TestReasonsCeilingAndKeepAwake(t *testing.T) {
 	want["kept"], want["kept-marathon"] = "idle", "max_runtime"
 	if got := reasons(w.now.Add(31 * time.Second)); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("after the keep-awake ended: suspended %v, want %v", got, want)
+	}
+}
+
+// An account whose managed sandbox has slept DORMANT_AFTER is audited
+// dormant once; DORMANT_DELETE_AFTER later its deletion is asked for,
+// once. A sandbox applied by hand, asleep as long, is never asked about.
+func TestDormantAccountsAreMarkedThenDeleted(t *testing.T) {
+	w := setup(t)
+	put := func(user string, managed bool, asleep time.Time) {
+		if _, err := w.boxes.Put(context.Background(), user, state.Sandbox{User: user, Phase: state.PhaseSuspended, Managed: managed,
+			LastSuspend: &state.Suspension{At: asleep, Reason: "idle"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("sleeper", true, w.now.Add(-3*time.Hour))
+	put("napper", true, w.now.Add(-90*time.Minute))
+	put("hand", false, w.now.Add(-3*time.Hour))
+	put("fresh", true, w.now.Add(-time.Minute))
+	w.sandbox("awake", state.PhaseReady, true, w.now.Add(-3*time.Hour))
+	s := w.sweeperWith(idle.Policy{IdleTimeout: idleTimeout, DormantAfter: time.Hour, DormantDeleteAfter: time.Hour})
+	s.Sweep(context.Background(), w.now)
+	s.Sweep(context.Background(), w.now.Add(time.Second))
+	deletes := w.commands(events.VerbDelete)
+	if _, ok := deletes["sleeper"]; len(deletes) != 1 || !ok {
+		t.Fatalf("deletions asked %v, want sleeper's only", deletes)
+	}
+	var dormancy []string
+	for _, a := range w.audit() {
+		if strings.HasPrefix(a, "dormant ") {
+			dormancy = append(dormancy, a)
+		}
+	}
+	sort.Strings(dormancy)
+	if want := "[dormant napper dormant dormant sleeper deleting dormant sleeper dormant]"; fmt.Sprint(dormancy) != want {
+		t.Fatalf("audited %v, want %s", dormancy, want)
 	}
 }
 

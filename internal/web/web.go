@@ -122,9 +122,12 @@ type Landing struct {
 // offered.
 type Sleep struct {
 	LastActive, SuspendAt, SuspendWhy, KeepAwakeUntil, Slept string
-	Busy                                                     bool
-	Running                                                  bool
-	KeepAwakeFor                                             []Choice
+	// Dormancy says what happens to an account left unused
+	// (DORMANT_AFTER, DORMANT_DELETE_AFTER), "" when nothing does.
+	Dormancy     string
+	Busy         bool
+	Running      bool
+	KeepAwakeFor []Choice
 }
 
 // Choice is one option of a select: its value and label.
@@ -220,6 +223,10 @@ type AdminRow struct {
 	// Spent and Budget are the user's model spend this month and the
 	// budget that applies.
 	Spent, Budget string
+	// Dormant marks an account unused for DORMANT_AFTER; DeleteAt is when
+	// it will be deleted ("" never).
+	Dormant  bool
+	DeleteAt string
 }
 
 // AdminBudgetConfirm asks an administrator to confirm a budget change

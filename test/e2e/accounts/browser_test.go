@@ -77,6 +77,9 @@ func TestBrowserAccountJourney(t *testing.T) {
 		chromedp.Click(chromedp.CSS("summary")),
 		chromedp.WaitVisible(id("delete")),
 		chromedp.Click(id("delete")),
+		// Confirmed on a page of its own.
+		chromedp.WaitVisible(id("confirm")),
+		chromedp.Click(id("confirm")),
 		chromedp.WaitVisible(id("signup-user")),
 	)
 	onlyGatewayCookie("after deleting")

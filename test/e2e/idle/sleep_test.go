@@ -11,6 +11,9 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/fasthttp/websocket"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/state"
@@ -296,4 +299,84 @@ func TestKeepAwakeCeilingAndReasonsOnThePage(t *testing.T) {
 		t.Fatalf("kay's page says %q", text)
 	}
 	testenv.Screenshot(t, ctx, "sleep-users-page")
+}
+
+// Dormancy with short settings: an account whose sandbox sleeps
+// DORMANT_AFTER is audited dormant, and DORMANT_DELETE_AFTER later it is
+// deleted, claim and volume; a hand-applied claim whose sandbox sleeps as
+// long, in the same window, is untouched.
+func TestDormantAccountsAreDeletedAndUnmanagedClaimsAreNot(t *testing.T) {
+	w := pkg.NewStack(t, testenv.StackOptions{Env: map[string]string{
+		"BEACON_INTERVAL": "1s", "BEACON_TTL": "3s", "IDLE_TIMEOUT": "2s", "SWEEP_INTERVAL": "200ms",
+		"DORMANT_AFTER": "3s", "DORMANT_DELETE_AFTER": "3s",
+	}, Lifecycle: "lc-a"})
+	w.Sweeper("sw-a", nil)
+	edge := w.Edge("edge-a", nil)
+	sc, ext, _ := pkg.Cluster.SandboxClients()
+	ctx := testenv.Context(t, 5*time.Minute)
+	// An operator's own claim, its sandbox put to sleep by hand.
+	if _, err := ext.ExtensionsV1beta1().SandboxClaims(w.NS.Name).Create(ctx, &extv1beta1.SandboxClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "dsh-opal"},
+		Spec:       extv1beta1.SandboxClaimSpec{WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: "dsh-pool"}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var opal string
+	testutil.Eventually(t, time.Minute, func() error {
+		c, err := ext.ExtensionsV1beta1().SandboxClaims(w.NS.Name).Get(ctx, "dsh-opal", metav1.GetOptions{})
+		if err != nil || c.Status.SandboxStatus.Name == "" {
+			return errors.New("not adopted")
+		}
+		opal = c.Status.SandboxStatus.Name
+		return nil
+	})
+	patch := []byte(`{"spec":{"operatingMode":"Suspended"}}`)
+	if _, err := sc.AgentsV1beta1().Sandboxes(w.NS.Name).Patch(ctx, opal, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	c := testenv.NewClient(t, edge.URL)
+	c.Signup("dot", "")
+	running(t, w, "dot")
+	box, _ := w.Sandboxes().Get("dot")
+	volumes := func() []string {
+		l, err := pkg.Cluster.Client.CoreV1().PersistentVolumeClaims(w.NS.Name).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, p := range l.Items {
+			if strings.Contains(p.Name, box.Value.Sandbox) {
+				out = append(out, p.Name)
+			}
+		}
+		return out
+	}
+	if v := volumes(); len(v) == 0 {
+		t.Fatalf("dot's sandbox %s has no volume to delete", box.Value.Sandbox)
+	}
+	suspendedAt(t, w, "dot", time.Minute)
+	testutil.Eventually(t, 2*time.Minute, func() error {
+		if _, err := ext.ExtensionsV1beta1().SandboxClaims(w.NS.Name).Get(ctx, "dsh-dot", metav1.GetOptions{}); err == nil {
+			return errors.New("dot's claim is still there")
+		}
+		if v := volumes(); len(v) != 0 {
+			return fmt.Errorf("dot's volumes are still there: %v", v)
+		}
+		return nil
+	})
+	var outcomes []string
+	for _, a := range w.Audit(events.AuditDormant, "dot") {
+		outcomes = append(outcomes, a.Outcome)
+	}
+	if fmt.Sprint(outcomes) != "[dormant deleting]" {
+		t.Fatalf("dot's dormancy audited %v", outcomes)
+	}
+	w.WaitCommandsDone(time.Minute)
+	if _, err := ext.ExtensionsV1beta1().SandboxClaims(w.NS.Name).Get(ctx, "dsh-opal", metav1.GetOptions{}); err != nil {
+		t.Fatalf("the hand-applied claim: %v", err)
+	}
+	if a := w.Audit(events.AuditDormant, "opal"); len(a) != 0 {
+		t.Fatalf("the hand-applied claim was judged dormant: %+v", a)
+	}
 }
