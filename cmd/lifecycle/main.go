@@ -25,6 +25,7 @@ import (
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/lifecycle"
 	"github.com/aaas-project/aaas/internal/natsauth"
+	"github.com/aaas-project/aaas/internal/notify"
 	"github.com/aaas-project/aaas/internal/process"
 	"github.com/aaas-project/aaas/internal/sandbox"
 	"github.com/aaas-project/aaas/internal/state"
@@ -56,12 +57,15 @@ func run(p *process.Process, cfg config.Lifecycle) error {
 	if err != nil {
 		return err
 	}
+	n := notify.New(notify.Options{URL: cfg.Notify.URL, Secret: cfg.Notify.Secret, Attempts: cfg.Notify.Attempts, Backoff: cfg.Notify.Backoff,
+		Queue: cfg.Notify.Queue, Log: p.Log, Metrics: p.Metrics})
+	go n.Run(p.Ctx)
 	w, err := lifecycle.New(p.Ctx, lifecycle.Options{
 		Cluster: cluster, JS: p.JS, Publisher: events.NewPublisher(p.JS, cfg.InstanceID, p.Log), Sealer: sealer,
 		LogTailLines: cfg.LogTailLines, LogLimitBytes: cfg.LogLimitBytes, HandshakeTTL: cfg.Buckets.HandshakeTTL,
 		HandshakeTimeout: cfg.HandshakeTimeout, HandshakeWorkers: cfg.HandshakeWorkers, RecreateTimeout: cfg.RecreateTimeout, PruneInterval: cfg.PruneInterval,
-		Limits: capacity.Limits{MaxRunning: cfg.MaxRunning, MaxStarts: cfg.MaxStarts},
-		Log:    p.Log, Metrics: p.Metrics,
+		Limits: capacity.Limits{MaxRunning: cfg.MaxRunning, MaxStarts: cfg.MaxStarts}, Notify: n,
+		Log: p.Log, Metrics: p.Metrics,
 	})
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/natsauth"
+	"github.com/aaas-project/aaas/internal/notify"
 	"github.com/aaas-project/aaas/internal/process"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/sweeper"
@@ -20,10 +21,13 @@ func main() {
 }
 
 func run(p *process.Process, cfg config.Sweeper) error {
+	n := notify.New(notify.Options{URL: cfg.Notify.URL, Secret: cfg.Notify.Secret, Attempts: cfg.Notify.Attempts, Backoff: cfg.Notify.Backoff,
+		Queue: cfg.Notify.Queue, Log: p.Log, Metrics: p.Metrics})
+	go n.Run(p.Ctx)
 	s, err := sweeper.New(p.Ctx, sweeper.Options{
 		JS: p.JS, Publisher: events.NewPublisher(p.JS, cfg.InstanceID, p.Log),
 		Policy: cfg.Policy, Interval: cfg.Interval,
-		IdleEvict: cfg.IdleEvict, MaxRunning: cfg.MaxRunning,
+		IdleEvict: cfg.IdleEvict, MaxRunning: cfg.MaxRunning, Notify: n, WarnBefore: cfg.Notify.WarnBefore,
 		Log: p.Log, Metrics: p.Metrics,
 	})
 	if err != nil {

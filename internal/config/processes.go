@@ -3,6 +3,7 @@ package config
 import (
 	"net"
 	"net/netip"
+	"net/url"
 	"regexp"
 	"strings"
 	"time"
@@ -322,6 +323,8 @@ var cookieNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 type Lifecycle struct {
 	Common
 	Kube
+	// Notify is the webhook (loadNotify).
+	Notify Notify
 	// WarmPool is WARM_POOL, the SandboxWarmPool new claims draw from.
 	WarmPool string
 	// LogTailLines is DSH_LOG_TAIL_LINES, how much of the pod log is
@@ -366,6 +369,7 @@ func LoadLifecycle(e *Env) (Lifecycle, error) {
 	c := Lifecycle{
 		Common:           LoadCommon(e, ":9091"),
 		Kube:             loadKube(e),
+		Notify:           loadNotify(e),
 		WarmPool:         e.String("WARM_POOL", "dsh-pool"),
 		LogTailLines:     e.Int("DSH_LOG_TAIL_LINES", 1000, 1, 100000),
 		Container:        e.String("DSH_CONTAINER", ""),
@@ -541,6 +545,8 @@ type Sweeper struct {
 	Common
 	// Policy is IDLE_TIMEOUT and MAX_RUNTIME (idlePolicy).
 	Policy idle.Policy
+	// Notify is the webhook (loadNotify).
+	Notify Notify
 	// Interval is SWEEP_INTERVAL, default a tenth of IDLE_TIMEOUT (at
 	// most 30s).
 	Interval time.Duration
@@ -561,6 +567,7 @@ func LoadSweeper(e *Env) (Sweeper, error) {
 	c := Sweeper{
 		Common:     LoadCommon(e, ":9092"),
 		Policy:     idlePolicy(e),
+		Notify:     loadNotify(e),
 		LeaseTTL:   e.Duration("LEASE_TTL", 10*time.Second, time.Second, 5*time.Minute),
 		MaxRunning: maxRunning(e),
 		IdleEvict:  e.Bool("IDLE_EVICT", false),
@@ -592,6 +599,39 @@ func idlePolicy(e *Env) idle.Policy {
 		e.Fail("MAX_RUNTIME", "%s is shorter than IDLE_TIMEOUT (%s): every sandbox would meet the ceiling before it could fall idle", p.MaxRuntime, p.IdleTimeout)
 	}
 	return p
+}
+
+// Notify is NOTIFY_WEBHOOK_URL and NOTIFY_WEBHOOK_SECRET (notify.Options),
+// read by the sweeper (suspend warnings, dormancy) and lifecycle
+// (suspends, deletions).
+type Notify struct {
+	URL    string
+	Secret []byte
+	// Attempts and Backoff bound the tries per notice: 5, 1s apart at
+	// first, doubling (about half a minute in all).
+	Attempts int
+	Backoff  time.Duration
+	// Queue is how many notices may wait.
+	Queue int
+	// WarnBefore is NOTIFY_WARN_BEFORE: how long before a suspend the
+	// sweeper warns.
+	WarnBefore time.Duration
+}
+
+func loadNotify(e *Env) Notify {
+	n := Notify{URL: e.String("NOTIFY_WEBHOOK_URL", ""), Attempts: 5, Backoff: time.Second, Queue: 10_000,
+		WarnBefore: e.Duration("NOTIFY_WARN_BEFORE", 5*time.Minute, time.Second, 24*time.Hour)}
+	if n.URL == "" {
+		return n
+	}
+	if u, err := url.Parse(n.URL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil {
+		e.Fail("NOTIFY_WEBHOOK_URL", "%q is not an http(s) URL without credentials", n.URL)
+	}
+	n.Secret = []byte(e.Secret("NOTIFY_WEBHOOK_SECRET"))
+	if len(n.Secret) < 16 {
+		e.Fail("NOTIFY_WEBHOOK_SECRET", "required with NOTIFY_WEBHOOK_URL, at least 16 bytes: the notices' HMAC key (e.g. `openssl rand -hex 32`)")
+	}
+	return n
 }
 
 // routeMaxStaleness reads ROUTE_MAX_STALENESS, the longest an edge (which

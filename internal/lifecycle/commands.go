@@ -19,6 +19,7 @@ import (
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/notify"
 	"github.com/aaas-project/aaas/internal/sandbox"
 	"github.com/aaas-project/aaas/internal/state"
 )
@@ -190,6 +191,9 @@ func (w *Worker) suspend(ctx context.Context, c events.Command) (string, error) 
 	}
 	w.pub.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: c.User, Outcome: "suspended",
 		Detail: fmt.Sprintf("sandbox %s: %s (%s%s)", st.Sandbox.Name, detail, reason, by)})
+	// The command's id derives from the state it acted on: a redelivery
+	// notifies under the same id.
+	w.o.Notify.Send(notify.Notice{ID: "suspended." + c.ID, Kind: notify.KindSuspended, User: c.User, At: why.At, Reason: why.Reason, Detail: why.Detail})
 	return "suspended", nil
 }
 
@@ -248,6 +252,7 @@ func (w *Worker) delete(ctx context.Context, c events.Command) (string, error) {
 		return "", err
 	}
 	w.pub.Audit(events.AuditEvent{Kind: events.AuditDelete, User: c.User, RequestID: c.RequestID, Outcome: state.OutcomeDeleted})
+	w.o.Notify.Send(notify.Notice{ID: "deleted." + c.ID, Kind: notify.KindDeleted, User: c.User, At: time.Now().UTC()})
 	return state.OutcomeDeleted, nil
 }
 

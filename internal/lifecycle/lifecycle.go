@@ -22,6 +22,7 @@ import (
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/notify"
 	"github.com/aaas-project/aaas/internal/sandbox"
 	"github.com/aaas-project/aaas/internal/state"
 )
@@ -46,7 +47,10 @@ type Options struct {
 	RecreateTimeout  time.Duration
 	// Limits cap running sandboxes and concurrent starts; wakes beyond
 	// them wait in the queue, which the lease holder admits from.
-	Limits  capacity.Limits
+	Limits capacity.Limits
+	// Notify tells the operator's webhook of suspends and deletions (nil:
+	// no webhook).
+	Notify  *notify.Notifier
 	Log     *slog.Logger
 	Metrics prometheus.Registerer
 

@@ -15,6 +15,7 @@ import (
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/notify"
 	"github.com/aaas-project/aaas/internal/state"
 )
 
@@ -31,6 +32,10 @@ type Options struct {
 	// a place under MaxRunning (MAX_RUNNING_SANDBOXES).
 	IdleEvict  bool
 	MaxRunning int
+	// Notify tells the operator's webhook of suspends to come (WarnBefore
+	// ahead, NOTIFY_WARN_BEFORE) and of dormant accounts (nil: no webhook).
+	Notify     *notify.Notifier
+	WarnBefore time.Duration
 	Log        *slog.Logger
 	Metrics    prometheus.Registerer
 }
@@ -52,6 +57,8 @@ type Sweeper struct {
 	// dormant holds the accounts audited dormant, by when their sandbox
 	// fell asleep, and whether their deletion was asked for.
 	dormant map[string]dormancy
+	// warned is the suspend each user was last warned of.
+	warned map[string]time.Time
 }
 
 type issue struct{ rev, seq uint64 }
@@ -63,7 +70,7 @@ type dormancy struct {
 
 // New opens the buckets and caches; Run starts following the stream.
 func New(ctx context.Context, o Options) (*Sweeper, error) {
-	s := &Sweeper{o: o, m: newMetrics(o.Metrics), clocks: idle.NewClocks(), issued: map[string]issue{}, dormant: map[string]dormancy{}}
+	s := &Sweeper{o: o, m: newMetrics(o.Metrics), clocks: idle.NewClocks(), issued: map[string]issue{}, dormant: map[string]dormancy{}, warned: map[string]time.Time{}}
 	boxes, err := kv.Open[state.Sandbox](ctx, o.JS, state.BucketSandboxes)
 	if err != nil {
 		return nil, err
@@ -201,6 +208,7 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 			continue
 		}
 		if !d.Due {
+			s.warn(c.user, d, now)
 			if !sb.KeepAwakeUntil.After(now) {
 				evictable = append(evictable, capacity.Candidate{User: c.user, Last: d.Last, Busy: d.Busy})
 			}
@@ -283,6 +291,23 @@ func (s *Sweeper) publish(ctx context.Context, asks []ask) {
 	wg.Wait()
 }
 
+// warn tells the webhook of a suspend due within WarnBefore, once per
+// suspend: a deadline that moved (activity, a keep-awake) by more than
+// WarnBefore is a new one. The id is the user and the deadline, the same
+// on a standby that takes over with the same clocks.
+func (s *Sweeper) warn(user string, d idle.Decision, now time.Time) {
+	if s.o.Notify == nil || d.SuspendAt.IsZero() || d.SuspendAt.Sub(now) > s.o.WarnBefore {
+		return
+	}
+	if last, ok := s.warned[user]; ok && (d.SuspendAt.Sub(last)).Abs() <= s.o.WarnBefore {
+		return
+	}
+	s.warned[user] = d.SuspendAt
+	at := d.SuspendAt.UTC().Truncate(time.Second)
+	s.o.Notify.Send(notify.Notice{ID: fmt.Sprintf("warning.%s.%d", user, at.Unix()), Kind: notify.KindWarning, User: user,
+		At: now.UTC(), When: at, Reason: string(d.Reason), Detail: d.Reason.Ahead(s.o.Policy)})
+}
+
 // dormancy audits the accounts whose managed sandbox has slept for
 // DORMANT_AFTER, once per sleep, and asks lifecycle to delete those that
 // have slept DORMANT_DELETE_AFTER longer (its id derived from the record's
@@ -315,6 +340,8 @@ func (s *Sweeper) dormancy(ctx context.Context, now time.Time) {
 				detail += "; to be deleted at " + deleteAt.UTC().Format(time.RFC3339)
 			}
 			s.o.Publisher.Audit(events.AuditEvent{Kind: events.AuditDormant, User: e.Key, Outcome: "dormant", Detail: detail})
+			s.o.Notify.Send(notify.Notice{ID: fmt.Sprintf("dormant.%s.%d", e.Key, asleep.Unix()), Kind: notify.KindDormant, User: e.Key,
+				At: now.UTC(), When: deleteAt, Detail: detail})
 		}
 		if !deleteAt.IsZero() && !now.Before(deleteAt) && !d.deleted {
 			id := fmt.Sprintf("dormant-%s-%d", e.Key, e.Revision)
@@ -341,7 +368,7 @@ func (s *Sweeper) dormancy(ctx context.Context, now time.Time) {
 // record written again, a bucket restored), so a busy sandbox would be
 // judged idle.
 func (s *Sweeper) forget(now time.Time) {
-	if n := s.boxes.Len(); s.clocks.Len() <= n && len(s.issued) <= n && len(s.dormant) <= n {
+	if n := s.boxes.Len(); s.clocks.Len() <= n && len(s.issued) <= n && len(s.dormant) <= n && len(s.warned) <= n {
 		return
 	}
 	gone := func(user string) bool {
@@ -357,6 +384,11 @@ func (s *Sweeper) forget(now time.Time) {
 	for u := range s.dormant {
 		if gone(u) {
 			delete(s.dormant, u)
+		}
+	}
+	for u := range s.warned {
+		if gone(u) {
+			delete(s.warned, u)
 		}
 	}
 }

@@ -1,9 +1,12 @@
 package idle_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +19,7 @@ import (
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/notify"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
@@ -378,5 +382,78 @@ func TestDormantAccountsAreDeletedAndUnmanagedClaimsAreNot(t *testing.T) {
 	}
 	if a := w.Audit(events.AuditDormant, "opal"); len(a) != 0 {
 		t.Fatalf("the hand-applied claim was judged dormant: %+v", a)
+	}
+}
+
+// The webhook hears of each suspend warning and suspend once per event
+// (its delivery id), signed, retried when it fails, and never with a token
+// or cookie in it.
+func TestTheWebhookIsToldOncePerEvent(t *testing.T) {
+	secret := "webhook-secret-0123456789"
+	var mu sync.Mutex
+	attempts := map[string]int{}
+	var bodies []string
+	var got []notify.Notice
+	hook := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if r.Header.Get(notify.SignatureHeader) != notify.Sign([]byte(secret), body) {
+			t.Errorf("a notice with a bad signature: %s", body)
+		}
+		var x notify.Notice
+		if err := json.Unmarshal(body, &x); err != nil {
+			t.Errorf("notice %s: %v", body, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		attempts[x.ID]++
+		bodies = append(bodies, string(body)+r.Header.Get("Cookie")+r.Header.Get("Authorization"))
+		if x.Kind == notify.KindSuspended && attempts[x.ID] == 1 {
+			rw.WriteHeader(http.StatusServiceUnavailable) // the receiver is down once
+			return
+		}
+		got = append(got, x)
+	}))
+	t.Cleanup(hook.Close)
+	w := pkg.NewStack(t, testenv.StackOptions{Env: map[string]string{
+		"BEACON_INTERVAL": "1s", "BEACON_TTL": "3s", "IDLE_TIMEOUT": "3s", "SWEEP_INTERVAL": "200ms",
+		"NOTIFY_WEBHOOK_URL": hook.URL, "NOTIFY_WEBHOOK_SECRET": secret, "NOTIFY_WARN_BEFORE": "2s",
+	}, Lifecycle: "lc-a"})
+	w.Sweeper("sw-a", nil)
+	edge := w.Edge("edge-a", nil)
+	c := testenv.NewClient(t, edge.URL)
+	token := c.Signup("wes", "")
+	running(t, w, "wes")
+	suspendedAt(t, w, "wes", time.Minute)
+	kinds := func() map[string]int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := map[string]int{}
+		for _, x := range got {
+			if x.User == "wes" {
+				n[x.Kind]++
+			}
+		}
+		return n
+	}
+	testutil.Eventually(t, time.Minute, func() error {
+		if k := kinds(); k[notify.KindWarning] != 1 || k[notify.KindSuspended] != 1 {
+			return fmt.Errorf("notices delivered %v, want one warning and one suspend", k)
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, x := range got {
+		if x.Kind == notify.KindSuspended && (attempts[x.ID] != 2 || x.Reason != "idle") {
+			t.Fatalf("the suspend notice %+v took %d attempts", x, attempts[x.ID])
+		}
+		if x.Kind == notify.KindWarning && (x.When.IsZero() || x.Reason != "idle") {
+			t.Fatalf("the warning %+v", x)
+		}
+	}
+	for _, b := range bodies {
+		if strings.Contains(b, token) || strings.Contains(b, c.Cookie("dsh_gw_session").Value) {
+			t.Fatalf("a notice carries a secret: %s", b)
+		}
 	}
 }
