@@ -129,7 +129,7 @@ func TestNATSPermissionViolationOnAClusterFailsTheTest(t *testing.T) {
 	}
 	rec := &recorder{TB: t}
 	c := testenv.StartNATSCluster(rec, 3, ids)
-	subject := events.CommandSubject(events.VerbDelete, "ann") // the sweeper only suspends
+	subject := events.CommandSubject(events.VerbRecreate, "ann") // the sweeper suspends and deletes dormant accounts, never recreates
 	p := run(t, pkg, rec, "trespasser", map[string]string{
 		"NATS_URL": c.Nodes[1].URL(), "NATS_NKEY": ids.SeedFile(natsauth.Sweeper), "INSTANCE_ID": "trespasser", "TRESPASS_SUBJECT": subject,
 	})
