@@ -63,6 +63,14 @@ func (s *Service) statusOf(user, url string) statusBody {
 	return b
 }
 
+// when is web.When of t, "" for none.
+func when(t *time.Time) string {
+	if t == nil {
+		return ""
+	}
+	return web.When(*t)
+}
+
 func second(t time.Time) *time.Time {
 	if t.IsZero() {
 		return nil
@@ -141,15 +149,7 @@ func (s *Service) suspendNow(c *fiber.Ctx) error {
 // it, and the status stream keeps it current.
 func (s *Service) sleep(st statusBody) web.Sleep {
 	w := web.Sleep{Slept: st.Slept, Busy: st.Busy, Running: st.Phase == string(state.PhaseReady), SuspendWhy: st.SuspendWhy, Dormancy: s.dormancy(st)}
-	if st.LastActive != nil {
-		w.LastActive = web.When(*st.LastActive)
-	}
-	if st.SuspendAt != nil {
-		w.SuspendAt = web.When(*st.SuspendAt)
-	}
-	if st.KeepAwakeUntil != nil {
-		w.KeepAwakeUntil = web.When(*st.KeepAwakeUntil)
-	}
+	w.LastActive, w.SuspendAt, w.KeepAwakeUntil = when(st.LastActive), when(st.SuspendAt), when(st.KeepAwakeUntil)
 	for _, d := range []time.Duration{time.Hour, 2 * time.Hour, 4 * time.Hour, 8 * time.Hour, 24 * time.Hour} {
 		if d <= s.o.MaxKeepAwake {
 			w.KeepAwakeFor = append(w.KeepAwakeFor, web.Choice{Value: d.String(), Label: idle.Words(d)})

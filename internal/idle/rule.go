@@ -13,6 +13,7 @@ package idle
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -41,14 +42,7 @@ const (
 var Reasons = []Reason{ReasonIdle, ReasonIdleConnected, ReasonMaxRuntime, ReasonEvicted, ReasonAdmin, ReasonUser}
 
 // Valid reports whether r is one of Reasons.
-func (r Reason) Valid() bool {
-	for _, x := range Reasons {
-		if r == x {
-			return true
-		}
-	}
-	return false
-}
+func (r Reason) Valid() bool { return slices.Contains(Reasons, r) }
 
 // Forced reasons are carried out whatever activity came after the
 // decision: a ceiling, or a person who asked.

@@ -108,45 +108,40 @@ func (w *world) suspends() map[string]events.Command { return w.commands(events.
 
 // audit is every audit event so far, as "<kind> <user> <outcome>".
 func (w *world) audit() []string {
-	w.t.Helper()
-	ctx := natstest.Context(w.t, time.Minute)
-	s, err := w.js.Stream(ctx, events.StreamAudit)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	info, _ := s.Info(ctx)
 	var out []string
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
-		if m, err := s.GetMsg(ctx, seq); err == nil {
-			if e, err := events.Decode[events.AuditEvent](m.Data); err == nil {
-				out = append(out, fmt.Sprintf("%s %s %s", e.Kind, e.User, e.Outcome))
-			}
+	w.each(events.StreamAudit, func(data []byte) {
+		if e, err := events.Decode[events.AuditEvent](data); err == nil {
+			out = append(out, fmt.Sprintf("%s %s %s", e.Kind, e.User, e.Outcome))
 		}
-	}
+	})
 	return out
 }
 
 // commands lists the commands of verb waiting in the work queue, by user.
 func (w *world) commands(verb events.Verb) map[string]events.Command {
+	out := map[string]events.Command{}
+	w.each(events.StreamCommands, func(data []byte) {
+		if c, err := events.Decode[events.Command](data); err == nil && c.Verb == verb {
+			out[c.User] = c
+		}
+	})
+	return out
+}
+
+// each passes fn every message stream holds, oldest first.
+func (w *world) each(stream string, fn func(data []byte)) {
 	w.t.Helper()
 	ctx := natstest.Context(w.t, time.Minute)
-	s, err := w.js.Stream(ctx, events.StreamCommands)
+	s, err := w.js.Stream(ctx, stream)
 	if err != nil {
 		w.t.Fatal(err)
 	}
 	info, _ := s.Info(ctx)
-	out := map[string]events.Command{}
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
-		m, err := s.GetMsg(ctx, seq)
-		if err != nil {
-			continue
-		}
-		c, err := events.Decode[events.Command](m.Data)
-		if err == nil && c.Verb == verb {
-			out[c.User] = c
+		if m, err := s.GetMsg(ctx, seq); err == nil {
+			fn(m.Data)
 		}
 	}
-	return out
 }
 
 // gauge is the value of the sweeper's metric name.
