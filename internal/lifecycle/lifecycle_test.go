@@ -704,7 +704,7 @@ func TestMirrorSetsRightARecordChangedBehindItsBack(t *testing.T) {
 // the record; a reason this build does not know never forces anything.
 func TestSuspendReasonsAndKeepAwake(t *testing.T) {
 	f := setup(t, nil)
-	f.lifecycle("lc-a")
+	lc := f.lifecycle("lc-a")
 	f.signup("kai")
 	f.signup("fay")
 	awake, err := kv.Open[state.KeepAwake](ctx(t), f.JS, state.BucketKeepAwake)
@@ -758,4 +758,18 @@ func TestSuspendReasonsAndKeepAwake(t *testing.T) {
 		}
 		return nil
 	})
+	// And the record stands still: the mirror does not rewrite a record
+	// that keeps a suspend, which each rewrite would enqueue again. The
+	// positive control: a wake taken and answered in the same window.
+	settled, _ := f.boxes.Get("kai")
+	woken := `aaas_lifecycle_command_duration_seconds_count{outcome="woken",verb="wake"}`
+	before := metric(lc, woken)
+	f.command(events.NewWake("kai", settled.Revision))
+	f.drained(t)
+	if v := metric(lc, woken); v != before+1 {
+		t.Fatalf("%s went from %v to %v, want one more", woken, before, v)
+	}
+	if now, _ := f.boxes.Get("kai"); now.Revision != settled.Revision {
+		t.Fatalf("kai's record rewritten with nothing changed: revision %d, then %d", settled.Revision, now.Revision)
+	}
 }

@@ -248,11 +248,22 @@ func (m *mirror) claimGone(ctx context.Context, user string) error {
 	return nil
 }
 
-// sameRecord compares records without their timestamps.
+// sameRecord compares records without their timestamps, and what
+// LastSuspend points to rather than where: every derivation parses the
+// annotation afresh, and a record that never compared equal would be
+// rewritten on every reconcile, which its own write enqueues again.
 func sameRecord(a, b state.Sandbox) bool {
-	if !a.ReadySince.Equal(b.ReadySince) {
+	if !a.ReadySince.Equal(b.ReadySince) || !sameSuspension(a.LastSuspend, b.LastSuspend) {
 		return false
 	}
 	a.Updated, b.Updated, a.ReadySince, b.ReadySince = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	a.LastSuspend, b.LastSuspend = nil, nil
 	return a == b
+}
+
+func sameSuspension(a, b *state.Suspension) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.At.Equal(b.At) && a.Reason == b.Reason && a.Detail == b.Detail
 }
