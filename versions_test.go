@@ -16,6 +16,8 @@ var minimums = []struct {
 }{
 	{"oauth2-proxy", "manifests/exposure/gateway-api-sso/oauth2-proxy.yaml", `image: quay.io/oauth2-proxy/oauth2-proxy:v(\S+)`, "7.15.2",
 		"the fixes of 7.11.0, 7.13.0 and 7.15.2 (security review S17)"},
+	{"oauth2-proxy (chart)", "charts/aaas/values.yaml", `repository: quay.io/oauth2-proxy/oauth2-proxy\n\s+tag: v(\S+)`, "7.15.2",
+		"as above"},
 	{"fasthttp", "go.mod", `(?m)^\s+github.com/valyala/fasthttp v(\S+)`, "1.78.0",
 		"current at the last review; 1.70 fixed an advisory in its file server (security review S17)"},
 	{"Go (Dockerfile)", "Dockerfile", `FROM golang:(\d+\.\d+\.\d+)-`, "1.26.8",

@@ -10,7 +10,7 @@
 #           kubelet, kube-proxy and kube-scheduler, and kubectl (the
 #           deployment tier runs README's commands) from k8s.io/kubernetes;
 #           agent-sandbox-controller, kube-router, CoreDNS (its plugins the
-#           node uses only), staticcheck; built from Go modules.
+#           node uses only), staticcheck, Helm; built from Go modules.
 #   chp:    configurable-http-proxy (JupyterHub's proxy, a peer in
 #           `make bench`) from npm into chp-$CHP_VERSION.
 # Usage: hack/tools.sh [debian|go|all|chp] [extra debian packages...]
@@ -75,6 +75,9 @@ gotools() {
   build "$CACHE/kube-router-$KUBE_ROUTER_VERSION" hack/tools/kube-router \
     github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
   build "$CACHE/coredns-$COREDNS_VERSION" hack/tools/coredns .
+  # Helm, which the chart tests render and install charts/aaas with.
+  LDFLAGS="-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
+    build "$CACHE/helm-$HELM_VERSION" hack/tools/helm helm.sh/helm/v4/cmd/helm
 }
 
 # chp installs configurable-http-proxy with npm into a temp dir and renames

@@ -5,23 +5,45 @@
 // container; see the README for its configuration. `setup
 // credentials-keygen` instead prints a new key pair for BYOK
 // (CREDENTIALS_KEYS for the brokers, CREDENTIALS_PUBLIC_KEY for the edges)
-// and exits.
+// and exits. `setup secrets` is the chart's pre-install hook: it creates
+// the Secrets GENERATE_*_SECRET name when absent (installsecrets), with
+// in-cluster credentials, and exits. `setup smoke signup|signin-redirect|
+// blocked` is the chart's `helm test` (package smoke).
 package main
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
 	"os"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/credentials"
+	"github.com/aaas-project/aaas/internal/installsecrets"
 	"github.com/aaas-project/aaas/internal/process"
+	"github.com/aaas-project/aaas/internal/smoke"
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "credentials-keygen" {
-		if err := credentials.WriteKeygen(os.Stdout); err != nil {
-			process.Fatal("setup credentials-keygen", err)
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "credentials-keygen":
+			if err := credentials.WriteKeygen(os.Stdout); err != nil {
+				process.Fatal("setup credentials-keygen", err)
+			}
+			return
+		case "secrets":
+			if err := secrets(); err != nil {
+				process.Fatal("setup secrets", err)
+			}
+			return
+		case "smoke":
+			os.Exit(smokeTest(os.Args[2:]))
 		}
-		return
 	}
 	cfg, err := config.LoadSetup(config.FromOS())
 	if err == nil {
@@ -30,4 +52,57 @@ func main() {
 	if err != nil {
 		process.Fatal("setup", err)
 	}
+}
+
+// secrets prints one line per Secret: its name and whether it was created
+// or kept (never its contents).
+func secrets() error {
+	cfg, err := config.LoadSecrets(config.FromOS())
+	if err != nil {
+		return err
+	}
+	rc, err := rest.InClusterConfig()
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	done, err := installsecrets.Ensure(context.Background(), client, cfg)
+	for _, o := range done {
+		verb := "kept (it exists; never replaced)"
+		if o.Created {
+			verb = "created"
+		}
+		fmt.Printf("secret %s/%s %s\n", cfg.Namespace, o.Name, verb)
+	}
+	return err
+}
+
+// smokeTest runs one check of package smoke: exit 0 passed, 1 failed, 2
+// could not test (or bad usage).
+func smokeTest(args []string) int {
+	checks := map[string]func(context.Context, smoke.Options, io.Writer) error{
+		"signup": smoke.Signup, "signin-redirect": smoke.SignInRedirect, "blocked": smoke.Blocked,
+	}
+	if len(args) != 1 || checks[args[0]] == nil {
+		fmt.Fprintln(os.Stderr, "usage: setup smoke signup|signin-redirect|blocked (SMOKE_URL, SMOKE_HOST, SMOKE_CA_FILE, SMOKE_INVITE)")
+		return 2
+	}
+	cfg, err := config.LoadSmoke(config.FromOS())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "setup smoke:", err)
+		return 2
+	}
+	o := smoke.Options{URL: cfg.URL, Host: cfg.Host, CAFile: cfg.CAFile, Invite: cfg.Invite, Timeout: cfg.Timeout}
+	switch err := checks[args[0]](context.Background(), o, os.Stdout); {
+	case errors.Is(err, smoke.ErrUntested):
+		fmt.Fprintln(os.Stderr, "COULD NOT TEST:", err)
+		return 2
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
+	return 0
 }

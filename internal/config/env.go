@@ -18,6 +18,9 @@ import (
 type Env struct {
 	lookup func(string) (string, bool)
 	errs   []error
+	// describe, when set, is told of every typed read before it happens:
+	// Settings builds the catalogue of variables from it.
+	describe func(Setting)
 }
 
 // FromOS reads the process environment.
@@ -29,23 +32,60 @@ func FromMap(m map[string]string) *Env {
 	return &Env{lookup: func(k string) (string, bool) { v, ok := m[k]; return v, ok }}
 }
 
-// Variables lists, sorted, every environment variable an aaas process
-// reads: each loader runs against an empty environment that records what
-// it is asked for. Tools that start processes (devstack) use it to pass
-// the operator's settings through.
-func Variables() []string {
-	seen := map[string]bool{}
-	e := &Env{lookup: func(k string) (string, bool) { seen[k] = true; return "", false }}
+// Setting is one variable as its loader reads it: its name, kind, default
+// and bounds. The chart's values.schema.json is generated from these
+// (hack/chartschema), so the chart refuses what the processes would.
+type Setting struct {
+	Name string
+	// Kind is string, secret, integer, boolean, duration, list or enum.
+	Kind    string
+	Default string
+	// Min and Max bound an integer or a duration (as its loader prints it).
+	Min, Max string
+	// Enum lists an enum's allowed values.
+	Enum []string
+}
+
+// Settings lists, sorted by name, every variable an aaas process reads:
+// each loader runs against an empty environment that records what it is
+// asked for and how. A variable read by several loaders is described by
+// the first typed read.
+func Settings() []Setting {
+	seen := map[string]Setting{}
+	e := &Env{lookup: func(k string) (string, bool) {
+		if _, ok := seen[k]; !ok {
+			seen[k] = Setting{Name: k, Kind: "string"}
+		}
+		return "", false
+	}}
+	e.describe = func(s Setting) {
+		if old, ok := seen[s.Name]; !ok || old.Kind == "string" && old.Default == "" {
+			seen[s.Name] = s
+		}
+	}
 	_, _ = LoadEdge(e)
 	_, _ = LoadLifecycle(e)
 	_, _ = LoadSweeper(e)
 	_, _ = LoadSetup(e)
 	_, _ = LoadBroker(e)
-	names := make([]string, 0, len(seen))
-	for k := range seen {
-		names = append(names, k)
+	_, _ = LoadSecrets(e)
+	_, _ = LoadSmoke(e)
+	out := make([]Setting, 0, len(seen))
+	for _, s := range seen {
+		out = append(out, s)
 	}
-	sort.Strings(names)
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Variables lists, sorted, every environment variable an aaas process
+// reads (Settings' names). Tools that start processes (devstack) use it to
+// pass the operator's settings through.
+func Variables() []string {
+	var names []string
+	for _, s := range Settings() {
+		names = append(names, s.Name)
+	}
 	return names
 }
 
@@ -55,6 +95,12 @@ func (e *Env) Err() error { return errors.Join(e.errs...) }
 // Fail records a validation error against a variable.
 func (e *Env) Fail(name, format string, args ...any) {
 	e.errs = append(e.errs, fmt.Errorf("%s: %s", name, fmt.Sprintf(format, args...)))
+}
+
+func (e *Env) note(s Setting) {
+	if e.describe != nil {
+		e.describe(s)
+	}
 }
 
 func (e *Env) raw(name string) (string, bool) {
@@ -68,6 +114,7 @@ func (e *Env) Set(name string) bool { _, ok := e.raw(name); return ok }
 
 // String returns the variable or def when unset.
 func (e *Env) String(name, def string) string {
+	e.note(Setting{Name: name, Kind: "string", Default: def})
 	if v, ok := e.raw(name); ok {
 		return v
 	}
@@ -75,10 +122,15 @@ func (e *Env) String(name, def string) string {
 }
 
 // Secret is String for values that must never be echoed back in an error.
-func (e *Env) Secret(name string) string { v, _ := e.raw(name); return v }
+func (e *Env) Secret(name string) string {
+	e.note(Setting{Name: name, Kind: "secret"})
+	v, _ := e.raw(name)
+	return v
+}
 
 // Int returns the variable as an integer within [lo, hi].
 func (e *Env) Int(name string, def, lo, hi int) int {
+	e.note(Setting{Name: name, Kind: "integer", Default: strconv.Itoa(def), Min: strconv.Itoa(lo), Max: strconv.Itoa(hi)})
 	v, ok := e.raw(name)
 	if !ok {
 		return def
@@ -97,6 +149,7 @@ func (e *Env) Int(name string, def, lo, hi int) int {
 
 // Bool accepts 1/0, true/false, yes/no, on/off.
 func (e *Env) Bool(name string, def bool) bool {
+	e.note(Setting{Name: name, Kind: "boolean", Default: strconv.FormatBool(def)})
 	v, ok := e.raw(name)
 	if !ok {
 		return def
@@ -114,6 +167,7 @@ func (e *Env) Bool(name string, def bool) bool {
 // Duration accepts Go durations ("90s", "15m") and, like the seed gateway,
 // a bare number of seconds ("900"). The result must lie in [lo, hi].
 func (e *Env) Duration(name string, def, lo, hi time.Duration) time.Duration {
+	e.note(Setting{Name: name, Kind: "duration", Default: def.String(), Min: lo.String(), Max: hi.String()})
 	v, ok := e.raw(name)
 	if !ok {
 		return def
@@ -136,6 +190,7 @@ func (e *Env) Duration(name string, def, lo, hi time.Duration) time.Duration {
 
 // List splits a comma-separated variable, dropping empty items.
 func (e *Env) List(name string, def []string) []string {
+	e.note(Setting{Name: name, Kind: "list", Default: strings.Join(def, ",")})
 	v, ok := e.raw(name)
 	if !ok {
 		return def
@@ -151,6 +206,7 @@ func (e *Env) List(name string, def []string) []string {
 
 // OneOf returns the variable if it is one of the allowed values.
 func (e *Env) OneOf(name, def string, allowed ...string) string {
+	e.note(Setting{Name: name, Kind: "enum", Default: def, Enum: allowed})
 	v := e.String(name, def)
 	for _, a := range allowed {
 		if v == a {

@@ -684,3 +684,64 @@ func keyRing(e *Env, name string) [][]byte {
 	}
 	return keys
 }
+
+// Secrets is `setup secrets`, the chart's pre-install step: it creates the
+// install's generated Secrets in the control plane's namespace when they
+// are absent, and never replaces one that exists.
+type Secrets struct {
+	// Namespace is CONTROL_PLANE_NAMESPACE.
+	Namespace string
+	// App is GENERATE_APP_SECRET, the Secret of handshake-keys and
+	// invite-code; NATS is GENERATE_NATS_SECRET (the identities and the
+	// route password) and NATSTLS GENERATE_NATS_TLS_SECRET (the NATS
+	// nodes' CA and certificate). Each empty one is not generated: the
+	// operator brings it.
+	App, NATS, NATSTLS string
+	// CallTimeout is KUBE_API_TIMEOUT.
+	CallTimeout time.Duration
+}
+
+// LoadSecrets reads and validates `setup secrets`' variables.
+func LoadSecrets(e *Env) (Secrets, error) {
+	c := Secrets{
+		Namespace:   e.String("CONTROL_PLANE_NAMESPACE", DefaultControlPlaneNamespace),
+		App:         e.String("GENERATE_APP_SECRET", ""),
+		NATS:        e.String("GENERATE_NATS_SECRET", ""),
+		NATSTLS:     e.String("GENERATE_NATS_TLS_SECRET", ""),
+		CallTimeout: e.Duration("KUBE_API_TIMEOUT", 30*time.Second, time.Second, 10*time.Minute),
+	}
+	for name, v := range map[string]string{"CONTROL_PLANE_NAMESPACE": c.Namespace, "GENERATE_APP_SECRET": c.App, "GENERATE_NATS_SECRET": c.NATS, "GENERATE_NATS_TLS_SECRET": c.NATSTLS} {
+		if v != "" && !dns1123.MatchString(v) {
+			e.Fail(name, "%q is not a valid Kubernetes name", v)
+		}
+	}
+	return c, e.Err()
+}
+
+// Smoke is `setup smoke`, the chart's `helm test` checks (package smoke).
+type Smoke struct {
+	// URL is SMOKE_URL, where the checks connect; Host is SMOKE_HOST, the
+	// gateway's public host name; CAFile is SMOKE_CA_FILE, the CA of an
+	// https front door (empty: not verified); Invite is SMOKE_INVITE.
+	URL, Host, CAFile, Invite string
+	// Timeout is SMOKE_TIMEOUT, the bound on each request.
+	Timeout time.Duration
+}
+
+// LoadSmoke reads and validates `setup smoke`'s variables.
+func LoadSmoke(e *Env) (Smoke, error) {
+	c := Smoke{
+		URL:     e.String("SMOKE_URL", "http://aaas-edge:8080"),
+		Host:    e.String("SMOKE_HOST", ""),
+		CAFile:  e.String("SMOKE_CA_FILE", ""),
+		Invite:  e.Secret("SMOKE_INVITE"),
+		Timeout: e.Duration("SMOKE_TIMEOUT", 20*time.Second, time.Second, 10*time.Minute),
+	}
+	if u, err := url.Parse(c.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		e.Fail("SMOKE_URL", "%q is not an http or https URL", c.URL)
+	}
+	if c.Host == "" {
+		e.Fail("SMOKE_HOST", "required: the gateway's public host name")
+	}
+	return c, e.Err()
+}

@@ -70,6 +70,12 @@ func KubectlBinary() string {
 	return filepath.Join(toolsCache(), "kubectl-"+aaas.Version("KUBERNETES_VERSION"), "kubectl")
 }
 
+// HelmBinary is the Helm CLI at HELM_VERSION, which `make tools` builds
+// (the chart's tests render and install charts/aaas with it).
+func HelmBinary() string {
+	return filepath.Join(toolsCache(), "helm-"+aaas.Version("HELM_VERSION"), "helm")
+}
+
 // ModuleDir returns the source of a pinned Go module (for the CRDs it
 // ships), downloading it through the Go module proxy if needed.
 func ModuleDir(path, version string) (string, error) {

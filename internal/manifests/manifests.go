@@ -1,13 +1,16 @@
 // Package manifests renders the kustomizations under manifests/ (from the
-// copy embedded in the binary), and operators' own kustomizations that
-// compose them, so tests, devcluster and `make run` apply exactly what
-// operators deploy.
+// copy embedded in the binary), operators' own kustomizations that compose
+// them, and the Helm chart (charts/aaas), so tests, devcluster and `make
+// run` apply exactly what operators deploy.
 package manifests
 
 import (
+	"bytes"
 	"fmt"
 	"io/fs"
+	"os/exec"
 	"path"
+	"regexp"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -157,4 +160,50 @@ func Pick(objs []*unstructured.Unstructured, kind string) []*unstructured.Unstru
 		}
 	}
 	return out
+}
+
+// Chart is the Helm chart's directory in the repository (charts/aaas).
+const Chart = "charts/aaas"
+
+// RenderChart renders the chart in dir with helm (the CLI at path helm)
+// as `helm template release dir -n namespace args...` does, test hooks
+// and install hooks included, and returns its objects and NOTES.txt. A
+// render the chart refuses (its schema, its checks) is an error carrying
+// helm's message.
+func RenderChart(helm, dir, release, namespace string, args ...string) ([]*unstructured.Unstructured, error) {
+	cmd := exec.Command(helm, append([]string{"template", release, dir, "-n", namespace}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("helm template %s: %w: %s", strings.Join(args, " "), err, chartError(stderr.String()))
+	}
+	var objs []*unstructured.Unstructured
+	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(out), -1) {
+		j, err := yaml.YAMLToJSON([]byte(doc))
+		if err != nil {
+			return nil, fmt.Errorf("helm template: %w in\n%s", err, doc)
+		}
+		if string(j) == "null" {
+			continue
+		}
+		u := &unstructured.Unstructured{}
+		if err := u.UnmarshalJSON(j); err != nil {
+			return nil, fmt.Errorf("helm template: %w in\n%s", err, doc)
+		}
+		objs = append(objs, u)
+	}
+	return objs, nil
+}
+
+// chartError is helm's message without its informational lines (the
+// chart's symbolic links to manifests/ are expected).
+func chartError(stderr string) string {
+	var keep []string
+	for _, l := range strings.Split(strings.TrimSpace(stderr), "\n") {
+		if !strings.Contains(l, "level=INFO") {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
 }

@@ -1,0 +1,167 @@
+package installsecrets_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nkeys"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/aaas-project/aaas/internal/config"
+	"github.com/aaas-project/aaas/internal/devcluster"
+	"github.com/aaas-project/aaas/internal/devcluster/devclustertest"
+	"github.com/aaas-project/aaas/internal/installsecrets"
+	"github.com/aaas-project/aaas/internal/natsauth"
+)
+
+var cluster *devcluster.Cluster
+
+func TestMain(m *testing.M) { os.Exit(devclustertest.Main(m, &cluster)) }
+
+func cfg(ns string) config.Secrets {
+	return config.Secrets{Namespace: ns, App: "aaas-secrets", NATS: "aaas-nats", NATSTLS: "aaas-nats-tls", CallTimeout: 10 * time.Second}
+}
+
+// TestEnsureCreatesWhatIsAbsentAndKeepsWhatExists: the first run creates
+// all three Secrets, usable as the processes read them (an nkey seed per
+// process kind that matches its public key, a 32-byte handshake key, a CA
+// and certificate); a second run, as on every upgrade, creates nothing and
+// changes no byte; a Secret the operator made is never touched.
+func TestEnsureCreatesWhatIsAbsentAndKeepsWhatExists(t *testing.T) {
+	ns := devclustertest.Namespace(t, cluster)
+	ctx := context.Background()
+	secrets := cluster.Client.CoreV1().Secrets(ns)
+	own := []byte("the operator's own")
+	if _, err := secrets.Create(ctx, secretOf(ns, "aaas-nats-tls", own), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := installsecrets.Ensure(ctx, cluster.Client, cfg(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []installsecrets.Outcome{{Name: "aaas-secrets", Created: true}, {Name: "aaas-nats", Created: true}, {Name: "aaas-nats-tls", Created: false}}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
+		t.Fatalf("first run: %v, want %v", got, want)
+	}
+	app, err := secrets.Get(ctx, "aaas-secrets", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k, err := base64.StdEncoding.DecodeString(string(app.Data["handshake-keys"])); err != nil || len(k) != 32 {
+		t.Errorf("handshake-keys is not a base64 AES-256 key: %d bytes, %v", len(k), err)
+	}
+	if len(app.Data["invite-code"]) != 16 {
+		t.Errorf("invite-code has %d characters", len(app.Data["invite-code"]))
+	}
+	nats, err := secrets.Get(ctx, "aaas-nats", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range natsauth.Roles {
+		kp, err := nkeys.FromSeed(nats.Data[string(r)+".nk"])
+		if err != nil {
+			t.Fatalf("%s.nk: %v", r, err)
+		}
+		if pub, _ := kp.PublicKey(); pub != string(nats.Data[string(r)+".pub"]) {
+			t.Errorf("%s.pub does not match its seed", r)
+		}
+	}
+	if tls, _ := secrets.Get(ctx, "aaas-nats-tls", metav1.GetOptions{}); !bytes.Equal(tls.Data["tls.crt"], own) {
+		t.Error("the operator's aaas-nats-tls was changed")
+	}
+
+	// The upgrade: everything exists, nothing changes.
+	again, err := installsecrets.Ensure(ctx, cluster.Client, cfg(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range again {
+		if o.Created {
+			t.Errorf("second run created %s", o.Name)
+		}
+	}
+	after, _ := secrets.Get(ctx, "aaas-nats", metav1.GetOptions{})
+	if after.ResourceVersion != nats.ResourceVersion || !bytes.Equal(after.Data["edge.nk"], nats.Data["edge.nk"]) {
+		t.Error("a second run rewrote aaas-nats")
+	}
+}
+
+// TestEnsureRacingItselfCreatesEachSecretOnce: two runs at once (two
+// upgrades, a retried Job) agree on one set of credentials: exactly one
+// run creates each Secret, and both leave the same bytes.
+func TestEnsureRacingItselfCreatesEachSecretOnce(t *testing.T) {
+	ns := devclustertest.Namespace(t, cluster)
+	c := cfg(ns)
+	c.NATSTLS = ""
+	var wg sync.WaitGroup
+	results := make([][]installsecrets.Outcome, 4)
+	errs := make([]error, 4)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = installsecrets.Ensure(context.Background(), cluster.Client, c)
+		}()
+	}
+	wg.Wait()
+	created := map[string]int{}
+	for i, r := range results {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		for _, o := range r {
+			if o.Created {
+				created[o.Name]++
+			}
+		}
+	}
+	if created["aaas-secrets"] != 1 || created["aaas-nats"] != 1 || len(created) != 2 {
+		t.Fatalf("creations per Secret: %v, want each once", created)
+	}
+	if _, err := cluster.Client.CoreV1().Secrets(ns).Get(context.Background(), "aaas-nats-tls", metav1.GetOptions{}); err == nil {
+		t.Error("aaas-nats-tls was created though not asked for")
+	}
+}
+
+// TestEnsureMakesAVerifiableNATSCertificate: the generated CA signs the
+// NATS nodes' certificate for the names the processes dial.
+func TestEnsureMakesAVerifiableNATSCertificate(t *testing.T) {
+	ns := devclustertest.Namespace(t, cluster)
+	c := config.Secrets{Namespace: ns, NATSTLS: "aaas-nats-tls", CallTimeout: 10 * time.Second}
+	if _, err := installsecrets.Ensure(context.Background(), cluster.Client, c); err != nil {
+		t.Fatal(err)
+	}
+	s, err := cluster.Client.CoreV1().Secrets(ns).Get(context.Background(), "aaas-nats-tls", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(s.Data["ca.crt"]) {
+		t.Fatal("ca.crt holds no certificate")
+	}
+	block, _ := pem.Decode(s.Data["tls.crt"])
+	if block == nil {
+		t.Fatal("tls.crt holds no PEM block")
+	}
+	leaf, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"nats", "nats-0.nats-headless"} {
+		if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: name}); err != nil {
+			t.Errorf("the certificate does not verify for %s: %v", name, err)
+		}
+	}
+}
+
+func secretOf(ns, name string, crt []byte) *corev1.Secret {
+	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Data: map[string][]byte{"tls.crt": crt}}
+}
