@@ -16,7 +16,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/aaas-project/aaas/internal/telemetry.Version=$(VERSION)
 export AAAS_TOOLS_CACHE := $(TOOLS_CACHE)
 
-.PHONY: all build test unit fuzz lint bench reliability soak run tools clean kind-up compose-up
+.PHONY: all build test unit fuzz lint bench reliability soak run tools clean kind-up kind-down compose-up compose-down
 
 all: build
 
@@ -99,13 +99,35 @@ soak: tools build
 run: tools build
 	$(BIN)/devstack $(if $(NODE),-node $(NODE)) $(RUN_ARGS)
 
-## kind-up: a kind cluster with agent-sandbox and the dshsim template, for compose (needs docker, kind, kubectl)
+## kind-up: a kind cluster with agent-sandbox and the dshsim template, and in .kind the kubeconfig and
+## NATS credentials compose mounts (needs docker, kind, kubectl, go; EDGE_A_PORT, EDGE_B_PORT: the edges' ports)
 kind-up:
 	hack/kind-up.sh
 
-## compose-up: NATS, two edges, lifecycle and the sweeper in docker compose against the kind cluster
+## kind-down: compose's containers and NATS data, the kind cluster and .kind: the data names the
+## cluster's sandboxes, and compose's edges live in the node's network
+# (compose interpolates the whole file even to take it down: HANDSHAKE_KEYS
+# must be set, to anything.)
+kind-down:
+	HANDSHAKE_KEYS=$${HANDSHAKE_KEYS:-unused} docker compose down --volumes
+	kind delete cluster --name aaas
+	rm -rf .kind
+
+## compose-up: NATS, two edges, lifecycle, the sweeper and the broker in docker compose against the kind
+## cluster; refuses to start before make kind-up has written what compose mounts
 compose-up:
+	@for f in $${KIND_KUBECONFIG:-.kind/kubeconfig} .kind/nats/nkeys.conf; do \
+	  [ -f "$$f" ] || { echo "compose-up: $$f is missing or not a file: run make kind-up first (it creates the cluster, its kubeconfig and compose's NATS credentials)"; exit 1; }; \
+	done
 	docker compose up --build
 
+## compose-down: stop and remove compose's containers; NATS's data (volume nats-data) stays for the
+## next compose-up (make kind-down removes it with the cluster)
+compose-down:
+	HANDSHAKE_KEYS=$${HANDSHAKE_KEYS:-unused} docker compose down
+
+## clean: build outputs, make run's state and test artifacts; the kind cluster and .kind (its kubeconfig,
+## compose's NATS credentials) stay: make kind-down removes them
 clean:
-	rm -rf $(BIN) .run .run-bench .kind test-artifacts
+	rm -rf $(BIN) .run .run-bench test-artifacts
+	@if [ -d .kind ]; then echo "clean: kept the kind cluster and .kind; make kind-down removes them"; fi
