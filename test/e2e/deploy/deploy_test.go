@@ -8,7 +8,9 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -23,6 +25,10 @@ import (
 	"time"
 
 	"github.com/compose-spec/compose-go/v2/cli"
+	"github.com/compose-spec/compose-go/v2/types"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/aaas-project/aaas"
@@ -33,6 +39,7 @@ import (
 	"github.com/aaas-project/aaas/internal/embednats"
 	"github.com/aaas-project/aaas/internal/image"
 	"github.com/aaas-project/aaas/internal/manifests"
+	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/natstls"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
@@ -511,9 +518,16 @@ func TestExposureVariantsAreDistinct(t *testing.T) {
 	}
 }
 
-func TestComposeFile(t *testing.T) {
+// loadCompose loads compose.yaml as docker compose reads it, with the
+// variables in env set and the others that move it (the ports, the kind
+// node, the kubeconfig) at their defaults.
+func loadCompose(t *testing.T, env map[string]string) *types.Project {
+	t.Helper()
 	dir := root(t)
 	t.Setenv("HANDSHAKE_KEYS", testenv.HandshakeKey())
+	for _, k := range []string{"EDGE_A_PORT", "EDGE_B_PORT", "KIND_NODE", "KIND_KUBECONFIG", "SIGNUP_INVITE_CODE"} {
+		t.Setenv(k, env[k]) // empty: compose's default
+	}
 	opts, err := cli.NewProjectOptions([]string{filepath.Join(dir, "compose.yaml")}, cli.WithWorkingDirectory(dir), cli.WithOsEnv)
 	if err != nil {
 		t.Fatal(err)
@@ -522,45 +536,371 @@ func TestComposeFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{"nats": "", "setup": "setup", "edge-a": "edge", "edge-b": "edge", "lifecycle": "lifecycle", "sweeper": "sweeper"}
-	if len(p.Services) != len(want) {
-		t.Fatalf("services %v", p.ServiceNames())
+	return p
+}
+
+// composeProcesses are compose's aaas services and the process kind
+// (command, and so NATS identity) each runs.
+var composeProcesses = map[string]natsauth.Role{
+	"setup": natsauth.Setup, "edge-a": natsauth.Edge, "edge-b": natsauth.Edge,
+	"lifecycle": natsauth.Lifecycle, "sweeper": natsauth.Sweeper, "broker": natsauth.Broker,
+}
+
+// envValue is the service's variable k, "" when unset.
+func envValue(s types.ServiceConfig, k string) string {
+	if v := s.Environment[k]; v != nil {
+		return *v
 	}
-	for name, bin := range want {
-		s, ok := p.Services[name]
-		if !ok {
-			t.Fatalf("no service %s", name)
+	return ""
+}
+
+// mountAt is the service's volume mounted at target.
+func mountAt(s types.ServiceConfig, target string) *types.ServiceVolumeConfig {
+	for i := range s.Volumes {
+		if s.Volumes[i].Target == target {
+			return &s.Volumes[i]
 		}
+	}
+	return nil
+}
+
+// TestComposeFile: compose.yaml builds the image once, mounts nothing
+// Docker would create on the host when it is missing, and runs every
+// process kind of production with that kind's own NATS identity, none
+// anonymously; the edges' ports are the variables kind-up publishes.
+func TestComposeFile(t *testing.T) {
+	dir := root(t)
+	p := loadCompose(t, nil)
+	for name := range composeProcesses {
+		if _, ok := p.Services[name]; !ok {
+			t.Errorf("no service %s", name)
+		}
+	}
+	if s := p.Services["nats"]; s.Image != aaas.Version("NATS_IMAGE") {
+		t.Fatalf("nats image %s, versions.env says %s", s.Image, aaas.Version("NATS_IMAGE"))
+	}
+	// One service builds aaas:dev and the others run it: compose builds
+	// every service with build: in parallel, and the second to tag the
+	// same image fails (notably with the containerd image store).
+	var builders []string
+	for name, s := range p.Services {
+		if s.Build != nil {
+			builders = append(builders, name)
+		}
+	}
+	if len(builders) != 1 {
+		t.Errorf("services with build: %v; one builds aaas:dev, the others name the image only", builders)
+	}
+	if b := p.Services["setup"].Build; b == nil || b.Context != dir || p.Services["setup"].Image != "aaas:dev" {
+		t.Errorf("setup does not build aaas:dev from the Dockerfile: %+v", b)
+	}
+	covered := map[natsauth.Role]bool{}
+	for name, s := range p.Services {
 		if name == "nats" {
-			if s.Image != aaas.Version("NATS_IMAGE") {
-				t.Fatalf("nats image %s, versions.env says %s", s.Image, aaas.Version("NATS_IMAGE"))
+			continue
+		}
+		if s.Image != "aaas:dev" {
+			t.Errorf("%s runs %s, not the image setup builds", name, s.Image)
+		}
+		if len(s.Entrypoint) != 1 {
+			t.Errorf("%s runs %v", name, s.Entrypoint)
+			continue
+		}
+		role := natsauth.Role(strings.TrimPrefix(s.Entrypoint[0], "/usr/local/bin/"))
+		if want, ok := composeProcesses[name]; !ok || role != want {
+			t.Errorf("%s runs %v, want %s's command", name, s.Entrypoint, want)
+		}
+		if envValue(s, "NATS_URL") != "nats://nats:4222" || envValue(s, "HANDSHAKE_KEYS") == "" {
+			t.Errorf("%s environment %v", name, s.Environment)
+		}
+		// Its own identity, as production mounts it: the seed of its
+		// kind and no other, and the CA that verifies NATS.
+		if _, ok := s.Environment["NATS_ALLOW_ANONYMOUS"]; ok {
+			t.Errorf("%s connects to NATS anonymously (NATS_ALLOW_ANONYMOUS)", name)
+		}
+		seed := "/etc/aaas/nats/" + string(role) + ".nk"
+		if v := envValue(s, "NATS_NKEY"); v != seed {
+			t.Errorf("%s: NATS_NKEY %q, want %s (the %s identity)", name, v, seed, role)
+		}
+		if v := envValue(s, "NATS_CA"); v != "/etc/aaas/nats-ca/ca.crt" {
+			t.Errorf("%s does not verify NATS (NATS_CA %q)", name, v)
+		}
+		var seeds []string
+		for _, v := range s.Volumes {
+			if strings.HasSuffix(v.Source, ".nk") || strings.HasPrefix(v.Target, "/etc/aaas/nats/") {
+				seeds = append(seeds, v.Source+":"+v.Target)
+			}
+		}
+		if want := filepath.Join(dir, ".kind", "nats", string(role)+".nk") + ":" + seed; len(seeds) != 1 || seeds[0] != want {
+			t.Errorf("%s mounts the seeds %v, want only %s", name, seeds, want)
+		}
+		if ca := mountAt(s, "/etc/aaas/nats-ca/ca.crt"); ca == nil || ca.Source != filepath.Join(dir, ".kind", "nats", "ca.crt") {
+			t.Errorf("%s does not mount compose's NATS CA: %+v", name, ca)
+		}
+		covered[role] = true
+	}
+	for _, r := range natsauth.Roles {
+		if !covered[r] {
+			t.Errorf("production's process kind %s has no service, and so no identity, in compose", r)
+		}
+	}
+	// A bind mount whose source is missing must fail the start: with
+	// create_host_path (short syntax's default) Docker creates an empty
+	// directory there as root, as it did for .kind/kubeconfig when
+	// compose-up ran before kind-up, and uid 65532 cannot read it.
+	for name, s := range p.Services {
+		for _, v := range s.Volumes {
+			if v.Type == types.VolumeTypeBind && (v.Bind == nil || bool(v.Bind.CreateHostPath)) {
+				t.Errorf("%s: bind mount of %s may create the host path", name, v.Source)
+			}
+			if v.Type == types.VolumeTypeBind && !v.ReadOnly {
+				t.Errorf("%s: bind mount of %s is writable", name, v.Source)
+			}
+		}
+	}
+	lc := p.Services["lifecycle"]
+	if kc := mountAt(lc, "/kube/config"); envValue(lc, "KUBECONFIG") != "/kube/config" || kc == nil || kc.Source != filepath.Join(dir, ".kind", "kubeconfig") {
+		t.Errorf("lifecycle kubeconfig mount: %+v, KUBECONFIG %q", kc, envValue(lc, "KUBECONFIG"))
+	}
+	for name, s := range p.Services {
+		if _, ok := s.Environment["KUBECONFIG"]; ok && name != "lifecycle" {
+			t.Errorf("%s got Kubernetes credentials", name)
+		}
+	}
+	// In the node's network: the edges and lifecycle reach pods and the
+	// API server as in-cluster, the broker sees the sandboxes' addresses.
+	for _, name := range []string{"edge-a", "edge-b", "lifecycle", "broker"} {
+		if !strings.HasPrefix(p.Services[name].NetworkMode, "container:") {
+			t.Errorf("%s does not share the kind node's network", name)
+		}
+	}
+	// The edges' ports: kind-up's defaults, and wherever EDGE_A_PORT and
+	// EDGE_B_PORT move them, the edges listen and take requests there.
+	script, err := os.ReadFile(filepath.Join(dir, "hack", "kind-up.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defaults := regexp.MustCompile(`: "\$\{EDGE_A_PORT:=(\d+)\}" "\$\{EDGE_B_PORT:=(\d+)\}"`).FindStringSubmatch(string(script))
+	if defaults == nil {
+		t.Fatal("hack/kind-up.sh does not default EDGE_A_PORT and EDGE_B_PORT")
+	}
+	for _, c := range []struct{ a, b string }{{"", ""}, {"9000", "9001"}} {
+		want := map[string]string{"edge-a": defaults[1], "edge-b": defaults[2]}
+		if c.a != "" {
+			want = map[string]string{"edge-a": c.a, "edge-b": c.b}
+		}
+		p := loadCompose(t, map[string]string{"EDGE_A_PORT": c.a, "EDGE_B_PORT": c.b})
+		for name, port := range want {
+			s := p.Services[name]
+			listen, hosts, domain := envValue(s, "LISTEN_ADDR"), envValue(s, "PUBLIC_HOSTS"), envValue(s, "SANDBOX_DOMAIN")
+			if listen != ":"+port || hosts != "localhost:"+port+",127.0.0.1:"+port || domain != "localhost:"+port {
+				t.Errorf("EDGE_A_PORT=%q EDGE_B_PORT=%q: %s listens on %s for %s, sandboxes at %s; want port %s",
+					c.a, c.b, name, listen, hosts, domain, port)
+			}
+		}
+	}
+}
+
+// TestComposeKindUp: hack/kind-up.sh loads images in the way that works
+// under Docker's containerd image store (kind#3795) and creates the node
+// from the pinned Kubernetes version. (No test runs it: kind's node image
+// cannot be had here.)
+func TestComposeKindUp(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(root(t), "hack", "kind-up.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var code []string // the commands, not the comments that say why
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(line), "#") {
+			code = append(code, line)
+		}
+	}
+	script := strings.Join(code, "\n")
+	if strings.Contains(script, "kind load docker-image") || !strings.Contains(script, "kind load image-archive") {
+		t.Error("kind-up.sh must load a docker save archive (kind load image-archive), not kind load docker-image")
+	}
+	if !strings.Contains(script, `image="kindest/node:${KUBERNETES_VERSION}"`) || !regexp.MustCompile(`kind create cluster .*--image "\$image"`).MatchString(script) {
+		t.Error("kind-up.sh does not create the node from kindest/node:$KUBERNETES_VERSION")
+	}
+}
+
+// redirect dials addr whatever address it is asked for: a client keeps
+// compose's URL, and so verifies the certificate for the name "nats".
+type redirect string
+
+func (r redirect) Dial(network, _ string) (net.Conn, error) { return net.Dial(network, string(r)) }
+
+// TestComposeNATS starts compose's NATS from its own configuration, laid
+// out as the nats service mounts it over the credentials `natsauth
+// -compose` writes (as make kind-up runs it, under a umask of 077). Each
+// service's seed is a user of it with exactly its process kind's row of
+// the permission table (internal/natsauth), and connects over TLS
+// verified for "nats"; a client without an identity is refused. The
+// users are production's, line for line.
+func TestComposeNATS(t *testing.T) {
+	dir := root(t)
+	p := loadCompose(t, nil)
+	tmp := t.TempDir()
+	tool := filepath.Join(tmp, "natsauth")
+	if out, err := exec.Command("go", "build", "-o", tool, filepath.Join(dir, "hack", "natsauth")).CombinedOutput(); err != nil {
+		t.Fatalf("go build hack/natsauth: %v\n%s", err, out)
+	}
+	creds := filepath.Join(tmp, "kind", "nats")
+	if out, err := exec.Command("sh", "-c", `umask 077 && exec "$0" -compose "$1"`, tool, creds).CombinedOutput(); err != nil {
+		t.Fatalf("natsauth -compose: %v\n%s", err, out)
+	}
+	// uid 65532 reads each file by its own mode; the directory keeps them
+	// from the host's other users.
+	if fi, err := os.Stat(creds); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("%s: %v %v, want a 0700 directory", creds, fi.Mode(), err)
+	}
+	entries, err := os.ReadDir(creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if fi, err := e.Info(); err != nil || fi.Mode().Perm() != 0o644 {
+			t.Errorf("%s: mode %v (%v), want 0644", e.Name(), fi.Mode(), err)
+		}
+	}
+	if out, err := exec.Command(tool, "-compose", creds).CombinedOutput(); err == nil {
+		t.Errorf("natsauth -compose replaced the credentials of a running compose: %s", out)
+	}
+	// host is where a bind mount's source is: .kind/nats is the set just made.
+	host := func(src string) string {
+		if rel, ok := strings.CutPrefix(src, filepath.Join(dir, ".kind", "nats")+string(filepath.Separator)); ok {
+			return filepath.Join(creds, rel)
+		}
+		return src
+	}
+
+	// The nats container's files under croot; the paths its configuration
+	// names move with them.
+	ns := p.Services["nats"]
+	croot := filepath.Join(tmp, "nats-container")
+	var moves []string
+	for _, v := range ns.Volumes {
+		moves = append(moves, v.Target, filepath.Join(croot, v.Target))
+	}
+	move := strings.NewReplacer(moves...)
+	for _, v := range ns.Volumes {
+		dst := filepath.Join(croot, v.Target)
+		if v.Type != types.VolumeTypeBind { // the store
+			if err := os.MkdirAll(dst, 0o700); err != nil {
+				t.Fatal(err)
 			}
 			continue
 		}
-		if s.Build == nil || s.Build.Context != dir || s.Image != "aaas:dev" {
-			t.Fatalf("%s is not built from the Dockerfile: %+v %s", name, s.Build, s.Image)
+		b, err := os.ReadFile(host(v.Source))
+		if err != nil {
+			t.Fatalf("nats mounts %s: %v", v.Source, err)
 		}
-		if len(s.Entrypoint) != 1 || s.Entrypoint[0] != "/usr/local/bin/"+bin {
-			t.Fatalf("%s runs %v", name, s.Entrypoint)
+		if strings.HasSuffix(v.Target, ".conf") {
+			b = []byte(move.Replace(string(b)))
 		}
-		if *s.Environment["NATS_URL"] != "nats://nats:4222" || s.Environment["HANDSHAKE_KEYS"] == nil {
-			t.Fatalf("%s environment %v", name, s.Environment)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if a, b := *p.Services["edge-a"].Environment["LISTEN_ADDR"], *p.Services["edge-b"].Environment["LISTEN_ADDR"]; a != ":8080" || b != ":8081" {
-		t.Fatalf("edges listen on %s and %s", a, b)
-	}
-	lc := p.Services["lifecycle"]
-	if *lc.Environment["KUBECONFIG"] != "/kube/config" || len(lc.Volumes) != 1 || lc.Volumes[0].Target != "/kube/config" || !lc.Volumes[0].ReadOnly {
-		t.Fatalf("lifecycle kubeconfig mount: %+v %v", lc.Volumes, lc.Environment["KUBECONFIG"])
-	}
-	for _, name := range []string{"edge-a", "edge-b", "lifecycle"} {
-		if !strings.HasPrefix(p.Services[name].NetworkMode, "container:") {
-			t.Fatalf("%s does not share the kind node's network", name)
+		if err := os.WriteFile(dst, b, 0o600); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if _, ok := p.Services["sweeper"].Environment["KUBECONFIG"]; ok {
-		t.Fatal("the sweeper got Kubernetes credentials")
+	if len(ns.Command) != 2 || ns.Command[0] != "--config" {
+		t.Fatalf("nats runs %v, not one configuration file", ns.Command)
+	}
+	conf := filepath.Join(croot, ns.Command[1])
+
+	users := regexp.MustCompile(`(?ms)^authorization \{\n.*?^\}`)
+	prod, err := os.ReadFile(filepath.Join(dir, "manifests", "base", "nats", "nats.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	compose, err := os.ReadFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := users.FindString(string(compose)), users.FindString(string(prod)); a == "" || a != b {
+		t.Errorf("compose's NATS users are not production's:\n%s\nproduction:\n%s", a, b)
+	}
+
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatalf("compose's NATS configuration: %v", err)
+	}
+	if len(opts.Users) != 0 || opts.NoAuthUser != "" || opts.Username != "" || opts.Authorization != "" {
+		t.Errorf("compose's NATS has users without an nkey: %v %q", opts.Users, opts.NoAuthUser)
+	}
+	if opts.TLSConfig == nil {
+		t.Error("compose's NATS takes plaintext clients")
+	}
+	nkeyUsers := map[string]*server.NkeyUser{}
+	for _, u := range opts.Nkeys {
+		nkeyUsers[u.Nkey] = u
+	}
+	if len(nkeyUsers) != len(natsauth.Roles) {
+		t.Errorf("compose's NATS has %d users, production's process kinds are %v", len(nkeyUsers), natsauth.Roles)
+	}
+	opts.Host, opts.Port, opts.HTTPPort, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, 0, true, true
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(srv.Shutdown)
+	if !srv.ReadyForConnections(30 * time.Second) {
+		t.Fatal("compose's NATS did not start")
+	}
+	dial := nats.SetCustomDialer(redirect(srv.Addr().String()))
+
+	for _, name := range slices.Sorted(maps.Keys(composeProcesses)) {
+		role, s := composeProcesses[name], p.Services[name]
+		// file is the host file of the variable's path in the container.
+		file := func(env string) string {
+			if m := mountAt(s, envValue(s, env)); m != nil {
+				return host(m.Source)
+			}
+			return ""
+		}
+		seed, ca := file("NATS_NKEY"), file("NATS_CA")
+		if seed == "" || ca == "" {
+			t.Errorf("%s has no seed or no CA mounted where NATS_NKEY and NATS_CA say (TestComposeFile tells more)", name)
+			continue
+		}
+		b, err := os.ReadFile(seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kp, err := nkeys.FromSeed(b)
+		if err != nil {
+			t.Fatalf("%s: %s: %v", name, seed, err)
+		}
+		pub, _ := kp.PublicKey()
+		u := nkeyUsers[pub]
+		if u == nil {
+			t.Errorf("%s's identity is not a user of compose's NATS", name)
+			continue
+		}
+		want := role.Permissions()
+		if u.Permissions == nil || !slices.Equal(u.Permissions.Publish.Allow, want.Publish) || !slices.Equal(u.Permissions.Subscribe.Allow, want.Subscribe) {
+			t.Errorf("%s's identity is not granted the %s row of the table: %+v", name, role, u.Permissions)
+		}
+		opt, err := nats.NkeyOptionFromSeed(seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := nats.Connect(envValue(s, "NATS_URL"), opt, nats.RootCAs(ca), dial, nats.CustomInboxPrefix(role.InboxPrefix()))
+		if err != nil {
+			t.Errorf("%s cannot connect to compose's NATS: %v", name, err)
+			continue
+		}
+		nc.Close()
+	}
+	if nc, err := nats.Connect("nats://nats:4222", nats.RootCAs(filepath.Join(creds, "ca.crt")), dial); !errors.Is(err, nats.ErrAuthorization) {
+		if nc != nil {
+			nc.Close()
+		}
+		t.Errorf("compose's NATS, to a client without an identity: %v, want an authorization violation", err)
 	}
 }
 
