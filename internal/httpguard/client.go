@@ -168,8 +168,13 @@ func (p *Policy) Resolve(peer netip.Addr, xff, xfp []string, host string, tls bo
 	}
 	if p.trustedPeer(peer) {
 		info.IP = p.walk(peer, xff)
-		if proto := lastToken(xfp); proto == "http" || proto == "https" {
-			info.Scheme = proto
+		// Traefik (and others) say ws or wss on a WebSocket upgrade: the
+		// same schemes for every origin and cookie rule.
+		switch lastToken(xfp) {
+		case "http", "ws":
+			info.Scheme = "http"
+		case "https", "wss":
+			info.Scheme = "https"
 		}
 	}
 	info.Key = keyOf(info.IP)

@@ -44,6 +44,9 @@ func TestResolveClientAddress(t *testing.T) {
 		{name: "IPv6 peer untrusted", peer: "2001:db8:1:2::9", xff: []string{"1.2.3.4"}, wantIP: "2001:db8:1:2::9", wantKey: "2001:db8:1:2::/64", scheme: "http"},
 		{name: "bracketed entry", peer: "10.1.1.1", xff: []string{"[2001:db8::5]"}, wantIP: "2001:db8::5", wantKey: "2001:db8::/64", scheme: "http"},
 		{name: "last proto wins; junk proto ignored", peer: "10.1.1.1", wantProto: []string{"https", "gopher"}, wantIP: "10.1.1.1", wantKey: "10.1.1.1", scheme: "http"},
+		{name: "a WebSocket upgrade's wss is https (Traefik)", peer: "10.1.1.1", wantProto: []string{"wss"}, wantIP: "10.1.1.1", wantKey: "10.1.1.1", scheme: "https"},
+		{name: "a WebSocket upgrade's ws is http", peer: "10.1.1.1", wantProto: []string{"ws"}, wantIP: "10.1.1.1", wantKey: "10.1.1.1", scheme: "http"},
+		{name: "wss from an untrusted peer ignored", peer: "203.0.113.5", wantProto: []string{"wss"}, wantIP: "203.0.113.5", wantKey: "203.0.113.5", scheme: "http"},
 		{name: "mapped IPv4 peer", peer: "::ffff:10.1.1.1", xff: []string{"198.51.100.7"}, wantIP: "198.51.100.7", wantKey: "198.51.100.7", scheme: "http"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
