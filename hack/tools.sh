@@ -10,7 +10,8 @@
 #           kubelet, kube-proxy and kube-scheduler, and kubectl (the
 #           deployment tier runs README's commands) from k8s.io/kubernetes;
 #           agent-sandbox-controller, kube-router, CoreDNS (its plugins the
-#           node uses only), staticcheck, Helm; built from Go modules.
+#           node uses only), staticcheck, Helm, Traefik; built from Go
+#           modules.
 #   chp:    configurable-http-proxy (JupyterHub's proxy, a peer in
 #           `make bench`) from npm into chp-$CHP_VERSION.
 # Usage: hack/tools.sh [debian|go|all|chp] [extra debian packages...]
@@ -57,24 +58,30 @@ build() {
 }
 
 gotools() {
-  build "$CACHE/kubernetes-$KUBERNETES_VERSION" hack/tools/kubernetes \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
   build "$CACHE/agent-sandbox-$AGENT_SANDBOX_VERSION" hack/tools/agent-sandbox \
     sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller
   build "$CACHE/staticcheck-$STATICCHECK_VERSION" hack/tools/staticcheck \
     honnef.co/go/tools/cmd/staticcheck
-  # The real node. The kubelet reports its version to the API server, so
-  # it is stamped like a release build.
+  # Every Kubernetes binary is stamped like a release build: the API server
+  # reports its version to clients (Helm checks a chart's kubeVersion
+  # against it), the kubelet its own to the API server.
   local minor=${KUBERNETES_VERSION#v1.}
-  LDFLAGS="-X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor%%.*}" \
+  local stamp="-X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor%%.*}"
+  LDFLAGS="$stamp" \
+    build "$CACHE/kubernetes-control-$KUBERNETES_VERSION" hack/tools/kubernetes \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+  LDFLAGS="$stamp" \
     build "$CACHE/kubernetes-node-$KUBERNETES_VERSION" hack/tools/kubernetes \
     k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kube-scheduler
   # kubectl, which the deployment tier runs README's install commands with.
-  LDFLAGS="-X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor%%.*}" \
+  LDFLAGS="$stamp" \
     build "$CACHE/kubectl-$KUBERNETES_VERSION" hack/tools/kubernetes k8s.io/kubernetes/cmd/kubectl
   build "$CACHE/kube-router-$KUBE_ROUTER_VERSION" hack/tools/kube-router \
     github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
   build "$CACHE/coredns-$COREDNS_VERSION" hack/tools/coredns .
+  # Traefik, the deployment tier's ingress controller (test bed only).
+  LDFLAGS="-X github.com/traefik/traefik/v3/pkg/version.Version=$TRAEFIK_VERSION" \
+    build "$CACHE/traefik-$TRAEFIK_VERSION" hack/tools/traefik github.com/traefik/traefik/v3/cmd/traefik
   # Helm, which the chart tests render and install charts/aaas with.
   LDFLAGS="-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
     build "$CACHE/helm-$HELM_VERSION" hack/tools/helm helm.sh/helm/v4/cmd/helm

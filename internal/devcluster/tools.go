@@ -33,7 +33,7 @@ type binaries struct {
 
 func findBinaries() (binaries, error) {
 	cache := toolsCache()
-	k8s := filepath.Join(cache, "kubernetes-"+aaas.Version("KUBERNETES_VERSION"))
+	k8s := filepath.Join(cache, "kubernetes-control-"+aaas.Version("KUBERNETES_VERSION"))
 	node := filepath.Join(cache, "kubernetes-node-"+aaas.Version("KUBERNETES_VERSION"))
 	b := binaries{
 		apiserver:         filepath.Join(k8s, "kube-apiserver"),

@@ -1185,6 +1185,8 @@ func TestToolsArePinnedWhereVersionsSayIt(t *testing.T) {
 		"staticcheck":   "honnef.co/go/tools " + aaas.Version("STATICCHECK_VERSION"),
 		"kube-router":   "github.com/cloudnativelabs/kube-router/v2 " + aaas.Version("KUBE_ROUTER_VERSION"),
 		"coredns":       "github.com/coredns/coredns " + aaas.Version("COREDNS_VERSION"),
+		"helm":          "helm.sh/helm/v4 " + aaas.Version("HELM_VERSION"),
+		"traefik":       "github.com/traefik/traefik/v3 " + aaas.Version("TRAEFIK_VERSION"),
 	} {
 		b, err := os.ReadFile(filepath.Join(dir, "hack", "tools", mod, "go.mod"))
 		if err != nil {

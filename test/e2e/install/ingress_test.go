@@ -12,21 +12,18 @@ import (
 	"encoding/base64"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
-	networkingv1 "k8s.io/api/networking/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/aaas-project/aaas/internal/testenv"
 )
@@ -42,13 +39,13 @@ var (
 
 // certificates makes a test CA and, signed by it, the two certificates
 // README's exposure asks the operator for: the gateway host's and the
-// sandboxes' wildcard. It writes each as <name>.crt and <name>.key in dir
-// and returns the command lines that put them in the Secrets, as README
-// says to without cert-manager.
-func certificates(dir string) ([]string, error) {
+// sandboxes' wildcard. It writes each as <Secret name>.crt and .key in
+// dir, the files README's commands make the Secrets from (as README says
+// to without cert-manager).
+func certificates(dir string) error {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	now := time.Now()
 	ca := &x509.Certificate{
@@ -58,20 +55,23 @@ func certificates(dir string) ([]string, error) {
 	}
 	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if ca, err = x509.ParseCertificate(caDER); err != nil {
-		return nil, err
+		return err
 	}
 	roots.AddCert(ca)
-	var commands []string
+	// For clients in pods (helm test): the CA that verifies the front door.
+	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600); err != nil {
+		return err
+	}
 	for i, leaf := range []struct{ secret, host string }{
 		{"aaas-tls", domain},
 		{"aaas-sandboxes-tls", "*." + sandboxDomain},
 	} {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		tmpl := &x509.Certificate{
 			SerialNumber: big.NewInt(int64(i + 2)), Subject: pkix.Name{CommonName: leaf.host}, DNSNames: []string{leaf.host},
@@ -80,126 +80,65 @@ func certificates(dir string) ([]string, error) {
 		}
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		cert, err := x509.ParseCertificate(der)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		sum := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
 		spkis = append(spkis, base64.StdEncoding.EncodeToString(sum[:]))
 		keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		crt, k := filepath.Join(dir, leaf.secret+".crt"), filepath.Join(dir, leaf.secret+".key")
 		if err := os.WriteFile(crt, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-			return nil, err
+			return err
 		}
 		if err := os.WriteFile(k, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-			return nil, err
+			return err
 		}
-		commands = append(commands, fmt.Sprintf("kubectl -n %s create secret tls %s --cert=%s --key=%s", controlNS, leaf.secret, crt, k))
 	}
-	return commands, nil
+	return nil
 }
 
-// ingressConf is an ingress controller's data plane for one Ingress: one
-// TLS server per rule, picked by SNI and Host, passing Host unchanged and
-// the scheme as X-Forwarded-Proto (the edge believes it from the private
-// ranges, TRUSTED_PROXIES), streaming both ways, WebSockets upgraded.
-const ingressConf = `worker_processes 1;
-daemon off;
-master_process off;
-pid %[1]s/nginx.pid;
-error_log %[1]s/error.log warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  client_body_temp_path %[1]s/body;
-  proxy_temp_path %[1]s/proxy;
-  fastcgi_temp_path %[1]s/fastcgi;
-  uwsgi_temp_path %[1]s/uwsgi;
-  scgi_temp_path %[1]s/scgi;
-  map $http_upgrade $connection_upgrade {
-    default upgrade;
-    ''      '';
-  }
-%[2]s}
-`
-
-const ingressServer = `  server {
-    listen %[1]s ssl;
-    server_name %[2]s;
-    ssl_certificate %[3]s.crt;
-    ssl_certificate_key %[3]s.key;
-    client_max_body_size 0;
-    location / {
-      proxy_pass http://%[4]s;
-      proxy_http_version 1.1;
-      proxy_set_header Host $http_host;
-      proxy_set_header Upgrade $http_upgrade;
-      proxy_set_header Connection $connection_upgrade;
-      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-      proxy_set_header X-Forwarded-Proto $scheme;
-      proxy_request_buffering off;
-      proxy_buffering off;
-      proxy_read_timeout 1h;
-    }
-  }
-`
-
-// ingress serves the install's Ingress as an ingress controller would:
-// it reads Ingress aaas as README's kustomization made it, and for each
-// of its rules a TLS server for the rule's host with the certificate of
-// the Secret its tls entry names, proxying to the rule's Service. It
-// returns the address it listens on (the test's stand-in for the DNS
-// records README asks for: every name resolves to it).
+// ingress returns the address of the install's front door: Traefik, the
+// operator's ingress controller (installed before README's install, as an
+// operator's is), once it serves the install's Ingress, the gateway host
+// and the sandboxes' wildcard, each with its Secret's certificate. It is
+// the test's stand-in for the DNS records README asks for: every name
+// resolves to it.
 func ingress(t *testing.T) string {
 	t.Helper()
-	ctx := context.Background()
-	ing, err := cluster.Client.NetworkingV1().Ingresses(controlNS).Get(ctx, "aaas", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, addr := t.TempDir(), testenv.FreeAddr(t)
-	var servers strings.Builder
-	for _, rule := range ing.Spec.Rules {
-		i := slices.IndexFunc(ing.Spec.TLS, func(tl networkingv1.IngressTLS) bool { return slices.Contains(tl.Hosts, rule.Host) })
-		if i < 0 || rule.HTTP == nil || len(rule.HTTP.Paths) != 1 || rule.HTTP.Paths[0].Path != "/" || rule.HTTP.Paths[0].Backend.Service == nil {
-			t.Fatalf("Ingress rule %+v: want one path / to a Service, with TLS", rule)
-		}
-		secret, err := cluster.Client.CoreV1().Secrets(controlNS).Get(ctx, ing.Spec.TLS[i].SecretName, metav1.GetOptions{})
-		if err != nil {
-			t.Fatalf("Ingress TLS for %s: %v", rule.Host, err)
-		}
-		files := filepath.Join(dir, secret.Name)
-		if err := os.WriteFile(files+".crt", secret.Data["tls.crt"], 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(files+".key", secret.Data["tls.key"], 0o600); err != nil {
-			t.Fatal(err)
-		}
-		fmt.Fprintf(&servers, ingressServer, addr, rule.Host, files, backend(t, rule.HTTP.Paths[0].Backend.Service))
-	}
-	testenv.Nginx(t, addr, func(d string) string { return fmt.Sprintf(ingressConf, d, servers.String()) })
-	return addr
-}
-
-// backend is the ClusterIP address of an Ingress backend's Service port.
-func backend(t *testing.T, b *networkingv1.IngressServiceBackend) string {
-	t.Helper()
-	svc, err := cluster.Client.CoreV1().Services(controlNS).Get(context.Background(), b.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range svc.Spec.Ports {
-		if p.Name == b.Port.Name && b.Port.Name != "" || b.Port.Number != 0 && p.Port == b.Port.Number {
-			return net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(p.Port)))
+	ctx := testenv.Context(t, 2*time.Minute)
+	c := client(t, front)
+	for _, base := range []string{"https://" + domain, origin("nobody")} {
+		// Until Traefik has read the Ingress and its Secrets it presents
+		// its default certificate, which the client refuses, or answers
+		// 404 itself: anything else comes from the edge.
+		var last string
+		for {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz", nil)
+			resp, err := c.HTTP.Do(req)
+			if err == nil {
+				b, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusNotFound || string(b) != "404 page not found\n" {
+					break
+				}
+				last = "Traefik's own 404"
+			} else {
+				last = err.Error()
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("Traefik at %s does not serve %s: %s", front, base, last)
+			case <-time.After(250 * time.Millisecond):
+			}
 		}
 	}
-	t.Fatalf("Service %s has no port %+v", b.Name, b.Port)
-	return ""
+	return front
 }
 
 // client is a browser on https://aaas.test (and, with At, on the

@@ -1,9 +1,11 @@
 // Package install_test is the deployment tier: it installs aaas exactly as
 // README.md tells operators, running the README's install commands as
-// written in a shell (kubectl at the pinned version, the operator's
-// kustomization read from the README with only the registry, host name and
-// API address substituted, and the remote locations mapped onto their
-// local copies) against the real-node devcluster, where images, container
+// written in a shell (kubectl and Helm at their pinned versions, the
+// operator's values.yaml read from the README with only the registry, host
+// name and API address substituted, and the remote locations mapped onto
+// their local copies: agent-sandbox's release rendered from its pinned
+// module, this repository's checkout for its clone) against the real-node
+// devcluster, where images, container
 // args, image users, probes, volumes, Pod Security, quotas and
 // NetworkPolicy are all real. It then uses the install as a client would,
 // through the edge Service, and probes the network from inside pods. The
@@ -65,8 +67,8 @@ const (
 	// anyway do not cover it.
 	readmeAPICIDR = "192.0.2.10/32"
 	apiEndpoint   = "198.51.100.7:443"
-	// idleTimeout is what the test sets in aaas-config (README: edit the
-	// ConfigMap, restart), so that idle suspend is observable.
+	// idleTimeout is what the test sets as config.IDLE_TIMEOUT (README:
+	// helm upgrade with the new value), so that idle suspend is observable.
 	idleTimeout = "20s"
 	// providerAddr is where pods reach the provider stand-in, and
 	// providerKey the key README's install stores in aaas-provider-keys.
@@ -83,6 +85,11 @@ var (
 	curlRef  = registry + "/curl:test"
 	// modelProbeRef is the hostile agent of the broker's tests.
 	modelProbeRef = registry + "/modelprobe:test"
+	// traefikRef is the operator's ingress controller, Traefik built from
+	// its module; front is its websecure address, where README's DNS
+	// records would point.
+	traefikRef = registry + "/traefik:" + aaas.Version("TRAEFIK_VERSION")
+	front      string
 	// models is the model provider stand-in, which the install's broker
 	// calls at providerAddr, a public address (the real providers cannot
 	// be reached from here; it is the far end only).
@@ -121,12 +128,12 @@ func run(m *testing.M) int {
 			fmt.Fprintf(os.Stderr, "%s not built: run `make tools`\n", kubectl)
 			return 1
 		}
-		k, commands, err := readme()
+		values, commands, err := readme()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "install:", err)
 			return 1
 		}
-		objs, err := manifests.RenderKustomization(k)
+		objs, err := renderChart(tmp, values)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "install:", err)
 			return 1
@@ -147,13 +154,19 @@ func run(m *testing.M) int {
 				fmt.Fprintln(os.Stderr, "devcluster stop:", err)
 			}
 		}()
+		// The operator's ingress controller, there before aaas is.
+		if front, err = cluster.InstallTraefik(ctx, traefikRef); err != nil {
+			fmt.Fprintln(os.Stderr, "traefik:", err)
+			dumpPods(devcluster.TraefikNamespace)
+			return 1
+		}
 		up := time.Since(start)
 		defer func() {
 			if providerLn != nil {
 				providerLn.Close()
 			}
 		}()
-		if err := install(ctx, filepath.Join(tmp, "install"), k, commands); err != nil {
+		if err := install(ctx, filepath.Join(tmp, "install"), values, commands); err != nil {
 			fmt.Fprintln(os.Stderr, "install:", err)
 			dumpPods(controlNS)
 			dumpPods(sandboxNS)
@@ -170,11 +183,11 @@ func run(m *testing.M) int {
 	return code
 }
 
-// readme returns README.md's install: the operator's kustomization (the
-// yaml block that starts with "# kustomization.yaml") and the shell
-// commands that follow it, with the registry, host name and API server
-// address replaced as an operator replaces them.
-func readme() (kustomization string, commands []string, err error) {
+// readme returns README.md's Helm install: the operator's values (the
+// yaml block that starts with "# values.yaml") and the shell commands that
+// follow it, with the registry, host name and API server address replaced
+// as an operator replaces them.
+func readme() (values string, commands []string, err error) {
 	b, err := os.ReadFile(filepath.Join(testenv.Root(), "README.md"))
 	if err != nil {
 		return "", nil, err
@@ -183,11 +196,24 @@ func readme() (kustomization string, commands []string, err error) {
 	text := strings.NewReplacer("registry.example.com", registry, "aaas.example.com", domain, readmeAPICIDR, apiHost+"/32").Replace(string(b))
 	blocks := regexp.MustCompile("(?s)```(yaml|sh)\n(.*?)```").FindAllStringSubmatch(text, -1)
 	for i, bl := range blocks {
-		if bl[1] == "yaml" && strings.HasPrefix(bl[2], "# kustomization.yaml\n") && i+1 < len(blocks) && blocks[i+1][1] == "sh" {
+		if bl[1] == "yaml" && strings.HasPrefix(bl[2], "# values.yaml\n") && i+1 < len(blocks) && blocks[i+1][1] == "sh" {
 			return bl[2], strings.Split(strings.TrimSpace(blocks[i+1][2]), "\n"), nil
 		}
 	}
-	return "", nil, fmt.Errorf("README.md has no kustomization.yaml block followed by its commands")
+	return "", nil, fmt.Errorf("README.md has no values.yaml block followed by its commands")
+}
+
+// chartDir is the chart in the checkout under test.
+func chartDir() string { return filepath.Join(testenv.Root(), manifests.Chart) }
+
+// renderChart renders the chart with README's values (written into dir),
+// as `helm install` would install it.
+func renderChart(dir, values string) ([]*unstructured.Unstructured, error) {
+	f := filepath.Join(dir, "values.yaml")
+	if err := os.WriteFile(f, []byte(values), 0o600); err != nil {
+		return nil, err
+	}
+	return manifests.RenderChart(devcluster.HelmBinary(), chartDir(), "aaas", controlNS, "-f", f)
 }
 
 // images lists the images the rendered install runs that come from the
@@ -231,6 +257,12 @@ func buildImages(dir string, objs []*unstructured.Unstructured) ([]string, error
 	if err != nil {
 		return nil, err
 	}
+	// The same build as the next release, for the upgrade test.
+	next := filepath.Join(dir, "images", "aaas-next.tar")
+	if err := image.AAAS(bin, aaasRef[:strings.LastIndex(aaasRef, ":")+1]+nextTag).Write(next); err != nil {
+		return nil, err
+	}
+	tars = append(tars, next)
 	probe, err := image.Program(filepath.Join(dir, "images"), "github.com/aaas-project/aaas/test/e2e/install/netprobe", probeRef, image.NonRoot)
 	if err != nil {
 		return nil, err
@@ -243,13 +275,19 @@ func buildImages(dir string, objs []*unstructured.Unstructured) ([]string, error
 	if err != nil {
 		return nil, err
 	}
-	return append(tars, probe, modelProbe, curl), nil
+	traefik := filepath.Join(dir, "images", "traefik.tar")
+	spec := image.Spec{Ref: traefikRef, Files: map[string]string{"/traefik": devcluster.TraefikBinary()}, Entrypoint: []string{"/traefik"}, User: image.NonRoot}
+	if err := spec.Write(traefik); err != nil {
+		return nil, err
+	}
+	return append(tars, probe, modelProbe, curl, traefik), nil
 }
 
 // remote maps what README's commands fetch from the network onto the local
 // copies this test uses: agent-sandbox's release (rendered from the pinned
-// module as the release asset is made) and this repository at main (the
-// checkout under test).
+// module as the release asset is made) and this repository's clone (the
+// checkout under test, linked where the clone would be, so what is tested
+// is the working tree, uncommitted changes included).
 func remote(dir string) (map[string]string, error) {
 	objs, err := devcluster.AgentSandboxRelease()
 	if err != nil {
@@ -270,29 +308,37 @@ func remote(dir string) (map[string]string, error) {
 	}
 	return map[string]string{
 		"https://github.com/kubernetes-sigs/agent-sandbox/releases/download/" + aaas.Version("AGENT_SANDBOX_VERSION") + "/sandbox-with-extensions.yaml": file,
-		"go run github.com/aaas-project/aaas/hack/natsauth@main": "go -C " + testenv.Root() + " run ./hack/natsauth",
+		"git clone --depth 1 https://github.com/aaas-project/aaas aaas-src 2>/dev/null || git -C aaas-src pull --ff-only":                               "ln -sfn " + testenv.Root() + " aaas-src",
 	}, nil
 }
 
 // shell runs one command line as README's reader would, in dir, with the
-// pinned kubectl on PATH and this cluster as kubectl's cluster.
+// pinned kubectl and Helm on PATH and this cluster as their cluster.
 func shell(ctx context.Context, dir, line string, env ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", line)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(kubectl)+":"+os.Getenv("PATH"), "KUBECONFIG="+cluster.Kubeconfig)
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(kubectl)+":"+filepath.Dir(devcluster.HelmBinary())+":"+os.Getenv("PATH"), "KUBECONFIG="+cluster.Kubeconfig)
 	cmd.Env = append(cmd.Env, env...)
 	return cmd.CombinedOutput()
 }
 
 // install runs README's install commands as written, in a directory that
-// holds the operator's kustomization.yaml, then sets the idle timeout as
-// README says an operator changes a setting (edit aaas-config, restart),
-// and waits for every rollout and the warm pool.
-func install(ctx context.Context, dir, kustomization string, commands []string) error {
+// holds the operator's values.yaml and the certificate files README makes
+// the TLS Secrets from, then changes settings as README says an operator
+// does (helm upgrade with new values: the idle timeout, so that idle
+// suspend is observable, and the providers, the stand-in's address), and
+// waits for every rollout and the warm pool.
+func install(ctx context.Context, dir, values string, commands []string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	if err := writeKustomization(dir, kustomization); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "values.yaml"), []byte(values), 0o600); err != nil {
+		return err
+	}
+	// README's certificates without cert-manager: files the operator
+	// obtained (here from the test's CA), which README's commands turn
+	// into the Secrets aaas-tls and aaas-sandboxes-tls the Ingress names.
+	if err := certificates(dir); err != nil {
 		return err
 	}
 	fetched, err := remote(filepath.Dir(dir))
@@ -307,7 +353,12 @@ func install(ctx context.Context, dir, kustomization string, commands []string) 
 			}
 		}
 		out, err := shell(ctx, dir, line, "DEEPSEEK_API_KEY="+providerKey)
-		fmt.Fprintf(os.Stderr, "$ %s\n%s", line, out)
+		shown := out
+		if strings.Contains(line, "get secret") {
+			// README's last line prints the invite code: a credential.
+			shown = []byte("(output withheld: it reads a Secret)\n")
+		}
+		fmt.Fprintf(os.Stderr, "$ %s\n%s", line, shown)
 		if err != nil {
 			return fmt.Errorf("README's command %q: %w", line, err)
 		}
@@ -317,15 +368,8 @@ func install(ctx context.Context, dir, kustomization string, commands []string) 
 			return fmt.Errorf("README's install no longer fetches %s: update remote()", from)
 		}
 	}
-	// README's certificates without cert-manager: Secrets aaas-tls and
-	// aaas-sandboxes-tls from certificates the operator obtained (here
-	// from the test's CA), which the Ingress names.
-	secrets, err := certificates(filepath.Dir(dir))
-	if err != nil {
-		return err
-	}
 	// The providers: the stand-in at a public address, as the deepseek
-	// provider (README: list yours in aaas-broker, restart the broker).
+	// provider (README: list yours in broker.providers).
 	ln, err := devcluster.ListenForPods(providerAddr)
 	if err != nil {
 		return err
@@ -334,19 +378,22 @@ func install(ctx context.Context, dir, kustomization string, commands []string) 
 	models = providersim.New(providersim.Options{Keys: []string{providerKey}, Slow: time.Second, TokenInterval: 50 * time.Millisecond})
 	go func() { _ = http.Serve(ln, models) }()
 	providers, _ := json.Marshal([]config.Provider{{Name: "deepseek", API: config.APIOpenAI, BaseURL: "http://" + providerAddr, Models: []string{"deepseek-chat"}}})
-	patch, _ := json.Marshal(map[string]any{"data": map[string]string{"BROKER_PROVIDERS": string(providers)}})
-	for _, line := range append(secrets,
-		fmt.Sprintf(`kubectl -n %s patch configmap aaas-config --type merge -p '{"data":{"IDLE_TIMEOUT":%q}}'`, controlNS, idleTimeout),
-		fmt.Sprintf("kubectl -n %s rollout restart deploy/aaas-sweeper", controlNS),
-		fmt.Sprintf("kubectl -n %s patch configmap aaas-broker --type merge -p '%s'", controlNS, patch),
-		fmt.Sprintf("kubectl -n %s rollout restart deploy/aaas-broker", controlNS),
-	) {
-		if out, err := shell(ctx, dir, line); err != nil {
-			return fmt.Errorf("%s: %w: %s", line, err, out)
-		}
+	// And helm test through the front door (README: tests.frontDoor),
+	// verifying its certificate against the test CA.
+	if out, err := shell(ctx, dir, "kubectl -n "+controlNS+" create secret generic aaas-test-ca --from-file=ca.crt=ca.crt"); err != nil {
+		return fmt.Errorf("the test CA's Secret: %w: %s", err, out)
+	}
+	if out, err := helmUpgrade(ctx, dir, "--set", "config.IDLE_TIMEOUT="+idleTimeout, "--set-json", "broker.providers="+string(providers),
+		"--set", "tests.frontDoor=traefik."+devcluster.TraefikNamespace+".svc:443", "--set", "tests.caSecret=aaas-test-ca"); err != nil {
+		return fmt.Errorf("helm upgrade with the test's settings: %w: %s", err, out)
 	}
 	if err := cluster.WaitRollout(ctx, controlNS, 5*time.Minute); err != nil {
 		return err
+	}
+	out, err := helmTest(ctx, dir)
+	fmt.Fprintf(os.Stderr, "$ helm test aaas -n %s\n%s", controlNS, out)
+	if err != nil || !strings.Contains(out, "ok: signed up") || !strings.Contains(out, "ok: deleted") || strings.Count(out, "is unreachable from this pod") != 2 {
+		return fmt.Errorf("helm test through Traefik: %v", err)
 	}
 	s, err := cluster.Client.CoreV1().Secrets(controlNS).Get(ctx, "aaas-secrets", metav1.GetOptions{})
 	if err != nil {
@@ -356,15 +403,37 @@ func install(ctx context.Context, dir, kustomization string, commands []string) 
 	return waitPool(ctx, 3*time.Minute)
 }
 
-// writeKustomization writes an operator's kustomization into dir, what it
-// takes from this repository taken from the checkout under test.
-func writeKustomization(dir, kustomization string) error {
-	rel, err := filepath.Rel(dir, filepath.Join(testenv.Root(), "manifests"))
-	if err != nil {
-		return err
+// helmUpgrade changes the install's values as an operator does after
+// README's install: helm upgrade of the same chart, keeping the values
+// given so far.
+func helmUpgrade(ctx context.Context, dir string, args ...string) ([]byte, error) {
+	line := "helm upgrade aaas " + chartDir() + " -n " + controlNS + " --reuse-values"
+	for _, a := range args {
+		line += " " + shellQuote(a)
 	}
-	return os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(manifests.Localize(kustomization, rel)), 0o600)
+	out, err := shell(ctx, dir, line)
+	fmt.Fprintf(os.Stderr, "$ %s\n%s", line, out)
+	return out, err
 }
+
+// helmTest runs README's verify step, `helm test`, and returns its output
+// with the test pods' logs, which Helm (--logs) finds only in the release's
+// namespace while the tenants' preflight pod runs in theirs.
+func helmTest(ctx context.Context, dir string) (string, error) {
+	out, err := shell(ctx, dir, "helm test aaas -n "+controlNS+" --timeout 3m")
+	logs := string(out)
+	for _, p := range []struct{ ns, name string }{
+		{controlNS, "aaas-test-signup"}, {controlNS, "aaas-test-preflight-control-plane"}, {sandboxNS, "aaas-test-preflight-tenants"},
+	} {
+		b, lerr := cluster.Client.CoreV1().Pods(p.ns).GetLogs(p.name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		if lerr == nil {
+			logs += fmt.Sprintf("%s/%s: %s", p.ns, p.name, b)
+		}
+	}
+	return logs, err
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // waitPool waits until the warm pool has its spares ready.
 func waitPool(ctx context.Context, timeout time.Duration) error {

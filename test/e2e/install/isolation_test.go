@@ -140,8 +140,9 @@ func TestAFullSandboxQuotaAdmitsTheControlPlane(t *testing.T) {
 }
 
 // fill lowers quota name's pod limit in ns to what ns uses now less below,
-// once the quota controller has counted it, and waits until the limit is
-// in force.
+// once the quota controller's count agrees with the pods that count (not
+// finished ones, such as helm test's: the count lags them), and waits
+// until the limit is in force.
 func fill(t *testing.T, ctx context.Context, ns, name string, below int64) int64 {
 	t.Helper()
 	quotas := cluster.Client.CoreV1().ResourceQuotas(ns)
@@ -155,7 +156,19 @@ func fill(t *testing.T, ctx context.Context, ns, name string, below int64) int64
 		if !ok {
 			return fmt.Errorf("quota %s/%s not counted yet", ns, name)
 		}
-		used = u.Value()
+		pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		var counted int64
+		for _, p := range pods.Items {
+			if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+				counted++
+			}
+		}
+		if used = u.Value(); used != counted {
+			return fmt.Errorf("quota %s/%s counts %d pods, %d count", ns, name, used, counted)
+		}
 		return nil
 	})
 	used = max(used-below, 0)

@@ -2,10 +2,10 @@ package install_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
-	"os"
+	"fmt"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,89 +18,75 @@ import (
 )
 
 // TestSSOPreflight switches the install to the gateway-api-sso exposure
-// (README's kustomization with that component instead of the ingress one,
-// applied with kubectl; oauth2-proxy scaled to zero, as this node has no
-// image of it and the preflight needs none running) and runs
-// scripts/preflight-sso.sh as an operator would. It passes with the SSO
-// policies applied, its probe blocked from the tenants' namespace, the
-// control plane's and a namespace of its own; it fails when the edge's
-// policy admits everyone (what a CNI that enforces nothing amounts to) and
-// when the policy is deleted; and it says it could not test, with its own
-// exit status, when the probe pod is refused (a full quota) or its image
-// cannot be pulled. The ingress exposure is restored afterwards.
+// as an operator would (helm upgrade: ingress.enabled=false,
+// gatewaySSO.enabled=true; oauth2-proxy scaled to zero, as this test needs
+// none running) and runs both preflights: scripts/preflight-sso.sh, and
+// the chart's own, `helm test`. Both pass with the SSO policies applied,
+// their probes blocked from the tenants' namespace and the control
+// plane's (the script also from a namespace of its own); both fail when
+// the edge's policy admits everyone (what a CNI that enforces nothing
+// amounts to), the script also when the policy is deleted; and the script
+// says it could not test, with its own exit status, when its probe pod is
+// refused (a full quota) or its image cannot be pulled. helm rollback
+// restores the ingress exposure afterwards, policies included.
 func TestSSOPreflight(t *testing.T) {
 	ctx := testenv.Context(t, 15*time.Minute)
 	if err := cluster.InstallGatewayAPI(ctx); err != nil {
 		t.Fatal(err)
 	}
-	k, _, err := readme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	const ingress, sso = "manifests/exposure/ingress?", "manifests/exposure/gateway-api-sso?"
-	if !strings.Contains(k, ingress) {
-		t.Fatalf("README's kustomization does not use %s", ingress)
-	}
-	// The component's host names are placeholders an operator replaces
-	// (README), as the ingress's are by the kustomization's patch.
-	ssoKustomization := strings.Replace(k, ingress, sso, 1) + `  - target: {kind: Deployment, name: oauth2-proxy}
-    patch: |-
-      - op: replace
-        path: /spec/replicas
-        value: 0
-  - target: {kind: Gateway, name: aaas}
-    patch: |-
-      - op: replace
-        path: /spec/listeners/0/hostname
-        value: ` + domain + `
-      - op: replace
-        path: /spec/listeners/1/hostname
-        value: "*.` + sandboxDomain + `"
-  - target: {kind: HTTPRoute, name: aaas}
-    patch: |-
-      - op: replace
-        path: /spec/hostnames
-        value: [` + domain + `]
-  - target: {kind: HTTPRoute, name: aaas-sandboxes}
-    patch: |-
-      - op: replace
-        path: /spec/hostnames
-        value: ["*.` + sandboxDomain + `"]
-`
-	base := filepath.Join(os.TempDir(), "preflight-"+randomHex(3))
-	t.Cleanup(func() { os.RemoveAll(base) })
-	dirs := map[string]string{}
-	for name, text := range map[string]string{"ingress": k, "sso": ssoKustomization} {
-		dirs[name] = filepath.Join(base, name)
-		if err := os.MkdirAll(dirs[name], 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := writeKustomization(dirs[name], text); err != nil {
-			t.Fatal(err)
-		}
-	}
-	kubectlRun := func(dir, line string) {
+	dir := t.TempDir()
+	helmRun := func(args ...string) {
 		t.Helper()
-		if out, err := shell(ctx, dir, line); err != nil {
-			t.Fatalf("%s: %v\n%s", line, err, out)
+		if out, err := helmUpgrade(ctx, dir, args...); err != nil {
+			t.Fatalf("helm upgrade %v: %v\n%s", args, err, out)
+		}
+		if err := cluster.WaitRollout(ctx, controlNS, 5*time.Minute); err != nil {
+			t.Fatal(err)
 		}
 	}
-	// README: the exposures are alternatives, never a stack.
-	kubectlRun(dirs["sso"], "kubectl -n "+controlNS+" delete ingress aaas && kubectl -n "+controlNS+" delete networkpolicy aaas-edge-ingress")
-	kubectlRun(dirs["sso"], "kubectl apply -k .")
+	// The release to roll back to afterwards.
+	status, err := shell(ctx, dir, "helm status aaas -n "+controlNS+" -o json")
+	var release struct{ Version int }
+	if err != nil || json.Unmarshal(status, &release) != nil || release.Version == 0 {
+		t.Fatalf("helm status: %v %s", err, status)
+	}
+	// README: the exposures are alternatives, never a stack; the chart
+	// removes the Ingress and its policy as it adds the Gateway's.
+	helmRun("--set", "ingress.enabled=false", "--set", "gatewaySSO.enabled=true", "--set", "gatewaySSO.gatewayClassName=example",
+		"--set", "gatewaySSO.allow={*}", "--set", "gatewaySSO.oauth2Proxy.replicas=0",
+		// No front door here: the Gateway has no implementation in this
+		// test, so helm test runs only the preflight.
+		"--set", "tests.frontDoor=")
 	t.Cleanup(func() {
 		ctx := context.Background()
 		for _, line := range []string{
-			"kubectl -n " + controlNS + " delete deploy/oauth2-proxy svc/oauth2-proxy networkpolicy/aaas-edge-from-oauth2-proxy networkpolicy/oauth2-proxy-from-gateway gateway/aaas httproute/aaas httproute/aaas-sandboxes --ignore-not-found",
-			"kubectl apply -k .",
+			fmt.Sprintf("helm rollback aaas %d -n %s", release.Version, controlNS),
 			"kubectl -n " + controlNS + " rollout status deploy/aaas-edge --timeout=5m",
 		} {
-			if out, err := shell(ctx, dirs["ingress"], line); err != nil {
+			if out, err := shell(ctx, dir, line); err != nil {
 				t.Errorf("restoring the ingress exposure: %s: %v\n%s", line, err, out)
 			}
 		}
+		if _, err := cluster.Client.NetworkingV1().NetworkPolicies(controlNS).Get(ctx, "aaas-edge-ingress", metav1.GetOptions{}); err != nil {
+			t.Errorf("after the rollback: %v", err)
+		}
 	})
-	kubectlRun(dirs["sso"], "kubectl -n "+controlNS+" rollout status deploy/aaas-edge --timeout=5m")
+	if _, err := cluster.Client.NetworkingV1().Ingresses(controlNS).Get(ctx, "aaas", metav1.GetOptions{}); err == nil {
+		t.Fatal("the Ingress is still there under the SSO exposure")
+	}
+	helmTest := func() (int, string) {
+		t.Helper()
+		out, err := helmTest(ctx, dir)
+		var ee *exec.ExitError
+		switch {
+		case err == nil:
+			return 0, out
+		case errors.As(err, &ee):
+			return ee.ExitCode(), out
+		}
+		t.Fatal(err)
+		return 0, ""
+	}
 
 	preflight := func(img string) (int, string) {
 		t.Helper()
@@ -120,6 +106,11 @@ func TestSSOPreflight(t *testing.T) {
 		t.Fatalf("preflight with the SSO policies applied: exit %d\n%s", code, out)
 	}
 	t.Logf("with the SSO policies: passed\n%s", out)
+	code, out = helmTest()
+	if code != 0 || strings.Count(out, "is unreachable from this pod") != 2 {
+		t.Fatalf("helm test with the SSO policies applied: exit %d\n%s", code, out)
+	}
+	t.Logf("helm test with the SSO policies: passed\n%s", out)
 
 	// A policy of the right name that admits everyone.
 	policies := cluster.Client.NetworkingV1().NetworkPolicies(controlNS)
@@ -135,6 +126,11 @@ func TestSSOPreflight(t *testing.T) {
 		t.Fatalf("preflight with the edge open to every pod: exit %d, want 1\n%s", code, out)
 	}
 	t.Logf("with the edge's policy admitting everyone: failed as it should\n%s", out)
+	code, out = helmTest()
+	if code == 0 || !strings.Contains(out, "the edge answered a pod its NetworkPolicy should stop") {
+		t.Fatalf("helm test with the edge open to every pod: exit %d, want a failure\n%s", code, out)
+	}
+	t.Logf("helm test with the edge's policy admitting everyone: failed as it should\n%s", out)
 
 	if err := policies.Delete(ctx, np.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -144,7 +140,8 @@ func TestSSOPreflight(t *testing.T) {
 		t.Fatalf("preflight with the edge's policy deleted: exit %d, want 1\n%s", code, out)
 	}
 	t.Logf("with the edge's policy deleted: failed as it should\n%s", out)
-	kubectlRun(dirs["sso"], "kubectl apply -k .")
+	// Back to the chart's policies (an upgrade re-applies what was deleted).
+	helmRun()
 
 	code, out = preflight(registry + "/no-such-image:1")
 	if code != 2 || !strings.Contains(out, "COULD NOT TEST") {
