@@ -59,14 +59,16 @@ type refusalAudits struct {
 	// mu serialises this edge's spending, so its requests do not race
 	// each other for the shared count; full is the window this edge
 	// already found spent (it asks no more until the next), pending the
-	// refusals not written per window, until its summary.
-	mu      sync.Mutex
-	full    int64
-	pending map[int64]int
+	// refusals not written per window, until its summary, and summarised
+	// the last window summarised.
+	mu         sync.Mutex
+	full       int64
+	pending    map[int64]int
+	summarised int64
 }
 
 func newRefusalAudits(l *Limiter, limit int, pub *events.Publisher, reg prometheus.Registerer) *refusalAudits {
-	r := &refusalAudits{limiter: l, limit: limit, pub: pub, full: -1, pending: map[int64]int{},
+	r := &refusalAudits{limiter: l, limit: limit, pub: pub, full: -1, summarised: -1, pending: map[int64]int{},
 		suppressed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "aaas_edge_refusal_audits_suppressed_total",
 			Help: "Refusals not written to the audit trail because all edges had written REFUSAL_AUDIT_LIMIT in the window (each window's count is in one summary event per edge).",
@@ -81,9 +83,11 @@ func (r *refusalAudits) audit(e events.AuditEvent) {
 		return
 	}
 	window := r.limiter.window
-	w := time.Now().UnixMilli() / window.Milliseconds()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	// The window is read under mu: a refusal that waited for mu past its
+	// window's end belongs to the next one, whose summary is still to come.
+	w := time.Now().UnixMilli() / window.Milliseconds()
 	if r.full != w {
 		ctx, cancel := context.WithTimeout(context.Background(), auditTimeout)
 		ok, err := r.limiter.spendAudit(ctx, w, r.limit)
@@ -98,6 +102,9 @@ func (r *refusalAudits) audit(e events.AuditEvent) {
 		r.full = w
 	}
 	r.suppressed.Inc()
+	// One summary per window, even if the clock and the summary's timer
+	// disagree about when the window ended.
+	w = max(w, r.summarised+1)
 	if r.pending[w]++; r.pending[w] == 1 {
 		end := time.UnixMilli((w + 1) * window.Milliseconds())
 		time.AfterFunc(time.Until(end), func() { r.summarise(w) })
@@ -109,6 +116,7 @@ func (r *refusalAudits) summarise(w int64) {
 	r.mu.Lock()
 	n := r.pending[w]
 	delete(r.pending, w)
+	r.summarised = max(r.summarised, w)
 	r.mu.Unlock()
 	window := r.limiter.window
 	start := time.UnixMilli(w * window.Milliseconds()).UTC()

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -186,6 +187,20 @@ func TestRefusalAuditsShareOneBudget(t *testing.T) {
 	}
 	if summaries > 2*windows {
 		t.Fatalf("%d summaries in %d windows from two edges", summaries, windows)
+	}
+	// Each edge summarises a window once: a refusal that waited for the
+	// edge's lock past its window's end is counted in the next window, not
+	// in a second summary of its own.
+	summarisedWindow := map[string]bool{}
+	for _, e := range all {
+		if e.Kind == events.AuditRateLimited && e.Outcome == "audits_suppressed" {
+			_, from, _ := strings.Cut(e.Detail, " from ")
+			if key := e.Source + " " + from; summarisedWindow[key] {
+				t.Errorf("%s summarised the window from %s twice", e.Source, from)
+			} else {
+				summarisedWindow[key] = true
+			}
+		}
 	}
 	firsts := map[string]bool{}
 	for _, e := range all {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -275,6 +276,24 @@ func TestSuspendWakeAndHandshake(t *testing.T) {
 
 	f.command(events.NewSuspend("dora", f.lastActivitySeq("dora"), before.Revision, time.Now(), "idle", ""))
 	f.waitPhase("dora", state.PhaseSuspended)
+	// A suspend reads as one, even when the mirror sees the pod go before
+	// the sandbox's suspend (separate watches): it never passes through
+	// Waking, as a pod lost while running does.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		var went []string
+		for _, e := range f.auditEvents(events.AuditStateChange) {
+			if e.User == "dora" && e.At.After(before.Value.ReadySince) {
+				went = append(went, e.Outcome)
+			}
+		}
+		if len(went) == 0 || went[len(went)-1] != string(state.PhaseSuspended) {
+			return fmt.Errorf("dora's state changes since Ready: %v, not yet Suspended", went)
+		}
+		if slices.Contains(went, string(state.PhaseWaking)) {
+			t.Fatalf("dora's suspend went %v", went)
+		}
+		return nil
+	})
 	testutil.Eventually(t, 10*time.Second, func() error {
 		keys, err := f.handshakes.Keys(ctx(t), "dora.>")
 		if err != nil || len(keys) != 0 {

@@ -158,6 +158,20 @@ func (m *mirror) reconcile(ctx context.Context, user string) error {
 	}
 	prev, _ := w.boxCache.Get(user)
 	next := w.k8s.Derive(user, st, prev.Value)
+	if podLeft(prev.Value, next, st) {
+		// The pod and sandbox informers are separate watches: a suspend's
+		// pod can be seen going before the suspend itself, which would
+		// read as a restart. The API server says which it was (one read
+		// per pod that goes); if it cannot, the caches' view stands until
+		// the sandbox informer brings the rest.
+		switch live, err := w.k8s.GetSandbox(ctx, st.Sandbox.Name); {
+		case err == nil:
+			st.Sandbox = live
+			next = w.k8s.Derive(user, st, prev.Value)
+		case !apierrors.IsNotFound(err):
+			w.log.Warn("sandbox unreadable; its pod's going reads as a restart", "user", user, "err", w.kubeErr("get sandbox", err))
+		}
+	}
 	switch {
 	case next.Managed && sandbox.PodEnded(st.Pod) && st.Sandbox != nil && st.Sandbox.Spec.OperatingMode != sandboxv1beta1.SandboxOperatingModeSuspended:
 		var err error
@@ -189,6 +203,13 @@ func (m *mirror) reconcile(ctx context.Context, user string) error {
 			Detail: string(prev.Value.Phase) + " -> " + string(next.Phase) + reason(next.Reason)})
 	}
 	return nil
+}
+
+// podLeft reports whether next reads as a restart only because the
+// cached pod is going or gone while the cached sandbox still runs.
+func podLeft(prev, next state.Sandbox, st sandbox.State) bool {
+	return next.Phase == state.PhaseWaking && (prev.Phase == state.PhaseReady || prev.Phase == state.PhaseFailed) &&
+		st.Sandbox != nil && (st.Pod == nil || st.Pod.DeletionTimestamp != nil)
 }
 
 func reason(r string) string {

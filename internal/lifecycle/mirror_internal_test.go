@@ -4,6 +4,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+
+	"github.com/aaas-project/aaas/internal/sandbox"
 	"github.com/aaas-project/aaas/internal/state"
 )
 
@@ -48,6 +53,35 @@ func TestSameRecord(t *testing.T) {
 		}
 		if got := sameRecord(tc.b, box(nil)); got != tc.same {
 			t.Errorf("%s (swapped): sameRecord = %v, want %v", tc.name, got, tc.same)
+		}
+	}
+}
+
+// The mirror asks the API server about a sandbox only when the caches say
+// its pod went while it runs: the one case where a suspend the sandbox
+// informer has not brought yet reads as a restart.
+func TestPodLeft(t *testing.T) {
+	now := metav1.Now()
+	running := &sandboxv1beta1.Sandbox{}
+	alive, going := &corev1.Pod{}, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &now}}
+	for _, tc := range []struct {
+		name       string
+		prev, next state.Phase
+		st         sandbox.State
+		want       bool
+	}{
+		{"ready, pod gone", state.PhaseReady, state.PhaseWaking, sandbox.State{Sandbox: running}, true},
+		{"ready, pod terminating", state.PhaseReady, state.PhaseWaking, sandbox.State{Sandbox: running, Pod: going}, true},
+		{"failed, pod gone", state.PhaseFailed, state.PhaseWaking, sandbox.State{Sandbox: running}, true},
+		{"already waking", state.PhaseWaking, state.PhaseWaking, sandbox.State{Sandbox: running}, false},
+		{"resuming from suspended", state.PhaseSuspended, state.PhaseWaking, sandbox.State{Sandbox: running}, false},
+		{"first start", state.PhaseClaiming, state.PhaseClaiming, sandbox.State{Sandbox: running}, false},
+		{"pod alive but not ready", state.PhaseReady, state.PhaseWaking, sandbox.State{Sandbox: running, Pod: alive}, false},
+		{"no sandbox", state.PhaseReady, state.PhaseWaking, sandbox.State{}, false},
+		{"suspending", state.PhaseReady, state.PhaseSuspending, sandbox.State{Sandbox: running, Pod: going}, false},
+	} {
+		if got := podLeft(state.Sandbox{Phase: tc.prev}, state.Sandbox{Phase: tc.next}, tc.st); got != tc.want {
+			t.Errorf("%s: podLeft = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

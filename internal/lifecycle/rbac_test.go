@@ -66,6 +66,29 @@ func TestLifecycleRoleIsMinimal(t *testing.T) {
 				t.Fatalf("delete without delete: %+v", res)
 			}
 		},
+		// A pod that goes while its sandbox runs is a restart or a suspend
+		// the sandbox informer has not brought yet: the mirror asks the API
+		// server which. Refused, it counts the refusal and goes by its
+		// caches, so the sandbox still wakes on its new pod.
+		"sandboxes/get": func(t *testing.T, _ string) {
+			old := f.Box("mo")
+			refused := metric(lc, `aaas_lifecycle_kubernetes_errors_total{op="get sandbox"}`)
+			if err := pkg.Cluster.Client.CoreV1().Pods(f.NS.Name).Delete(ctx(t), old.PodName, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			testutil.Eventually(t, 30*time.Second, func() error {
+				if v := metric(lc, `aaas_lifecycle_kubernetes_errors_total{op="get sandbox"}`); v <= refused {
+					return errors.New("no refused sandbox read counted")
+				}
+				return nil
+			})
+			testutil.Eventually(t, time.Minute, func() error {
+				if b := f.Box("mo"); b.Phase != state.PhaseReady || b.PodUID == "" || b.PodUID == old.PodUID {
+					return fmt.Errorf("mo's sandbox after its pod was deleted: %s, pod %s", b.Phase, b.PodUID)
+				}
+				return nil
+			})
+		},
 		"sandboxes/patch": func(t *testing.T, _ string) {
 			box, _ := f.boxes.Get("mo")
 			f.command(events.NewSuspend("mo", f.lastActivitySeq("mo"), box.Revision, time.Now(), "idle", ""))

@@ -403,6 +403,18 @@ func (c *Cluster) GetClaim(ctx context.Context, user string) (*extv1beta1.Sandbo
 	return claim, nil
 }
 
+// GetSandbox reads a sandbox from the API server (not the cache), for
+// when the sandbox and pod caches disagree about what happened.
+func (c *Cluster) GetSandbox(ctx context.Context, name string) (*sandboxv1beta1.Sandbox, error) {
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	sb, err := c.sandbox.AgentsV1beta1().Sandboxes(c.cfg.Namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get sandbox %s: %w", name, err)
+	}
+	return sb, nil
+}
+
 // DeleteClaim deletes a claim we manage; the garbage collector removes its
 // sandbox, pod and volume. Foreground keeps the claim visible until they
 // are gone, for callers that must wait for that. uid guards against

@@ -71,9 +71,11 @@ func Main(m *testing.M, pkg *Package) int {
 
 // Private is the package with a control plane of one test's own, for a
 // test that restarts or breaks it (on the cluster `make test` shares, that
-// would disturb every other package's tests).
+// would disturb every other package's tests). Under -short it skips t,
+// as NewStack does: Main built no binaries to run on it.
 func (p *Package) Private(t testing.TB) *Package {
 	t.Helper()
+	devclustertest.Need(t, p.Cluster)
 	return &Package{Cluster: devclustertest.Private(t), Bins: p.Bins}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -455,4 +456,49 @@ func TestChartSchemaIsGenerated(t *testing.T) {
 		}
 	})
 	t.Logf("config accepts %d settings: %s", len(names), strings.Join(names, " "))
+}
+
+// TestChartNotesSayWhatToDoNext: after an install, NOTES.txt names the
+// URL to open from hosts.public, how to read the invite code (not with
+// SSO, whose users sign in through the provider), how to make the first
+// administrator, and the verify step; with SSO it asks for the preflight
+// before opening.
+func TestChartNotesSayWhatToDoNext(t *testing.T) {
+	notes := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(devcluster.HelmBinary(), append([]string{"install", "aaas", filepath.Join(testenv.Root(), manifests.Chart), "-n", controlNS, "--dry-run=client", "--set", "hosts.public={gw.corp.test}"}, args...)...)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("helm install --dry-run %v: %v", args, err)
+		}
+		_, n, ok := strings.Cut(string(out), "\nNOTES:\n")
+		if !ok {
+			t.Fatalf("no NOTES in %s", out)
+		}
+		return n
+	}
+	for name, c := range map[string]struct {
+		args          []string
+		want, notWant []string
+	}{
+		"ingress": {nil, []string{"https://gw.corp.test/", "get secret aaas-secrets -o jsonpath='{.data.invite-code}'", "config.ADMIN_USERS", "helm test aaas -n " + controlNS, "tests.frontDoor"}, nil},
+		"gateway-sso": {
+			[]string{"--set", "ingress.enabled=false", "--set", "gatewaySSO.enabled=true", "--set", "gatewaySSO.gatewayClassName=traefik", "--set", "gatewaySSO.allow={*}"},
+			[]string{"https://gw.corp.test/", "run the preflight: helm test aaas", "config.ADMIN_GROUPS", "sign in through your provider"},
+			[]string{"invite-code"},
+		},
+		"none": {[]string{"--set", "ingress.enabled=false"}, []string{"port-forward svc/aaas-edge", "invite-code"}, []string{"tests.frontDoor"}},
+	} {
+		n := notes(c.args...)
+		for _, w := range c.want {
+			if !strings.Contains(n, w) {
+				t.Errorf("%s: NOTES lack %q:\n%s", name, w, n)
+			}
+		}
+		for _, w := range c.notWant {
+			if strings.Contains(n, w) {
+				t.Errorf("%s: NOTES mention %q:\n%s", name, w, n)
+			}
+		}
+	}
 }
