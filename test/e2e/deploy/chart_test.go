@@ -67,12 +67,13 @@ var chartVariants = []struct {
 }
 
 // chartOnly says which of the chart's objects kustomize has no twin of:
-// its hooks (the generated Secrets' Job, the helm test pods) and ConfigMap
-// dsh-web, which README's kustomize install creates with kubectl. And
-// kustomizeOnly the reverse: the control plane's Namespace, which Helm
-// leaves to `helm install --create-namespace` or the operator (README).
+// the helm test pods and ConfigMap dsh-web, which README's kustomize
+// install creates with kubectl (the generated Secrets' Job, a hook of the
+// chart's, is manifests/secrets there). And kustomizeOnly the reverse: the
+// control plane's Namespace, which Helm leaves to `helm install
+// --create-namespace` or the operator (README).
 func chartOnly(o *unstructured.Unstructured) bool {
-	return o.GetAnnotations()["helm.sh/hook"] != "" || o.GetKind() == "ConfigMap" && o.GetName() == "dsh-web"
+	return o.GetAnnotations()["helm.sh/hook"] == "test" || o.GetKind() == "ConfigMap" && o.GetName() == "dsh-web"
 }
 
 func kustomizeOnly(o *unstructured.Unstructured) bool {
@@ -105,7 +106,8 @@ func normalized(t *testing.T, o *unstructured.Unstructured) map[string]any {
 				case k == "labels" || k == "annotations":
 					if lm, ok := e.(map[string]any); ok {
 						for lk := range lm {
-							if lk == "helm.sh/chart" || lk == "helm.sh/resource-policy" || lk == "app.kubernetes.io/managed-by" || lk == "app.kubernetes.io/instance" || strings.HasPrefix(lk, "checksum/") {
+							if lk == "helm.sh/chart" || lk == "helm.sh/resource-policy" || lk == "app.kubernetes.io/managed-by" || lk == "app.kubernetes.io/instance" ||
+								strings.HasPrefix(lk, "checksum/") || strings.HasPrefix(lk, "helm.sh/hook") {
 								delete(lm, lk)
 							}
 						}

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -70,7 +71,7 @@ const (
 // sandbox bring theirs).
 func install(components ...string) string {
 	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n" +
-		"  - " + manifests.Source + "base\n  - " + manifests.Source + "sandbox\ncomponents:\n"
+		"  - " + manifests.Source + "base\n  - " + manifests.Source + "sandbox\n  - " + manifests.Source + "secrets\ncomponents:\n"
 	for _, c := range components {
 		k += "  - " + manifests.Source + strings.TrimPrefix(c, "manifests/") + "\n"
 	}
@@ -244,10 +245,13 @@ func env(t *testing.T, d *unstructured.Unstructured) map[string]string {
 	return out
 }
 
-// TestBaseKeepsKubernetesRightsToLifecycle: lifecycle alone has a
-// ServiceAccount, and its only rights are one Role in the tenants'
-// namespace; nothing grants it (or anyone) a right in the control plane's
-// namespace, where NATS's and the gateway's Secrets are, nor cluster-wide.
+// TestBaseKeepsKubernetesRightsToLifecycle: lifecycle alone of the
+// processes has a ServiceAccount, and its only rights are one Role in the
+// tenants' namespace; nothing grants it a right in the control plane's
+// namespace, where NATS's and the gateway's Secrets are, nor anyone a
+// right cluster-wide. The one other Role is the generated Secrets' Job's
+// (manifests/secrets): create Secrets and read back the three it makes,
+// bound to its own ServiceAccount, which only that Job runs as.
 func TestBaseKeepsKubernetesRightsToLifecycle(t *testing.T) {
 	objs, err := manifests.Render("manifests/base")
 	if err != nil {
@@ -259,7 +263,17 @@ func TestBaseKeepsKubernetesRightsToLifecycle(t *testing.T) {
 			t.Fatalf("%d %s objects in an install", n, kind)
 		}
 	}
-	roles, bindings := manifests.Pick(all, "Role"), manifests.Pick(all, "RoleBinding")
+	var roles, bindings []*unstructured.Unstructured
+	for _, o := range append(manifests.Pick(all, "Role"), manifests.Pick(all, "RoleBinding")...) {
+		switch {
+		case o.GetName() == secretsJob:
+			secretsJobRights(t, all, o)
+		case o.GetKind() == "Role":
+			roles = append(roles, o)
+		default:
+			bindings = append(bindings, o)
+		}
+	}
 	if len(roles) != 1 || len(bindings) != 1 {
 		t.Fatalf("%d Roles and %d RoleBindings in an install, want lifecycle's only", len(roles), len(bindings))
 	}
@@ -300,6 +314,43 @@ func TestBaseKeepsKubernetesRightsToLifecycle(t *testing.T) {
 	}
 }
 
+// secretsJob names the generated Secrets' Job's ServiceAccount, Role and
+// RoleBinding.
+const secretsJob = "aaas-secrets-job"
+
+// secretsJobRights checks one of the Job's RBAC objects: in the control
+// plane's namespace, the Role exactly create on Secrets and get on the
+// three it makes, the binding to its ServiceAccount alone, which mounts
+// no token but in the Job's pods.
+func secretsJobRights(t *testing.T, all []*unstructured.Unstructured, o *unstructured.Unstructured) {
+	t.Helper()
+	if o.GetNamespace() != controlNS {
+		t.Fatalf("%s %s is in %q", o.GetKind(), o.GetName(), o.GetNamespace())
+	}
+	if o.GetKind() == "Role" {
+		want := []any{
+			map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "verbs": []any{"create"}},
+			map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "resourceNames": []any{"aaas-secrets", "aaas-nats", "aaas-nats-tls"}, "verbs": []any{"get"}},
+		}
+		if rules, _, _ := unstructured.NestedSlice(o.Object, "rules"); !reflect.DeepEqual(rules, want) {
+			t.Fatalf("the Secrets Job's Role grants %v", rules)
+		}
+		return
+	}
+	subjects, _, _ := unstructured.NestedSlice(o.Object, "subjects")
+	if s := subjects[0].(map[string]any); len(subjects) != 1 || s["kind"] != "ServiceAccount" || s["name"] != secretsJob || s["namespace"] != controlNS {
+		t.Fatalf("the Secrets Job's RoleBinding subjects %v", subjects)
+	}
+	if sa := get(t, all, "ServiceAccount", secretsJob); sa.Object["automountServiceAccountToken"] != false {
+		t.Fatalf("ServiceAccount %s mounts its token into every pod that names it", secretsJob)
+	}
+	for _, w := range all {
+		if spec, ok, _ := unstructured.NestedMap(w.Object, "spec", "template", "spec"); ok && spec["serviceAccountName"] == secretsJob && (w.GetKind() != "Job" || w.GetName() != "aaas-secrets") {
+			t.Fatalf("%s %s runs as %s", w.GetKind(), w.GetName(), secretsJob)
+		}
+	}
+}
+
 // TestTenantsHaveANamespaceOfTheirOwn: in every install the control plane
 // (NATS, the edges, lifecycle, the sweeper, their Services, config and
 // policies) is in one namespace and everything of the tenants (template,
@@ -314,7 +365,7 @@ func TestTenantsHaveANamespaceOfTheirOwn(t *testing.T) {
 	tenants := map[string]bool{"SandboxTemplate": true, "SandboxWarmPool": true, "ResourceQuota": true, "Role": true, "RoleBinding": true}
 	for _, o := range objs {
 		want := controlNS
-		if tenants[o.GetKind()] {
+		if tenants[o.GetKind()] && o.GetName() != secretsJob {
 			want = sandboxNS
 		}
 		if o.GetKind() == "Namespace" || o.GetKind() == "RuntimeClass" {
