@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/aaas-project/aaas/internal/testenv"
+	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 // TestSSOPreflight switches the install to the gateway-api-sso exposure
@@ -70,6 +72,20 @@ func TestSSOPreflight(t *testing.T) {
 		if _, err := cluster.Client.NetworkingV1().NetworkPolicies(controlNS).Get(ctx, "aaas-edge-ingress", metav1.GetOptions{}); err != nil {
 			t.Errorf("after the rollback: %v", err)
 		}
+		// Restored means every answer through the front door comes from
+		// a rolled-back edge: rollout status returns while the SSO
+		// edges still drain behind Traefik, and the next test's signup
+		// met one ("accounts are created by signing in through SSO").
+		// The landing page tells them apart without changing anything.
+		c := client(t, ingress(t))
+		testutil.Eventually(t, 3*time.Minute, func() error {
+			for i := range 12 {
+				if r := c.Do(http.MethodGet, "/", nil); r.StatusCode != http.StatusOK || !strings.Contains(string(r.Body), `id="signup-card"`) {
+					return fmt.Errorf("answer %d through the front door after the rollback: %d, not the signup page", i+1, r.StatusCode)
+				}
+			}
+			return nil
+		})
 	})
 	if _, err := cluster.Client.NetworkingV1().Ingresses(controlNS).Get(ctx, "aaas", metav1.GetOptions{}); err == nil {
 		t.Fatal("the Ingress is still there under the SSO exposure")
