@@ -530,6 +530,7 @@ func procState(pid int) string {
 // owner's simulated node (signals, volume directories) and mints
 // service-account kubeconfigs that work.
 func TestAttachedClusterServesTheOwnersNode(t *testing.T) {
+	devclustertest.Need(t, cluster)
 	sctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if err := cluster.Share(sctx); err != nil {
