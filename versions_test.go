@@ -18,6 +18,8 @@ var minimums = []struct {
 		"the fixes of 7.11.0, 7.13.0 and 7.15.2 (security review S17)"},
 	{"oauth2-proxy (chart)", "charts/aaas/values.yaml", `repository: quay.io/oauth2-proxy/oauth2-proxy\n\s+tag: v(\S+)`, "7.15.2",
 		"as above"},
+	{"oauth2-proxy (test bed)", "versions.env", `(?m)^OAUTH2_PROXY_VERSION=v(\S+)`, "7.15.2",
+		"as above"},
 	{"fasthttp", "go.mod", `(?m)^\s+github.com/valyala/fasthttp v(\S+)`, "1.78.0",
 		"current at the last review; 1.70 fixed an advisory in its file server (security review S17)"},
 	{"Go (Dockerfile)", "Dockerfile", `FROM golang:(\d+\.\d+\.\d+)-`, "1.26.8",

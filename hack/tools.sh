@@ -10,7 +10,8 @@
 #           kubelet, kube-proxy and kube-scheduler, and kubectl (the
 #           deployment tier runs README's commands) from k8s.io/kubernetes;
 #           agent-sandbox-controller, kube-router, CoreDNS (its plugins the
-#           node uses only), staticcheck, Helm, Traefik; built from Go
+#           node uses only), staticcheck, Helm, Traefik, oauth2-proxy and
+#           an OpenID Connect provider (zitadel/oidc); built from Go
 #           modules.
 #   chp:    configurable-http-proxy (JupyterHub's proxy, a peer in
 #           `make bench`) from npm into chp-$CHP_VERSION.
@@ -82,6 +83,11 @@ gotools() {
   # Traefik, the deployment tier's ingress controller (test bed only).
   LDFLAGS="-X github.com/traefik/traefik/v3/pkg/version.Version=$TRAEFIK_VERSION" \
     build "$CACHE/traefik-$TRAEFIK_VERSION" hack/tools/traefik github.com/traefik/traefik/v3/cmd/traefik
+  # oauth2-proxy and the OpenID Connect provider it signs users in with,
+  # the gateway-sso exposure's test bed.
+  LDFLAGS="-X github.com/oauth2-proxy/oauth2-proxy/v7/pkg/version.VERSION=$OAUTH2_PROXY_VERSION" \
+    build "$CACHE/oauth2-proxy-$OAUTH2_PROXY_VERSION" hack/tools/oauth2-proxy github.com/oauth2-proxy/oauth2-proxy/v7
+  build "$CACHE/oidcop-$ZITADEL_OIDC_VERSION" hack/tools/oidcop .
   # Helm, which the chart tests render and install charts/aaas with.
   LDFLAGS="-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
     build "$CACHE/helm-$HELM_VERSION" hack/tools/helm helm.sh/helm/v4/cmd/helm

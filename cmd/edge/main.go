@@ -151,7 +151,7 @@ func run(p *process.Process, cfg config.Edge) error {
 	acct := accounts.New(accounts.Options{
 		Auth: authn, Actions: actions, Publisher: pub, Users: users, Sandboxes: boxes, Requests: requests, Queue: queue,
 		InFlight: slots, CookieSecure: cfg.CookieSecure, CookieMaxAge: cfg.Buckets.SessionTTL,
-		InviteCode: cfg.InviteCode, MaxUsers: cfg.MaxUsers, SSO: sso.NameHeader != "", WakeTimeout: cfg.WakeTimeout,
+		InviteCode: cfg.InviteCode, MaxUsers: cfg.MaxUsers, SSO: sso.NameHeader != "", SignOutURL: cfg.AuthProxySignOutURL, WakeTimeout: cfg.WakeTimeout,
 		WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Log: p.Log,
 		SandboxDomain: cfg.SandboxDomain, AdminHosts: cfg.AdminHosts, PublicHosts: cfg.PublicHosts,
 		Spend: book, BYOK: byok,

@@ -20,13 +20,25 @@ import (
 	"github.com/aaas-project/aaas/internal/web"
 )
 
+// landing is the home page: the user's own page when signed in, else the
+// sign-up and sign-in forms. Not being signed in (401) is the forms; a
+// refusal (an SSO user AUTH_PROXY_ALLOW does not admit, 403) or a bus
+// that cannot answer (503) is said above them, with its status, or the
+// refused would be asked to sign in again with no reason given.
 func (s *Service) landing(c *fiber.Ctx) error {
 	d := web.Landing{Invite: s.o.InviteCode != "", SSO: s.o.SSO, MaxUserLen: auth.MaxUserLen}
-	if id, err := s.identity(c); err == nil {
+	id, err := s.identity(c)
+	switch {
+	case err == nil:
 		d.User, d.Sandbox = id.User, s.sites.SandboxURL(c, id.User)
 		st := s.statusOf(id.User, d.Sandbox)
 		d.Phase, d.Reason, d.Sleep = st.Phase, st.Reason, s.sleep(st)
 		d.Models = s.landingModels(id.User)
+	case auth.Status(err) != fiber.StatusUnauthorized:
+		d.Error, d.SignOut = err.Error(), s.o.SignOutURL
+		if c.Status(auth.Status(err)); auth.Status(err) == fiber.StatusServiceUnavailable {
+			c.Set(fiber.HeaderRetryAfter, "2")
+		}
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	c.Type("html")
@@ -203,22 +215,37 @@ func (s *Service) mutation(c *fiber.Ctx) (id auth.Identity, ok bool, err error) 
 	return id, true, nil
 }
 
+// logout ends the session signed in with. An SSO user has no session
+// here (the SSO proxy's headers sign every request in), only the sandbox
+// origins' sessions made from it: those all end, and the browser goes on
+// to the SSO proxy's sign-out (SignOutURL), without which the home page
+// would sign them straight back in.
 func (s *Service) logout(c *fiber.Ctx) error {
 	id, err := s.identity(c)
-	if err == nil && id.Method == auth.MethodCookie {
+	next := "/"
+	if err == nil && (id.Method == auth.MethodCookie || id.Method == auth.MethodSSO) {
 		if !httpguard.SameOrigin(c) {
 			return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
 		}
-		if err := s.o.Auth.Revoke(context.Background(), id); err != nil {
+		outcome := "ok"
+		if id.Method == auth.MethodSSO {
+			err, outcome = s.o.Auth.Store().RevokeAll(context.Background(), id.User), "sso"
+			if s.o.SignOutURL != "" {
+				next = s.o.SignOutURL
+			}
+		} else {
+			err = s.o.Auth.Revoke(context.Background(), id)
+		}
+		if err != nil {
 			return s.unavailable(c, "logout: session not revoked", err)
 		}
-		s.audit(events.AuditEvent{Kind: events.AuditLogout, User: id.User, Outcome: "ok"})
+		s.audit(events.AuditEvent{Kind: events.AuditLogout, User: id.User, Outcome: outcome})
 	}
 	s.clearCookie(c)
 	if wantsJSON(c) {
 		return c.SendStatus(fiber.StatusNoContent)
 	}
-	return c.Redirect("/", fiber.StatusSeeOther)
+	return c.Redirect(next, fiber.StatusSeeOther)
 }
 
 func (s *Service) deleteAccount(c *fiber.Ctx) error {

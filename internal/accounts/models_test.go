@@ -44,6 +44,7 @@ type page struct {
 	usage      *kv.Bucket[state.Usage]
 	budgets    *kv.Bucket[state.Budget]
 	groups     *kv.Bucket[state.UserGroups]
+	store      *auth.Store
 }
 
 func newPage(t *testing.T) *page {
@@ -82,6 +83,7 @@ func newPage(t *testing.T) *page {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.store = store
 	limiter, err := auth.NewLimiter(ctx, js, 1000, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +97,7 @@ func newPage(t *testing.T) *page {
 		SSO: auth.SSO{NameHeader: "X-Forwarded-User", GroupsHeader: "X-Forwarded-Groups", Allow: []string{"*"}}, SeenGroups: rec.Seen, Metrics: prometheus.NewRegistry()})
 	svc := New(Options{Auth: a, Publisher: pub, Users: uc, Sandboxes: cache(t, open[state.Sandbox](t, js, state.BucketSandboxes)),
 		Requests: cache(t, open[state.Result](t, js, state.BucketRequests)), Queue: capacity.Queue{Cache: cache(t, open[state.Queued](t, js, state.BucketQueue))},
-		SSO: true, WakeTimeout: 5 * time.Second, Log: quiet, Spend: book,
+		SSO: true, SignOutURL: "/oauth2/sign_out", WakeTimeout: 5 * time.Second, Log: quiet, Spend: book,
 		BYOK: &BYOK{Credentials: p.creds, PublicKey: k.Public[:], Providers: []string{"openai", "anthropic"}}})
 	testutil.Eventually(t, time.Minute, func() error {
 		if !svc.Ready() || uc.Len() != 2 {
@@ -389,4 +391,65 @@ func TestSSOGroupsRecordedWhenTheyChange(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// An SSO user's "Sign out" ends the sandbox origins' sessions their
+// sign-ins made and sends the browser on to the SSO proxy's sign-out
+// (without it the home page would sign them straight back in); another
+// user's session stays, and a cross-site form ends nothing.
+func TestSSOSignOut(t *testing.T) {
+	p := newPage(t)
+	ctx := natstest.Context(t, time.Minute)
+	sid, err := p.store.CreateSandbox(ctx, "sam", "sam.sbx.example", "", auth.HashHex("sso\x00login:sam"), time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sessions := open[state.Session](t, p.js, state.BucketSessions)
+	exists := func(user, sid string) bool {
+		_, err := sessions.Get(ctx, state.SessionKey(user, auth.HashHex(sid)))
+		return err == nil
+	}
+	signOut := func(origin string) *http.Response {
+		t.Helper()
+		req := httptest.NewRequest(http.MethodPost, "/logout", strings.NewReader(""))
+		req.Host = "gw.example"
+		for k, v := range map[string]string{"X-Forwarded-User": "sam", "Origin": origin, "Content-Type": "application/x-www-form-urlencoded", "Accept": "text/html"} {
+			req.Header.Set(k, v)
+		}
+		resp, err := p.app.Test(req, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	if r := signOut("https://evil.example"); r.StatusCode != http.StatusForbidden || !exists("sam", sid) {
+		t.Fatalf("a cross-site sign-out: %d, sam's sandbox session there: %v", r.StatusCode, exists("sam", sid))
+	}
+	r := signOut("http://gw.example")
+	if r.StatusCode != http.StatusSeeOther || r.Header.Get("Location") != "/oauth2/sign_out" {
+		t.Fatalf("sign-out: %d to %q, want 303 to /oauth2/sign_out", r.StatusCode, r.Header.Get("Location"))
+	}
+	if exists("sam", sid) {
+		t.Fatal("sam's sandbox session outlived his sign-out")
+	}
+	if !exists("ann", p.sid) {
+		t.Fatal("sam's sign-out ended ann's session")
+	}
+}
+
+// A signed-in SSO user the gateway refuses (here: the login belongs to an
+// account of another identity) gets the home page with the reason, its
+// 403 and a way to sign in as someone else; a browser with no credentials
+// gets the page as it is, 200 and no error (the control).
+func TestLandingSaysWhySSORefuses(t *testing.T) {
+	p := newPage(t)
+	code, body := p.do(t, http.MethodGet, "/", nil, "X-Forwarded-User", "ann", "Accept", "text/html")
+	if code != http.StatusForbidden || !strings.Contains(body, "belongs to another identity") || !strings.Contains(body, `id="sso-sign-out" href="/oauth2/sign_out"`) {
+		t.Fatalf("a refused SSO user's home page: %d\n%.2000s", code, body)
+	}
+	code, body = p.do(t, http.MethodGet, "/", nil, "Accept", "text/html")
+	if code != http.StatusOK || strings.Contains(body, `role="alert"`) || strings.Contains(body, "sso-sign-out") {
+		t.Fatalf("the home page without credentials: %d\n%.2000s", code, body)
+	}
 }

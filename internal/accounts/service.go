@@ -62,6 +62,9 @@ type Options struct {
 	MaxUsers int
 	// SSO is on: accounts come from the authenticating proxy, not forms.
 	SSO bool
+	// SignOutURL (AUTH_PROXY_SIGN_OUT_URL) is where an SSO user's sign-out
+	// goes once their sessions here are ended: the SSO proxy's sign-out.
+	SignOutURL string
 	// SandboxDomain, AdminHosts and PublicHosts (SANDBOX_DOMAIN,
 	// ADMIN_HOSTS, PUBLIC_HOSTS; canonical) say where sign-up, sign-in and
 	// the landing page send a user for their sandbox (web.Sites).

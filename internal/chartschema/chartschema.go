@@ -31,6 +31,7 @@ var ChartManaged = map[string]string{
 	"AUTH_PROXY_HEADER":        "gatewaySSO.enabled",
 	"AUTH_PROXY_ID_HEADER":     "gatewaySSO.enabled",
 	"AUTH_PROXY_ALLOW":         "gatewaySSO.allow",
+	"AUTH_PROXY_SIGN_OUT_URL":  "gatewaySSO.enabled",
 	"BROKER_ADDR":              "the broker's pod",
 	"BROKER_KEYS_DIR":          "broker.existingSecret",
 	"BROKER_PRICES":            "broker.prices",

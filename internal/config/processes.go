@@ -51,6 +51,12 @@ type Edge struct {
 	// AuthProxyAllow is AUTH_PROXY_ALLOW: who SSO admits (logins, group:
 	// entries, or * for everyone the SSO proxy admits); required with SSO.
 	AuthProxyAllow []string
+	// AuthProxySignOutURL is AUTH_PROXY_SIGN_OUT_URL: where an SSO user's
+	// "Sign out" goes once the edge has ended their sandbox sessions (the
+	// SSO proxy's own sign-out, /oauth2/sign_out for oauth2-proxy); a path
+	// on the gateway's host or an https URL. Empty: back to the home page,
+	// where the SSO proxy's cookie still signs them in.
+	AuthProxySignOutURL string
 	// PublicHosts is PUBLIC_HOSTS, canonical: the hosts browsers use to
 	// reach the gateway ("*" for any); other Hosts get 421.
 	PublicHosts []string
@@ -230,6 +236,7 @@ func LoadEdge(e *Env) (Edge, error) {
 			e.Fail(name, "%q is not a valid header name", h)
 		}
 	}
+	c.AuthProxySignOutURL = signOutURL(e, c.AuthProxyHeader != "")
 	if c.AuthProxyHeader != "" && len(c.AuthProxyAllow) == 0 {
 		e.Fail("AUTH_PROXY_ALLOW", "required with AUTH_PROXY_HEADER: the logins and group:<name> entries SSO admits (or * for everyone the SSO proxy admits)")
 	}
@@ -315,6 +322,33 @@ func sandboxDomain(e *Env, public []string) string {
 		}
 	}
 	return d
+}
+
+// signOutURL reads AUTH_PROXY_SIGN_OUT_URL: a path on the gateway's own
+// host ("/oauth2/sign_out") or an absolute https URL (the provider's end
+// of session). Anything else would make "Sign out" an open redirect or a
+// downgrade; without SSO there is no proxy to sign out of.
+func signOutURL(e *Env, sso bool) string {
+	raw := e.String("AUTH_PROXY_SIGN_OUT_URL", "")
+	if raw == "" {
+		return ""
+	}
+	if !sso {
+		e.Fail("AUTH_PROXY_SIGN_OUT_URL", "needs SSO (AUTH_PROXY_HEADER): it is the SSO proxy's sign-out")
+		return ""
+	}
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil || strings.ContainsAny(raw, "\\ \t\r\n"):
+		e.Fail("AUTH_PROXY_SIGN_OUT_URL", "%q is not a URL", raw)
+	case u.Scheme == "" && u.Host == "" && strings.HasPrefix(raw, "/") && !strings.HasPrefix(raw, "//"):
+		return raw
+	case u.Scheme == "https" && u.Host != "" && u.User == nil:
+		return raw
+	default:
+		e.Fail("AUTH_PROXY_SIGN_OUT_URL", "%q: give a path on the gateway's host (/oauth2/sign_out) or an https URL", raw)
+	}
+	return ""
 }
 
 var cookieNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)

@@ -44,6 +44,11 @@ const (
 	stateDir = "/run/aaas-devcluster"
 )
 
+// NodeDNSCIDR is where the real node's cluster DNS answers: CoreDNS runs
+// as a host process on the bridge, so no pod carries kube-dns's labels
+// and a NetworkPolicy that limits egress admits DNS by this address.
+const NodeDNSCIDR = gatewayIP + "/32"
+
 // sysctls the node needs: forwarding between the bridge and its ports, and
 // bridged traffic through iptables so NetworkPolicy and Services apply.
 var nodeSysctls = map[string]string{

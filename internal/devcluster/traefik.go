@@ -3,13 +3,10 @@ package devcluster
 import (
 	"context"
 	"fmt"
-	"net"
 	"path/filepath"
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
@@ -27,10 +24,18 @@ func TraefikBinary() string {
 // install's exposure policies select it by values, not by a fixed name.
 const TraefikNamespace = "traefik"
 
+// TraefikGatewayClass is the GatewayClass InstallTraefik makes, whose
+// Gateways Traefik's Gateway API provider serves. Traefik matches a
+// Gateway's listener to the entry point of the same port, so the
+// gateway-sso exposure's listeners say 8443 (websecure), not 443.
+const TraefikGatewayClass = "traefik"
+
 // traefikManifest is Traefik as an operator runs it in front of aaas: its
-// Kubernetes Ingress provider for IngressClass traefik, an entry point
-// websecure on 8443 (TLS) and web on 8000, as a non-root, read-only pod
-// with the rights its provider needs, and a Service on 443 and 80.
+// Kubernetes Ingress provider for IngressClass traefik and its Gateway
+// API provider for GatewayClass traefik, an entry point websecure on 8443
+// (TLS) and web on 8000, as a non-root, read-only pod with the rights its
+// providers need (Traefik's documented Gateway RBAC less the OTel and
+// experimental-channel rules), and a Service on 443 and 80.
 const traefikManifest = `
 apiVersion: v1
 kind: Namespace
@@ -57,6 +62,18 @@ rules:
   - apiGroups: [networking.k8s.io]
     resources: [ingresses/status]
     verbs: [update]
+  - apiGroups: [""]
+    resources: [namespaces]
+    verbs: [list, watch]
+  - apiGroups: [""]
+    resources: [configmaps]
+    verbs: [get, list, watch]
+  - apiGroups: [gateway.networking.k8s.io]
+    resources: [gatewayclasses, gateways, httproutes, grpcroutes, referencegrants, backendtlspolicies]
+    verbs: [get, list, watch]
+  - apiGroups: [gateway.networking.k8s.io]
+    resources: [gatewayclasses/status, gateways/status, httproutes/status, grpcroutes/status, backendtlspolicies/status]
+    verbs: [update]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
@@ -68,6 +85,11 @@ apiVersion: networking.k8s.io/v1
 kind: IngressClass
 metadata: {name: traefik}
 spec: {controller: traefik.io/ingress-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: traefik}
+spec: {controllerName: traefik.io/gateway-controller}
 ---
 apiVersion: apps/v1
 kind: Deployment
@@ -95,6 +117,7 @@ spec:
             - --ping=true
             - --providers.kubernetesingress=true
             - --providers.kubernetesingress.ingressclass=traefik
+            - --providers.kubernetesgateway=true
             - --log.level=INFO
           ports:
             - {name: web, containerPort: 8000}
@@ -119,16 +142,16 @@ spec:
 `
 
 // InstallTraefik runs Traefik from image (an image of TraefikBinary the
-// node holds) and returns the address of its websecure entry point, once
-// it is ready: what the install's DNS records would point at.
+// node holds), after the Gateway API CRDs its Gateway provider watches,
+// and returns the address of its websecure entry point, once it is ready:
+// what the install's DNS records would point at.
 func (c *Cluster) InstallTraefik(ctx context.Context, image string) (string, error) {
-	var objs []*unstructured.Unstructured
-	for _, doc := range strings.Split(strings.Replace(traefikManifest, "IMAGE", image, 1), "\n---\n") {
-		o := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal([]byte(doc), &o.Object); err != nil {
-			return "", fmt.Errorf("traefik manifest: %w", err)
-		}
-		objs = append(objs, o)
+	if err := c.InstallGatewayAPI(ctx); err != nil {
+		return "", err
+	}
+	objs, err := objects(traefikManifest, image)
+	if err != nil {
+		return "", fmt.Errorf("traefik manifest: %w", err)
 	}
 	if err := c.Apply(ctx, "", objs...); err != nil {
 		return "", err
@@ -136,19 +159,18 @@ func (c *Cluster) InstallTraefik(ctx context.Context, image string) (string, err
 	if err := c.WaitRollout(ctx, TraefikNamespace, 3*time.Minute); err != nil {
 		return "", err
 	}
-	var addr string
-	err := waitFor(ctx, nil, "traefik's pod", time.Minute, func() error {
-		pods, err := c.Client.CoreV1().Pods(TraefikNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=traefik"})
-		if err != nil {
-			return err
+	return c.runningPod(ctx, TraefikNamespace, "app.kubernetes.io/name=traefik", "8443")
+}
+
+// objects is manifest's YAML documents, IMAGE replaced by image.
+func objects(manifest, image string) ([]*unstructured.Unstructured, error) {
+	var objs []*unstructured.Unstructured
+	for _, doc := range strings.Split(strings.Replace(manifest, "IMAGE", image, 1), "\n---\n") {
+		o := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte(doc), &o.Object); err != nil {
+			return nil, err
 		}
-		for _, p := range pods.Items {
-			if p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" && p.DeletionTimestamp == nil {
-				addr = net.JoinHostPort(p.Status.PodIP, "8443")
-				return nil
-			}
-		}
-		return fmt.Errorf("no running traefik pod")
-	})
-	return addr, err
+		objs = append(objs, o)
+	}
+	return objs, nil
 }

@@ -105,6 +105,9 @@ type Landing struct {
 	// Invite asks for an invite code on signup; SSO hides the forms.
 	Invite bool
 	SSO    bool
+	// SignOut is the SSO proxy's sign-out (AUTH_PROXY_SIGN_OUT_URL),
+	// offered to an SSO user the gateway refuses, to sign in as another.
+	SignOut string
 	// Error is shown above the forms.
 	Error      string
 	MaxUserLen int

@@ -1238,6 +1238,8 @@ func TestToolsArePinnedWhereVersionsSayIt(t *testing.T) {
 		"coredns":       "github.com/coredns/coredns " + aaas.Version("COREDNS_VERSION"),
 		"helm":          "helm.sh/helm/v4 " + aaas.Version("HELM_VERSION"),
 		"traefik":       "github.com/traefik/traefik/v3 " + aaas.Version("TRAEFIK_VERSION"),
+		"oauth2-proxy":  "github.com/oauth2-proxy/oauth2-proxy/v7 " + aaas.Version("OAUTH2_PROXY_VERSION"),
+		"oidcop":        "github.com/zitadel/oidc/v3 " + aaas.Version("ZITADEL_OIDC_VERSION"),
 	} {
 		b, err := os.ReadFile(filepath.Join(dir, "hack", "tools", mod, "go.mod"))
 		if err != nil {

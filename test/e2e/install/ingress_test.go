@@ -25,6 +25,7 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
+	"github.com/aaas-project/aaas/internal/devcluster"
 	"github.com/aaas-project/aaas/internal/testenv"
 )
 
@@ -41,7 +42,8 @@ var (
 // README's exposure asks the operator for: the gateway host's and the
 // sandboxes' wildcard. It writes each as <Secret name>.crt and .key in
 // dir, the files README's commands make the Secrets from (as README says
-// to without cert-manager).
+// to without cert-manager); and oidc.crt and .key, the identity
+// provider's, for its issuer's name.
 func certificates(dir string) error {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -68,6 +70,7 @@ func certificates(dir string) error {
 	for i, leaf := range []struct{ secret, host string }{
 		{"aaas-tls", domain},
 		{"aaas-sandboxes-tls", "*." + sandboxDomain},
+		{"oidc", strings.TrimPrefix(devcluster.OIDCIssuer, "https://")},
 	} {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {

@@ -90,6 +90,14 @@ var (
 	// records would point.
 	traefikRef = registry + "/traefik:" + aaas.Version("TRAEFIK_VERSION")
 	front      string
+	// oauth2ProxyRef and oidcRef are the gateway-sso exposure's test bed:
+	// oauth2-proxy and the organisation's OpenID Connect provider, each
+	// built from its module.
+	oauth2ProxyRef = registry + "/oauth2-proxy:" + aaas.Version("OAUTH2_PROXY_VERSION")
+	oidcRef        = registry + "/oidcop:" + aaas.Version("ZITADEL_OIDC_VERSION")
+	// installDir is where README's commands run: the operator's values
+	// and certificate files, and the checkout as aaas-src.
+	installDir string
 	// models is the model provider stand-in, which the install's broker
 	// calls at providerAddr, a public address (the real providers cannot
 	// be reached from here; it is the far end only).
@@ -166,7 +174,8 @@ func run(m *testing.M) int {
 				providerLn.Close()
 			}
 		}()
-		if err := install(ctx, filepath.Join(tmp, "install"), values, commands); err != nil {
+		installDir = filepath.Join(tmp, "install")
+		if err := install(ctx, installDir, values, commands); err != nil {
 			fmt.Fprintln(os.Stderr, "install:", err)
 			dumpPods(controlNS)
 			dumpPods(sandboxNS)
@@ -187,7 +196,12 @@ func run(m *testing.M) int {
 // yaml block that starts with "# values.yaml") and the shell commands that
 // follow it, with the registry, host name and API server address replaced
 // as an operator replaces them.
-func readme() (values string, commands []string, err error) {
+func readme() (values string, commands []string, err error) { return readmeBlock("values.yaml") }
+
+// readmeBlock returns README.md's yaml block that starts with "# file"
+// and the shell commands of the block that follows it, replaced as readme
+// says.
+func readmeBlock(file string) (values string, commands []string, err error) {
 	b, err := os.ReadFile(filepath.Join(testenv.Root(), "README.md"))
 	if err != nil {
 		return "", nil, err
@@ -196,11 +210,11 @@ func readme() (values string, commands []string, err error) {
 	text := strings.NewReplacer("registry.example.com", registry, "aaas.example.com", domain, readmeAPICIDR, apiHost+"/32").Replace(string(b))
 	blocks := regexp.MustCompile("(?s)```(yaml|sh)\n(.*?)```").FindAllStringSubmatch(text, -1)
 	for i, bl := range blocks {
-		if bl[1] == "yaml" && strings.HasPrefix(bl[2], "# values.yaml\n") && i+1 < len(blocks) && blocks[i+1][1] == "sh" {
+		if bl[1] == "yaml" && strings.HasPrefix(bl[2], "# "+file+"\n") && i+1 < len(blocks) && blocks[i+1][1] == "sh" {
 			return bl[2], strings.Split(strings.TrimSpace(blocks[i+1][2]), "\n"), nil
 		}
 	}
-	return "", nil, fmt.Errorf("README.md has no values.yaml block followed by its commands")
+	return "", nil, fmt.Errorf("README.md has no %s block followed by its commands", file)
 }
 
 // chartDir is the chart in the checkout under test.
@@ -275,12 +289,20 @@ func buildImages(dir string, objs []*unstructured.Unstructured) ([]string, error
 	if err != nil {
 		return nil, err
 	}
-	traefik := filepath.Join(dir, "images", "traefik.tar")
-	spec := image.Spec{Ref: traefikRef, Files: map[string]string{"/traefik": devcluster.TraefikBinary()}, Entrypoint: []string{"/traefik"}, User: image.NonRoot}
-	if err := spec.Write(traefik); err != nil {
-		return nil, err
+	tars = append(tars, probe, modelProbe, curl)
+	for _, tool := range []struct{ name, ref, bin string }{
+		{"traefik", traefikRef, devcluster.TraefikBinary()},
+		{"oauth2-proxy", oauth2ProxyRef, devcluster.OAuth2ProxyBinary()},
+		{"oidcop", oidcRef, devcluster.OIDCProviderBinary()},
+	} {
+		tar := filepath.Join(dir, "images", tool.name+".tar")
+		spec := image.Spec{Ref: tool.ref, Files: map[string]string{"/" + tool.name: tool.bin}, Entrypoint: []string{"/" + tool.name}, User: image.NonRoot}
+		if err := spec.Write(tar); err != nil {
+			return nil, err
+		}
+		tars = append(tars, tar)
 	}
-	return append(tars, probe, modelProbe, curl, traefik), nil
+	return tars, nil
 }
 
 // remote maps what README's commands fetch from the network onto the local

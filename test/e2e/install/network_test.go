@@ -201,19 +201,13 @@ func TestReachability(t *testing.T) {
 		brokerService = net.JoinHostPort(svc("aaas-broker"), "8090")
 		brokerMetrics = net.JoinHostPort(brokers[0].Status.PodIP, "9093")
 	)
-	type row struct {
-		from    *corev1.Pod
-		target  string
-		open    bool
-		meaning string
-	}
 	stranger := strangerPod(t, controlNS)
 	tenantStranger := strangerPod(t, sandboxNS)
 	if err := cluster.CreateNamespace(ctx, "monitoring"); err != nil {
 		t.Fatal(err)
 	}
 	monitor := strangerPod(t, "monitoring")
-	rows := []row{
+	checkReach(t, []reach{
 		{&sandboxes[0], natsPod, false, "a sandbox reaches NATS (pod)"},
 		{&sandboxes[0], natsService, false, "a sandbox reaches NATS (Service)"},
 		{&sandboxes[0], natsRoute, false, "a sandbox reaches NATS's route port"},
@@ -263,7 +257,22 @@ func TestReachability(t *testing.T) {
 		{&brokers[0], natsService, true, "the broker reaches NATS"},
 		{monitor, brokerMetrics, true, "the monitoring namespace reaches the broker's metrics port"},
 		{monitor, brokerPod, false, "the monitoring namespace reaches the broker's HTTP port"},
-	}
+	})
+}
+
+// reach is one row of a reachability matrix: whether from opens a TCP
+// connection to target, and what it means.
+type reach struct {
+	from    *corev1.Pod
+	target  string
+	open    bool
+	meaning string
+}
+
+// checkReach probes every row from inside its pod (one ephemeral
+// container per pod) and reports each row's outcome.
+func checkReach(t *testing.T, rows []reach) {
+	t.Helper()
 	byPod := map[*corev1.Pod][]string{}
 	for _, r := range rows {
 		byPod[r.from] = append(byPod[r.from], r.target)
@@ -282,7 +291,6 @@ func TestReachability(t *testing.T) {
 		}
 		t.Logf("%s %-62s %s", status, r.meaning, line)
 	}
-
 }
 
 // strangerPod is a pod without any aaas label in ns: what any workload an

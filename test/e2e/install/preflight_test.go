@@ -2,10 +2,7 @@ package install_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
@@ -16,27 +13,19 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/aaas-project/aaas/internal/testenv"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
-// TestSSOPreflight switches the install to the gateway-api-sso exposure
-// as an operator would (helm upgrade: ingress.enabled=false,
-// gatewaySSO.enabled=true; oauth2-proxy scaled to zero, as this test needs
-// none running) and runs both preflights: scripts/preflight-sso.sh, and
-// the chart's own, `helm test`. Both pass with the SSO policies applied,
-// their probes blocked from the tenants' namespace and the control
-// plane's (the script also from a namespace of its own); both fail when
-// the edge's policy admits everyone (what a CNI that enforces nothing
-// amounts to), the script also when the policy is deleted; and the script
-// says it could not test, with its own exit status, when its probe pod is
-// refused (a full quota) or its image cannot be pulled. helm rollback
-// restores the ingress exposure afterwards, policies included.
-func TestSSOPreflight(t *testing.T) {
-	ctx := testenv.Context(t, 15*time.Minute)
-	if err := cluster.InstallGatewayAPI(ctx); err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
+// ssoPreflight runs both preflights against the gateway-sso exposure
+// (TestGatewaySSO): scripts/preflight-sso.sh, and the chart's own, `helm
+// test`. Both pass with the SSO policies applied, their probes blocked
+// from the tenants' namespace and the control plane's (the script also
+// from a namespace of its own); both fail when the edge's policy admits
+// everyone (what a CNI that enforces nothing amounts to), the script also
+// when the policy is deleted; and the script says it could not test, with
+// its own exit status, when its probe pod is refused (a full quota) or its
+// image cannot be pulled.
+func ssoPreflight(t *testing.T, ctx context.Context) {
+	dir := installDir
 	helmRun := func(args ...string) {
 		t.Helper()
 		if out, err := helmUpgrade(ctx, dir, args...); err != nil {
@@ -45,50 +34,6 @@ func TestSSOPreflight(t *testing.T) {
 		if err := cluster.WaitRollout(ctx, controlNS, 5*time.Minute); err != nil {
 			t.Fatal(err)
 		}
-	}
-	// The release to roll back to afterwards.
-	status, err := shell(ctx, dir, "helm status aaas -n "+controlNS+" -o json")
-	var release struct{ Version int }
-	if err != nil || json.Unmarshal(status, &release) != nil || release.Version == 0 {
-		t.Fatalf("helm status: %v %s", err, status)
-	}
-	// README: the exposures are alternatives, never a stack; the chart
-	// removes the Ingress and its policy as it adds the Gateway's.
-	helmRun("--set", "ingress.enabled=false", "--set", "gatewaySSO.enabled=true", "--set", "gatewaySSO.gatewayClassName=example",
-		"--set", "gatewaySSO.allow={*}", "--set", "gatewaySSO.oauth2Proxy.replicas=0",
-		// No front door here: the Gateway has no implementation in this
-		// test, so helm test runs only the preflight.
-		"--set", "tests.frontDoor=")
-	t.Cleanup(func() {
-		ctx := context.Background()
-		for _, line := range []string{
-			fmt.Sprintf("helm rollback aaas %d -n %s", release.Version, controlNS),
-			"kubectl -n " + controlNS + " rollout status deploy/aaas-edge --timeout=5m",
-		} {
-			if out, err := shell(ctx, dir, line); err != nil {
-				t.Errorf("restoring the ingress exposure: %s: %v\n%s", line, err, out)
-			}
-		}
-		if _, err := cluster.Client.NetworkingV1().NetworkPolicies(controlNS).Get(ctx, "aaas-edge-ingress", metav1.GetOptions{}); err != nil {
-			t.Errorf("after the rollback: %v", err)
-		}
-		// Restored means every answer through the front door comes from
-		// a rolled-back edge: rollout status returns while the SSO
-		// edges still drain behind Traefik, and the next test's signup
-		// met one ("accounts are created by signing in through SSO").
-		// The landing page tells them apart without changing anything.
-		c := client(t, ingress(t))
-		testutil.Eventually(t, 3*time.Minute, func() error {
-			for i := range 12 {
-				if r := c.Do(http.MethodGet, "/", nil); r.StatusCode != http.StatusOK || !strings.Contains(string(r.Body), `id="signup-card"`) {
-					return fmt.Errorf("answer %d through the front door after the rollback: %d, not the signup page", i+1, r.StatusCode)
-				}
-			}
-			return nil
-		})
-	})
-	if _, err := cluster.Client.NetworkingV1().Ingresses(controlNS).Get(ctx, "aaas", metav1.GetOptions{}); err == nil {
-		t.Fatal("the Ingress is still there under the SSO exposure")
 	}
 	helmTest := func() (int, string) {
 		t.Helper()
