@@ -132,3 +132,25 @@ checksum/config: {{ include (print .Template.BasePath "/config.yaml") . | sha256
 {{- fail (printf "sandboxNamespace.name (%s) must differ from the release's namespace: tenants never share the control plane's namespace" .Values.sandboxNamespace.name) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Label selectors the operator names (their ingress controller's,
+Gateway's and Prometheus's pods and namespaces): each value replaces its
+default, which lives here, not in values.yaml, because Helm merges a
+values file's maps into the chart's, so a default label there could never
+be taken away, only joined by the operator's (and a null, the one way to
+remove it, fails the schema on every later --reuse-values upgrade). */}}
+{{- define "aaas.monitoringNamespaceLabels" -}}
+{{ toYaml (.Values.monitoring.namespaceLabels | default (dict "kubernetes.io/metadata.name" "monitoring")) }}
+{{- end -}}
+{{- define "aaas.ingressNamespaceLabels" -}}
+{{ toYaml (.Values.ingress.controller.namespaceLabels | default (dict "kubernetes.io/metadata.name" "traefik")) }}
+{{- end -}}
+{{- define "aaas.ingressPodLabels" -}}
+{{ toYaml (.Values.ingress.controller.podLabels | default (dict "app.kubernetes.io/name" "traefik")) }}
+{{- end -}}
+{{- define "aaas.gatewayNamespaceLabels" -}}
+{{ toYaml (.Values.gatewaySSO.gateway.namespaceLabels | default (dict "kubernetes.io/metadata.name" "gateway-system")) }}
+{{- end -}}
+{{- define "aaas.gatewayPodLabels" -}}
+{{ toYaml (.Values.gatewaySSO.gateway.podLabels | default (dict "gateway.networking.k8s.io/gateway-name" "aaas")) }}
+{{- end -}}

@@ -377,6 +377,59 @@ func TestChartTakesEachHostFromOneValue(t *testing.T) {
 	}
 }
 
+// TestChartLabelSelectorsReplaceTheirDefaults: the labels an operator
+// gives for their ingress controller's, Gateway's and Prometheus's pods
+// and namespaces are the whole selector, not joined to the chart's
+// default (Helm merges maps: Traefik's pods, which lack the Gateway
+// label of the default, were shut out of the edge so), and the defaults
+// hold when none are given.
+func TestChartLabelSelectorsReplaceTheirDefaults(t *testing.T) {
+	sso := []string{"--set", "ingress.enabled=false", "--set", "gatewaySSO.enabled=true", "--set", "gatewaySSO.gatewayClassName=traefik", "--set", "gatewaySSO.allow={*}"}
+	// The selectors of every NetworkPolicy peer, as JSON, by policy.
+	peers := func(objs []*unstructured.Unstructured) string {
+		var b strings.Builder
+		for _, o := range manifests.Pick(objs, "NetworkPolicy") {
+			ingress, _, _ := unstructured.NestedSlice(o.Object, "spec", "ingress")
+			for _, rule := range ingress {
+				from, _ := rule.(map[string]any)["from"].([]any)
+				for _, f := range from {
+					j, _ := json.Marshal(f)
+					fmt.Fprintf(&b, "%s %s\n", o.GetName(), j)
+				}
+			}
+		}
+		return b.String()
+	}
+	for _, tt := range []struct {
+		name       string
+		args       []string
+		want, gone []string
+	}{
+		{"ingress defaults", nil,
+			[]string{`{"kubernetes.io/metadata.name":"traefik"}`, `{"app.kubernetes.io/name":"traefik"}`, `{"kubernetes.io/metadata.name":"monitoring"}`}, nil},
+		{"ingress, the operator's", []string{"--set-json", `ingress.controller.namespaceLabels={"team":"edge"}`, "--set-json", `ingress.controller.podLabels={"app":"haproxy"}`, "--set-json", `monitoring.namespaceLabels={"name":"prometheus"}`},
+			[]string{`{"team":"edge"}`, `{"app":"haproxy"}`, `{"name":"prometheus"}`}, []string{`"traefik"`, `"monitoring"`}},
+		{"gateway defaults", sso,
+			[]string{`{"kubernetes.io/metadata.name":"gateway-system"}`, `{"gateway.networking.k8s.io/gateway-name":"aaas"}`}, nil},
+		{"gateway, the operator's", append([]string{"--set-json", `gatewaySSO.gateway.podLabels={"app.kubernetes.io/name":"traefik"}`, "--set-json", `gatewaySSO.gateway.namespaceLabels={"kubernetes.io/metadata.name":"traefik"}`}, sso...),
+			[]string{`{"app.kubernetes.io/name":"traefik"}`, `{"kubernetes.io/metadata.name":"traefik"}`}, []string{"gateway-name", "gateway-system"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := peers(renderChart(t, tt.args...))
+			for _, w := range tt.want {
+				if !strings.Contains(got, `"matchLabels":`+w) {
+					t.Errorf("no peer selects exactly %s:\n%s", w, got)
+				}
+			}
+			for _, g := range tt.gone {
+				if strings.Contains(got, g) {
+					t.Errorf("a peer still selects the default's %s:\n%s", g, got)
+				}
+			}
+		})
+	}
+}
+
 // TestChartGeneratesOnlyAbsentSecrets: without existing Secrets the
 // pre-install Job generates all three, named as everything reads them;
 // naming an existing Secret removes it from the Job and points every
