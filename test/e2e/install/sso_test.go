@@ -217,35 +217,60 @@ func ssoJourney(t *testing.T, op string) {
 			t.Fatalf("at %s, not the provider's login page", loc)
 		}
 	}
-	signIn := func(i int) {
+	// browse runs one user action, each written to start from a URL so
+	// it can run again: Chromium abandons a navigation when the machine's
+	// addresses change (ERR_NETWORK_CHANGED, for the pods other packages'
+	// tests start and stop), and then the action is tried again, up to
+	// three times; any other failure fails the test.
+	browse := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		for try := 1; ; try++ {
+			tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+			_, err := chromedp.Run(tctx, chromedp.Steps(steps...))
+			cancel()
+			if err == nil {
+				return
+			}
+			loc := testenv.Get(t, ctx, "location", chromedp.Location())
+			if !strings.HasPrefix(loc, "chrome-error:") || try == 3 {
+				testenv.Screenshot(t, ctx, "failure-"+strings.ReplaceAll(t.Name(), "/", "_"))
+				t.Fatalf("%s: %v (at %s)", what, err, loc)
+			}
+			t.Logf("%s: Chromium abandoned a navigation (%v); trying again", what, err)
+		}
+	}
+	// signIn is directory[i] on the provider's login page, then arrived.
+	signIn := func(i int, arrived ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
 		u := directory[i]
-		testenv.Do(t, ctx, u.Username+" signs in at the provider",
-			chromedp.Navigate("https://"+domain+"/"),
+		browse(u.Username+" signs in at the provider", append([]chromedp.Action[chromedp.Void]{
+			chromedp.Navigate("https://" + domain + "/"),
 			chromedp.WaitVisible(id("username")),
-		)
-		atProvider()
-		testenv.Do(t, ctx, u.Username+" submits the provider's login form",
 			chromedp.SendKeys(id("username"), u.Username),
 			chromedp.SendKeys(id("password"), u.Password),
 			chromedp.Submit(id("password")),
-		)
+		}, arrived...)...)
+	}
+	onTheirPage := func(user string) []chromedp.Action[chromedp.Void] {
+		return []chromedp.Action[chromedp.Void]{
+			chromedp.WaitVisible(id("user")),
+			testenv.Until(`document.getElementById("user").textContent === "`+user+`"`, 10*time.Second),
+		}
 	}
 	openSandbox := func(user string) {
 		t.Helper()
-		testenv.Do(t, ctx, user+" lands on their page and opens the sandbox",
-			chromedp.WaitVisible(id("user")),
-			testenv.Until(`document.getElementById("user").textContent === "`+user+`"`, 10*time.Second),
-			chromedp.Click(id("open")),
-			chromedp.WaitVisible(id("chat-input")),
-			testenv.Until(`document.getElementById("ws-status").textContent === "connected"`, 90*time.Second),
-		)
+		browse(user+" opens the sandbox from their page", append([]chromedp.Action[chromedp.Void]{chromedp.Navigate("https://" + domain + "/")},
+			append(onTheirPage(user),
+				chromedp.Click(id("open")),
+				chromedp.WaitVisible(id("chat-input")),
+				testenv.Until(`document.getElementById("ws-status").textContent === "connected"`, 50*time.Second),
+			)...)...)
 		if loc := testenv.Get(t, ctx, "location", chromedp.Location()); loc != origin(user)+"/" {
 			t.Fatalf("%s landed on %s, want %s/", user, loc, origin(user))
 		}
 	}
 
-	signIn(0)
+	signIn(0, onTheirPage("alice")...)
 	openSandbox("alice")
 	testenv.Screenshot(t, ctx, "install-sso-sandbox")
 	// oauth2-proxy's cookie is the gateway host's alone, Secure, HttpOnly.
@@ -265,7 +290,7 @@ func ssoJourney(t *testing.T, op string) {
 
 	// Sign out: back at the provider's login page, and the sandbox's
 	// origin sends the browser there too (its session ended with SSO's).
-	testenv.Do(t, ctx, "alice signs out",
+	browse("alice signs out",
 		chromedp.Navigate("https://"+domain+"/"),
 		chromedp.WaitVisible(id("logout")),
 		chromedp.Click(id("logout")),
@@ -275,7 +300,7 @@ func ssoJourney(t *testing.T, op string) {
 	// Revocation reaches every edge within a second: until then an edge
 	// may still hold the session.
 	testutil.Eventually(t, 10*time.Second, func() error {
-		testenv.Do(t, ctx, "alice's sandbox after signing out", chromedp.Navigate(origin("alice")+"/"))
+		browse("alice's sandbox after signing out", chromedp.Navigate(origin("alice")+"/"))
 		loc := testenv.Get(t, ctx, "location", chromedp.Location())
 		if !strings.HasPrefix(loc, devcluster.OIDCIssuer+"/login/") {
 			return fmt.Errorf("alice's sandbox after signing out: at %s, not the provider's login page", loc)
@@ -283,18 +308,18 @@ func ssoJourney(t *testing.T, op string) {
 		return nil
 	})
 
-	signIn(2)
-	testenv.Do(t, ctx, "mallory is refused",
+	refused := []chromedp.Action[chromedp.Void]{
 		chromedp.WaitVisible(id("sso-sign-out")),
-		testenv.Until(`document.body.innerText.includes("not allowed on this gateway")`, 30*time.Second),
-	)
-	testenv.Do(t, ctx, "mallory signs in as someone else",
+		testenv.Until(`document.body.innerText.includes("not allowed on this gateway")`, 10*time.Second),
+	}
+	signIn(2, refused...)
+	browse("mallory signs in as someone else", append(append([]chromedp.Action[chromedp.Void]{chromedp.Navigate("https://" + domain + "/")}, refused...),
 		chromedp.Click(id("sso-sign-out")),
 		chromedp.WaitVisible(id("username")),
-	)
+	)...)
 	atProvider()
 
-	signIn(1)
+	signIn(1, onTheirPage("bob")...)
 	openSandbox("bob")
 
 	// What the journey left in Kubernetes: alice's and bob's claims,
