@@ -236,9 +236,14 @@ func TestKeepAwakeCeilingAndReasonsOnThePage(t *testing.T) {
 	if err != nil || r.JSON()["suspend_at"] != r.JSON()["keep_awake_until"] {
 		t.Fatalf("status after keep-awake: %s (%v)", r.Body, err)
 	}
-	if a := w.Audit(events.AuditKeepAwake, "kay"); len(a) != 1 {
-		t.Fatalf("keep-awakes audited: %+v", a)
-	}
+	// The audit is published after the answer: wait for it, then make
+	// sure it stays one.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if a := w.Audit(events.AuditKeepAwake, "kay"); len(a) != 1 {
+			return fmt.Errorf("keep-awakes audited: %+v", a)
+		}
+		return nil
+	})
 
 	// max types all along: busy, and stopped by the ceiling anyway.
 	busy := dial(t, edge, max, "max")
