@@ -302,7 +302,13 @@ func TestKeepAwakeCeilingAndReasonsOnThePage(t *testing.T) {
 	if !strings.Contains(starting, "because it was idle for 3 seconds; your files were kept") {
 		t.Fatalf("the starting page said %q", starting)
 	}
-	testenv.Do(t, ctx, "kay's page", chromedp.Navigate(edge.URL+"/"), testenv.Until(`document.getElementById("slept") && !document.getElementById("slept").hidden`, time.Minute))
+	// The starting page reloads itself the moment the sandbox is Ready,
+	// which can cancel a navigation away begun in the same instant (the
+	// browser is then back in DSH): go to kay's page until it is there.
+	testutil.Eventually(t, time.Minute, func() error {
+		_, err := chromedp.Run(ctx, chromedp.Steps(chromedp.Navigate(edge.URL+"/"), testenv.Until(`document.getElementById("slept") && !document.getElementById("slept").hidden`, 10*time.Second)))
+		return err
+	})
 	text := testenv.Get(t, ctx, "the reason", chromedp.Evaluate[string](`document.getElementById("slept").textContent`))
 	if !strings.Contains(text, "because it was idle for 3 seconds; your files were kept") {
 		t.Fatalf("kay's page says %q", text)
