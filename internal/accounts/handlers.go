@@ -36,7 +36,9 @@ func (s *Service) landing(c *fiber.Ctx) error {
 		d.Models = s.landingModels(id.User)
 	case auth.Status(err) != fiber.StatusUnauthorized:
 		d.Error, d.SignOut = err.Error(), s.o.SignOutURL
-		if c.Status(auth.Status(err)); auth.Status(err) == fiber.StatusServiceUnavailable {
+		status := auth.Status(err)
+		c.Status(status)
+		if status == fiber.StatusServiceUnavailable {
 			c.Set(fiber.HeaderRetryAfter, "2")
 		}
 	}
