@@ -165,18 +165,34 @@ func StartCluster(dir string, n int, base Options) (*Cluster, error) {
 func (c *Cluster) waitJetStream(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
-		ready := true
-		for _, s := range c.Nodes {
-			if s != nil && !s.JetStreamIsCurrent() {
-				ready = false
-			}
-		}
-		if ready {
+		if c.formed() {
 			return nil
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("jetstream cluster not current after %s", timeout)
+	return fmt.Errorf("jetstream cluster not formed after %s", timeout)
+}
+
+// formed says the cluster can place a stream on any of its running nodes:
+// every node is current, and the meta leader has heard every running node's
+// statistics. Without the second, a bucket created at once fails with "no
+// suitable peers for placement, peer offline" (the check nats-server's own
+// tests make, waitOnClusterReadyWithNumPeers).
+func (c *Cluster) formed() bool {
+	running, peers := 0, 0
+	for _, s := range c.Nodes {
+		if s == nil {
+			continue
+		}
+		running++
+		if !s.JetStreamIsCurrent() {
+			return false
+		}
+		if s.JetStreamIsLeader() {
+			peers = len(s.JetStreamClusterPeers())
+		}
+	}
+	return peers == running
 }
 
 // URLs is a comma-separated client URL list of the running nodes.

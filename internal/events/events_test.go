@@ -145,9 +145,7 @@ func TestConcurrentDuplicatesOnAClusteredStream(t *testing.T) {
 	ctx := natstest.Context(t, 60*time.Second)
 	cfg := events.DefaultStreamsConfig()
 	cfg.Replicas = 3
-	if err := events.EnsureStreams(ctx, js, cfg); err != nil {
-		t.Fatal(err)
-	}
+	natstest.Provision(t, ctx, func(ctx context.Context) error { return events.EnsureStreams(ctx, js, cfg) })
 	// A stream just created answers no publish until its replicas have
 	// elected a leader, which a loaded machine may take seconds over (a
 	// clean-clone make test saw "no response from stream" in the first

@@ -490,9 +490,7 @@ func TestClusterKeepsAcknowledgedWritesThroughANodeOutage(t *testing.T) {
 	ctx := natstest.Context(t, 90*time.Second)
 	cfg := state.DefaultBucketsConfig()
 	cfg.Replicas = 3
-	if err := state.EnsureBuckets(ctx, js, cfg); err != nil {
-		t.Fatal(err)
-	}
+	natstest.Provision(t, ctx, func(ctx context.Context) error { return state.EnsureBuckets(ctx, js, cfg) })
 	users := open[state.User](t, js, state.BucketUsers)
 	acked := map[string]bool{}
 	// Each write is tried until acknowledged: right after a node stops,
@@ -718,9 +716,7 @@ func TestCacheCatchesUpWhenItsWatchsNodeDies(t *testing.T) {
 	ctx := natstest.Context(t, 3*time.Minute)
 	cfg := state.DefaultBucketsConfig()
 	cfg.Replicas = 3
-	if err := state.EnsureBuckets(ctx, admin, cfg); err != nil {
-		t.Fatal(err)
-	}
+	natstest.Provision(t, ctx, func(ctx context.Context) error { return state.EnsureBuckets(ctx, admin, cfg) })
 	const stream = "KV_" + state.BucketSessions
 	_, peers := streamLeader(ctx, admin, stream)
 	client := -1

@@ -76,3 +76,28 @@ func Context(t testing.TB, d time.Duration) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// Provision runs ensure (creating streams or buckets) on a cluster that
+// has just formed until it succeeds, each attempt bounded as setup's are
+// (natsconn.Provision): a new stream's raft group may take seconds to
+// elect its leader on a loaded machine, and a create whose answer is lost
+// meanwhile would otherwise hold the test until its deadline.
+func Provision(t testing.TB, ctx context.Context, ensure func(context.Context) error) {
+	t.Helper()
+	for {
+		actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		err := ensure(actx)
+		cancel()
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("provisioning: %v", err)
+		}
+		t.Logf("provisioning: %v; trying again", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
