@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -78,7 +77,12 @@ type Server struct {
 	o         Options
 	providers map[string]provider
 	transport *http.Transport
-	m         *metrics
+	// dialer connects the calls that go on a connection of their own
+	// (direct), as transport does its own.
+	dialer *net.Dialer
+	m      *metrics
+	// streams are the event streams answered on detached connections.
+	streams streams
 }
 
 type provider struct {
@@ -107,10 +111,10 @@ func New(o Options) (*Server, error) {
 		}
 		s.providers[p.Name] = provider{Provider: p, base: base}
 	}
-	dialer := &net.Dialer{Timeout: min(o.HeaderTimeout, 30*time.Second), KeepAlive: 30 * time.Second}
+	s.dialer = &net.Dialer{Timeout: min(o.HeaderTimeout, 30*time.Second), KeepAlive: 30 * time.Second}
 	s.transport = &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           dialer.DialContext,
+		DialContext:           s.dialer.DialContext,
 		ForceAttemptHTTP2:     true,
 		TLSHandshakeTimeout:   min(o.HeaderTimeout, 30*time.Second),
 		ResponseHeaderTimeout: o.HeaderTimeout,
@@ -122,6 +126,8 @@ func New(o Options) (*Server, error) {
 		// The meter reads the answer as the provider sends it; compressed
 		// answers would be unreadable (Accept-Encoding: identity is sent).
 		DisableCompression: true,
+		ReadBufferSize:     1 << 10,
+		WriteBufferSize:    1 << 10,
 	}
 	return s, nil
 }
@@ -148,6 +154,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if err := srv.Shutdown(sctx); err != nil {
 		_ = srv.Close()
 	}
+	s.streams.drain(sctx)
 	s.transport.CloseIdleConnections()
 	return nil
 }
@@ -169,17 +176,52 @@ func (s *Server) refuse(w http.ResponseWriter, api string, ref *Refusal) {
 // meter.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	c := s.admit(w, r, start)
+	if c == nil {
+		return
+	}
+	// A detached stream records its call itself when it ends; any other
+	// call here, even one whose answer broke off (forward panics).
+	detached := false
+	defer func() {
+		if !detached {
+			s.end(c, start)
+		}
+	}()
+	detached = s.forward(w, r, c, start)
+}
+
+// admitted is a call the broker has let through: to whom it goes, with
+// which key, what it asks, and its usage record so far.
+type admitted struct {
+	p    provider
+	rest string
+	key  string
+	in   inspected
+	// sent is the forwarded body's length: in.Body itself is let go once
+	// sent (see sendOnce), and an estimate of the input needs only this.
+	sent int
+	call Call
+	ev   events.UsageEvent
+}
+
+// admit is everything before the provider is called: the call is
+// attributed, checked and admitted, or answered here (nil). It is a
+// function of its own so that its frame is gone while a stream waits:
+// a goroutine's stack shrinks to half only when it uses under a quarter,
+// and 5,000 idle streams each kept 16 KiB where 8 KiB do.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, start time.Time) *admitted {
 	name, rest, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
 	p, ok := s.providers[name]
 	if !ok {
 		s.refuse(w, config.APIOpenAI, &Refusal{Status: http.StatusNotFound, Reason: ReasonProvider,
 			Message: fmt.Sprintf("no provider is configured at /%s; call /<provider>/… with one of: %s", truncate(name, 32), s.names())})
-		return
+		return nil
 	}
 	if age := time.Since(s.o.Current()); age > s.o.MaxStaleness {
 		s.refuse(w, p.API, &Refusal{Status: http.StatusServiceUnavailable, Reason: ReasonStale, RetryAfter: 5 * time.Second,
 			Message: "the broker cannot confirm which sandbox calls from this address right now; try again shortly"})
-		return
+		return nil
 	}
 	ip, ok := peer(r.RemoteAddr)
 	user, reason := "", ReasonUnattributed
@@ -188,15 +230,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if user == "" {
 		s.refuse(w, p.API, &Refusal{Status: http.StatusForbidden, Reason: reason, Message: "this address is not a running sandbox: model calls are taken from sandboxes only"})
-		return
+		return nil
 	}
 	if r.Method == http.MethodGet && (rest == "models" || rest == "v1/models") {
 		writeModels(w, p.Provider)
-		return
+		return nil
 	}
 	if ref := s.check(r, rest); ref != nil {
 		s.refuse(w, p.API, ref)
-		return
+		return nil
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.o.MaxBody)))
 	if err != nil {
@@ -207,12 +249,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		} else {
 			s.refuse(w, p.API, bad(ReasonMalformed, "the request body could not be read"))
 		}
-		return
+		return nil
 	}
 	in, ref := inspectRequest(p.Provider, r.Method, rest, r.Header.Get("Content-Type"), body)
 	if ref != nil {
 		s.refuse(w, p.API, ref)
-		return
+		return nil
 	}
 	key, byok := s.o.Keys[p.Name], false
 	if s.o.Credentials != nil {
@@ -221,7 +263,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.o.Log.Warn("reading a brought key failed", "user", user, "provider", p.Name, "err", err)
 			s.refuse(w, p.API, &Refusal{Status: http.StatusServiceUnavailable, Reason: ReasonUnavailable, RetryAfter: 5 * time.Second,
 				Message: "the broker cannot read your stored key right now; try again shortly"})
-			return
+			return nil
 		}
 		if ok {
 			key, byok = own, true
@@ -235,12 +277,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				Message: "the broker cannot check your model budget right now; try again shortly"}
 		}
 		s.refuse(w, p.API, ref)
-		return
+		return nil
 	}
-	ev := events.UsageEvent{V: events.SchemaVersion, ID: call.ID(), User: user, Broker: s.o.Instance,
-		Provider: p.Name, Model: in.Model, Stream: in.Stream, BYOK: byok, At: start}
-	defer func() { s.end(call, &ev, start) }()
-	s.forward(w, r, p, rest, key, in, &ev, start)
+	return &admitted{p: p, rest: rest, key: key, in: in, call: call,
+		ev: events.UsageEvent{V: events.SchemaVersion, ID: call.ID(), User: user, Broker: s.o.Instance,
+			Provider: p.Name, Model: in.Model, Stream: in.Stream, BYOK: byok, At: start}}
 }
 
 // check refuses what the broker cannot inspect or forward faithfully: a
@@ -266,23 +307,125 @@ var forwardedHeaders = []string{"Content-Type", "Accept", "User-Agent", "Anthrop
 var relayedHeaders = []string{"Content-Type", "Content-Encoding", "Cache-Control", "Retry-After", "X-Request-Id", "Request-Id"}
 
 // forward calls the provider and relays its answer as it comes, filling
-// ev's status and tokens.
-func (s *Server) forward(w http.ResponseWriter, r *http.Request, p provider, rest, key string, in inspected, ev *events.UsageEvent, start time.Time) {
-	ctx, cancel := context.WithTimeout(r.Context(), s.o.CallTimeout)
-	defer cancel()
+// c's status and tokens, or detaches an event stream (true: the stream
+// ends the call). It keeps its own frame small, as admit does: an idle
+// stream waits in relay below it.
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *admitted, start time.Time) (detached bool) {
+	// The call's own context: net/http cancels r's when the handler
+	// returns, which a detached stream outlives. Until then the client
+	// leaving (r's context) ends the call.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.o.CallTimeout)
+	stop := context.AfterFunc(r.Context(), cancel)
+	defer func() {
+		if !detached {
+			stop()
+			cancel()
+		}
+	}()
+	resp := s.roundTrip(ctx, w, r, c)
+	if resp == nil {
+		return false
+	}
+	sse := isEventStream(resp)
+	if sse && resp.StatusCode/100 == 2 && s.detach(w, r, c, resp, ctx, cancel, stop, start) {
+		return true
+	}
+	defer resp.Body.Close()
+	m := s.answer(w, resp, c, sse)
+	clientGone, err := s.relay(responseSink{w, http.NewResponseController(w)}, resp.Body, m, c.p.Name, start)
+	s.metered(c, m, resp.StatusCode)
+	if !clientGone && err != io.EOF {
+		// The provider's answer broke off (or the call ran out of time):
+		// the client must see a broken answer, not a complete one. The
+		// deferred end records the call first.
+		panic(http.ErrAbortHandler)
+	}
+	return false
+}
+
+// roundTrip sends c to its provider and returns the answer's head, or
+// answers the client itself (nil) when there is none.
+func (s *Server) roundTrip(ctx context.Context, w http.ResponseWriter, r *http.Request, c *admitted) *http.Response {
+	req, err := s.request(ctx, r, c)
+	if err != nil {
+		writeError(w, c.p.API, http.StatusBadRequest, "", "the request cannot be forwarded", 0)
+		return nil
+	}
+	var resp *http.Response
+	if s.direct(req, c.in.Stream) {
+		resp, err = s.roundTripDirect(ctx, req)
+	} else {
+		resp, err = s.transport.RoundTrip(req)
+	}
+	if err != nil {
+		s.failed(w, r, c.p, err)
+		return nil
+	}
+	c.ev.Status = resp.StatusCode
+	return resp
+}
+
+// answer sends the client the provider's status and the headers it may
+// see, and returns the meter for the body that follows.
+func (s *Server) answer(w http.ResponseWriter, resp *http.Response, c *admitted, sse bool) *meter {
+	relayHeaders(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	return newMeter(c.p.API, sse)
+}
+
+// relayHeaders sets in dst the headers of a provider's answer a client
+// may see, and tells a buffering proxy in between (nginx) to pass the
+// answer on as it comes.
+func relayHeaders(dst, src http.Header) {
+	for _, h := range relayedHeaders {
+		if v := src.Values(h); len(v) > 0 {
+			dst[h] = v
+		}
+	}
+	dst.Set("X-Accel-Buffering", "no")
+}
+
+// isEventStream tells an answer that streams events (a streamed
+// completion) from a whole one.
+func isEventStream(resp *http.Response) bool {
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	return mt == "text/event-stream"
+}
+
+// metered fills c's tokens and cost from what the meter read, for an
+// answer the provider gave as a success.
+func (s *Server) metered(c *admitted, m *meter, status int) {
+	if status/100 != 2 {
+		return
+	}
+	u := m.Result(c.sent)
+	c.ev.InputTokens, c.ev.OutputTokens, c.ev.CachedTokens, c.ev.CacheWriteTokens, c.ev.Estimated = u.Input, u.Output, u.Cached, u.CacheWrite, u.Estimated
+	c.ev.CostMicros = Cost(u, s.o.Prices[c.in.Model])
+}
+
+// request is the provider's request for c: its URL under the provider's
+// base, only the headers that shape the answer, and the broker's key (or
+// the user's own).
+func (s *Server) request(ctx context.Context, r *http.Request, c *admitted) (*http.Request, error) {
+	p := c.p
 	u := *p.base
-	u.Path = strings.TrimSuffix(p.base.Path, "/") + "/" + rest
+	u.Path = strings.TrimSuffix(p.base.Path, "/") + "/" + c.rest
 	u.RawPath = ""
-	if esc := strings.TrimPrefix(r.URL.EscapedPath(), "/"+p.Name+"/"); esc != rest {
+	if esc := strings.TrimPrefix(r.URL.EscapedPath(), "/"+p.Name+"/"); esc != c.rest {
 		u.RawPath = strings.TrimSuffix(p.base.EscapedPath(), "/") + "/" + esc
 	}
 	u.RawQuery = r.URL.RawQuery
-	req, err := http.NewRequestWithContext(ctx, r.Method, u.String(), bytes.NewReader(in.Body))
-	if err != nil {
-		writeError(w, p.API, http.StatusBadRequest, "", "the request cannot be forwarded", 0)
-		return
+	c.sent = len(c.in.Body)
+	var body io.Reader = http.NoBody
+	if c.sent > 0 {
+		body = &sendOnce{b: c.in.Body}
 	}
-	req.ContentLength = int64(len(in.Body))
+	req, err := http.NewRequestWithContext(ctx, r.Method, u.String(), body)
+	if err != nil {
+		return nil, err
+	}
+	c.in.Body = nil
+	req.ContentLength = int64(c.sent)
 	for _, h := range forwardedHeaders {
 		if v := r.Header.Values(h); len(v) > 0 {
 			req.Header[h] = v
@@ -294,67 +437,84 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, p provider, res
 		if req.Header.Get("Anthropic-Version") == "" {
 			req.Header.Set("Anthropic-Version", "2023-06-01")
 		}
-		if key != "" {
-			req.Header.Set("X-Api-Key", key)
+		if c.key != "" {
+			req.Header.Set("X-Api-Key", c.key)
 		}
-	case key != "":
-		req.Header.Set("Authorization", "Bearer "+key)
+	case c.key != "":
+		req.Header.Set("Authorization", "Bearer "+c.key)
 	}
-	resp, err := s.transport.RoundTrip(req)
-	if err != nil {
-		s.failed(w, r, p, err)
-		return
+	return req, nil
+}
+
+// sendOnce is a request body that lets go of its bytes as it sends
+// them. An agent's request carries its whole conversation (often hundreds
+// of KiB) and its answer can stream for minutes; the transport keeps the
+// request, and so its body, until the answer ends, and a bytes.Reader
+// would keep every byte with it. A call is never sent twice (a POST is not
+// retried), so nothing needs them again.
+type sendOnce struct{ b []byte }
+
+func (o *sendOnce) Read(p []byte) (int, error) {
+	if len(o.b) == 0 {
+		o.b = nil
+		return 0, io.EOF
 	}
-	defer resp.Body.Close()
-	ev.Status = resp.StatusCode
-	for _, h := range relayedHeaders {
-		if v := resp.Header.Values(h); len(v) > 0 {
-			w.Header()[h] = v
-		}
+	n := copy(p, o.b)
+	if o.b = o.b[n:]; len(o.b) == 0 {
+		o.b = nil
 	}
-	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
-	m := newMeter(p.API, mt == "text/event-stream")
-	w.Header().Set("X-Accel-Buffering", "no")
-	w.WriteHeader(resp.StatusCode)
-	rc := http.NewResponseController(w)
-	_ = rc.Flush()
+	return n, nil
+}
+
+// sink is where relay writes the answer: net/http's response, or a
+// detached stream's connection (framed).
+type sink interface {
+	io.Writer
+	Flush() error
+}
+
+type responseSink struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func (r responseSink) Flush() error { return r.rc.Flush() }
+
+// relay copies the provider's answer to the client as it comes, through
+// the meter. It returns whether the client left, and the error that ended
+// the answer (io.EOF when it was whole).
+func (s *Server) relay(w sink, body io.Reader, m *meter, provider string, start time.Time) (clientGone bool, err error) {
+	_ = w.Flush()
 	// Small: a stream holds its buffer while it waits for the next event
 	// (an agent's call can sit for minutes between tokens), and events are
-	// a few hundred bytes; 32 KiB made 5,000 idle streams 358 MiB.
-	buf := make([]byte, 4<<10)
-	first, clientGone := true, false
-	var rerr error
+	// a few hundred bytes, each relayed as it comes; 32 KiB made 5,000 idle
+	// streams 358 MiB. A whole answer (not an event stream) comes at once
+	// and is copied in larger pieces.
+	size := 4 << 10
+	if m.sse {
+		size = 1 << 10
+	}
+	buf := make([]byte, size)
+	first := true
 	for {
-		var n int
-		n, rerr = resp.Body.Read(buf)
+		n, rerr := body.Read(buf)
 		if n > 0 {
 			if first {
 				first = false
-				s.m.firstByte.WithLabelValues(p.Name).Observe(time.Since(start).Seconds())
+				s.m.firstByte.WithLabelValues(provider).Observe(time.Since(start).Seconds())
 			}
 			// Metered as the provider sent it (and charged for it), whether
 			// or not the client is still there to take it.
 			m.Write(buf[:n])
-			if _, werr := w.Write(buf[:n]); werr != nil || rc.Flush() != nil {
-				// The client left: cancel (deferred) ends the provider's call.
-				clientGone = true
-				break
+			if _, werr := w.Write(buf[:n]); werr != nil || w.Flush() != nil {
+				// The client left: the caller's cancel ends the provider's
+				// call.
+				return true, rerr
 			}
 		}
 		if rerr != nil {
-			break
+			return false, rerr
 		}
-	}
-	if resp.StatusCode/100 == 2 {
-		u := m.Result(len(in.Body))
-		ev.InputTokens, ev.OutputTokens, ev.CachedTokens, ev.CacheWriteTokens, ev.Estimated = u.Input, u.Output, u.Cached, u.CacheWrite, u.Estimated
-		ev.CostMicros = Cost(u, s.o.Prices[in.Model])
-	}
-	if !clientGone && rerr != io.EOF {
-		// The provider's answer broke off (or the call ran out of time):
-		// the client must see a broken answer, not a complete one. The
-		// deferred end records the call first.
-		panic(http.ErrAbortHandler)
 	}
 }
 
@@ -375,7 +535,8 @@ func (s *Server) failed(w http.ResponseWriter, r *http.Request, p provider, err 
 }
 
 // end records a call once it is over.
-func (s *Server) end(call Call, ev *events.UsageEvent, start time.Time) {
+func (s *Server) end(c *admitted, start time.Time) {
+	ev := &c.ev
 	ev.Duration = time.Since(start)
 	s.m.calls.WithLabelValues(ev.Provider, ev.Model, codeClass(ev.Status)).Inc()
 	if ev.Status/100 == 2 {
@@ -392,7 +553,7 @@ func (s *Server) end(call Call, ev *events.UsageEvent, start time.Time) {
 	s.o.Log.Debug("model call", "call", ev.ID, "user", ev.User, "provider", ev.Provider, "model", ev.Model, "status", ev.Status,
 		"input", ev.InputTokens, "output", ev.OutputTokens, "cached", ev.CachedTokens, "cache_write", ev.CacheWriteTokens, "estimated", ev.Estimated,
 		"cost_micros", ev.CostMicros, "byok", ev.BYOK, "duration", ev.Duration)
-	call.End(*ev)
+	c.call.End(*ev)
 }
 
 func (s *Server) names() string {

@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -616,4 +618,279 @@ func TestStaleIndexAttributesNothing(t *testing.T) {
 	if f.refused(ReasonStale) != 1 || len(f.ledger.admits) != 0 {
 		t.Fatal("not refused as stale, or admitted")
 	}
+}
+
+// A forwarded body is let go as it is sent: the transport keeps the
+// request until a stream ends, minutes later, and must not keep an
+// agent's whole conversation with it.
+func TestSendOnceLetsGoOfWhatItSent(t *testing.T) {
+	want := strings.Repeat("conversation ", 1000)
+	o := &sendOnce{b: []byte(want)}
+	got, err := io.ReadAll(io.LimitReader(o, int64(len(want))))
+	if err != nil || string(got) != want {
+		t.Fatalf("read %d bytes, %v", len(got), err)
+	}
+	if o.b != nil {
+		t.Fatalf("after the last byte it still holds %d bytes (cap %d)", len(o.b), cap(o.b))
+	}
+	if n, err := o.Read(make([]byte, 8)); n != 0 || err != io.EOF {
+		t.Fatalf("read after the end: %d, %v", n, err)
+	}
+}
+
+// An idle stream (the provider is between tokens) whose client leaves
+// ends the provider's call at once, not at the next token: nothing is
+// written to find out, so only the broker's watch of the connection can
+// tell.
+func TestIdleStreamEndsWhenTheClientLeaves(t *testing.T) {
+	cancelled := make(chan struct{})
+	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+		close(cancelled)
+	})
+	f := newFixture(t, far.URL, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.url+"/oa/v1/chat/completions", strings.NewReader(`{"model":"gpt-x","stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	resp.Body.Close()
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the provider's call went on after the client left")
+	}
+	if u := f.ledger.usage(t); u.Status != 200 || u.OutputTokens == 0 {
+		t.Fatalf("usage of a left stream: %+v", u)
+	}
+}
+
+// A streamed answer to an HTTP/1.1 client is chunked, ends with its last
+// chunk (a whole stream reads as whole) and closes the connection; the
+// headers the client may see are relayed, line breaks and all dropped.
+func TestStreamFramingOverHTTP11(t *testing.T) {
+	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+		w.Header().Set("X-Request-Id", "req-1")
+		w.Header().Set("Set-Cookie", "provider=1")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3}}\n\ndata: [DONE]\n\n")
+	})
+	f := newFixture(t, far.URL, nil)
+	resp := post(t, f.url+"/oa/chat/completions", `{"model":"gpt-x","stream":true}`)
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+		t.Fatalf("stream read %q, %v", b, err)
+	}
+	if !slices.Equal(resp.TransferEncoding, []string{"chunked"}) || !resp.Close || resp.Header.Get("Content-Type") != "text/event-stream; charset=utf-8" ||
+		resp.Header.Get("X-Request-Id") != "req-1" || resp.Header.Get("X-Accel-Buffering") != "no" || resp.Header.Get("Set-Cookie") != "" || resp.Header.Get("Date") == "" {
+		t.Fatalf("framing %v close=%v, headers %v", resp.TransferEncoding, resp.Close, resp.Header)
+	}
+	if u := f.ledger.usage(t); u.Status != 200 || u.InputTokens != 7 || u.OutputTokens != 3 || u.Estimated {
+		t.Fatalf("usage %+v", u)
+	}
+}
+
+// An HTTP/1.0 client gets the stream delimited by the connection's end,
+// as net/http would answer it.
+func TestStreamOverHTTP10(t *testing.T) {
+	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\ndata: [DONE]\n\n")
+	})
+	f := newFixture(t, far.URL, nil)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"model":"gpt-x","stream":true}`
+	fmt.Fprintf(conn, "POST /oa/chat/completions HTTP/1.0\r\nHost: broker\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	b, err := io.ReadAll(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, rest, _ := strings.Cut(string(b), "\r\n\r\n")
+	if !strings.HasPrefix(head, "HTTP/1.0 200 OK\r\n") || strings.Contains(head, "Transfer-Encoding") || rest != "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\ndata: [DONE]\n\n" {
+		t.Fatalf("answer %q", b)
+	}
+}
+
+// Shutting down, the broker lets a stream in flight finish within
+// ShutdownTimeout; one that runs longer is ended then, its client sees
+// it broken and the call is recorded. Serve returns once both are done.
+func TestShutdownDrainsStreams(t *testing.T) {
+	release := make(chan struct{})
+	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		if strings.Contains(r.URL.RawQuery, "long") {
+			<-r.Context().Done()
+			return
+		}
+		select {
+		case <-release:
+			fmt.Fprint(w, "data: [DONE]\n\n")
+		case <-r.Context().Done():
+		}
+	})
+	f := newFixture(t, far.URL, func(o *Options) { o.ShutdownTimeout = 2 * time.Second })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- f.srv.Serve(ctx, ln) }()
+	open := func(query string) (*bufio.Reader, *http.Response) {
+		resp := post(t, "http://"+ln.Addr().String()+"/oa/chat/completions?"+query, `{"model":"gpt-x","stream":true}`)
+		rd := bufio.NewReader(resp.Body)
+		if line, err := rd.ReadString('\n'); err != nil || !strings.Contains(line, "Hel") {
+			t.Fatalf("first event %q, %v", line, err)
+		}
+		return rd, resp
+	}
+	short, _ := open("short")
+	long, _ := open("long")
+	stop()
+	// Draining: the short stream finishes when its provider does.
+	close(release)
+	if rest, err := io.ReadAll(short); err != nil || string(rest) != "\ndata: [DONE]\n\n" {
+		t.Fatalf("the stream let finish: %q, %v", rest, err)
+	}
+	// The long one is ended when the shutdown's time is up.
+	if rest, err := io.ReadAll(long); err == nil {
+		t.Fatalf("a stream ended by the shutdown read as whole: %q", rest)
+	}
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Serve did not return")
+	}
+	if u := f.ledger.usage(t); u.Status != 200 {
+		t.Fatalf("first call recorded %+v", u)
+	}
+	if u := f.ledger.usage(t); u.Status != 200 || !u.Estimated {
+		t.Fatalf("second call recorded %+v", u)
+	}
+}
+
+// Which calls go on a connection of their own: streams to a provider
+// over plain HTTP with no proxy in front; everything else through
+// http.Transport.
+func TestDirectIsForPlainHTTPStreams(t *testing.T) {
+	f := newFixture(t, "http://provider.test", nil)
+	proxied := newFixture(t, "http://provider.test", nil)
+	proxied.srv.transport.Proxy = func(*http.Request) (*url.URL, error) { return url.Parse("http://proxy.test:3128") }
+	for _, c := range []struct {
+		srv    *Server
+		url    string
+		stream bool
+		want   bool
+	}{
+		{f.srv, "http://provider.test/v1/chat/completions", true, true},
+		{f.srv, "http://provider.test/v1/chat/completions", false, false},
+		{f.srv, "https://api.provider.test/v1/chat/completions", true, false},
+		{proxied.srv, "http://provider.test/v1/chat/completions", true, false},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, c.url, nil)
+		if got := c.srv.direct(req, c.stream); got != c.want {
+			t.Errorf("%s stream=%v proxied=%v: direct %v, want %v", c.url, c.stream, c.srv == proxied.srv, got, c.want)
+		}
+	}
+}
+
+// A stream on a connection of its own fails as one through
+// http.Transport does: 504 when the provider does not start answering
+// within HeaderTimeout, 502 when it cannot be reached or its head is not
+// HTTP; informational answers are passed over and an error answer is
+// relayed whole.
+func TestDirectStreamAnswers(t *testing.T) {
+	body := `{"model":"gpt-x","stream":true}`
+	t.Run("slow", func(t *testing.T) {
+		far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+		f := newFixture(t, far.URL, func(o *Options) { o.HeaderTimeout = 200 * time.Millisecond })
+		if resp := post(t, f.url+"/oa/chat/completions", body); resp.StatusCode != http.StatusGatewayTimeout {
+			t.Fatalf("status %d, want 504", resp.StatusCode)
+		}
+		if u := f.ledger.usage(t); u.Status != 0 {
+			t.Fatalf("usage %+v", u)
+		}
+	})
+	t.Run("unreachable", func(t *testing.T) {
+		ln, _ := net.Listen("tcp", "127.0.0.1:0")
+		dead := "http://" + ln.Addr().String()
+		ln.Close()
+		f := newFixture(t, dead, nil)
+		if resp := post(t, f.url+"/oa/chat/completions", body); resp.StatusCode != http.StatusBadGateway {
+			t.Fatalf("status %d, want 502", resp.StatusCode)
+		}
+	})
+	t.Run("not HTTP", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				conn, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer conn.Close()
+					_, _ = bufio.NewReader(conn).ReadString('\n')
+					_, _ = io.WriteString(conn, "SSH-2.0-OpenSSH_9.9\r\n"+strings.Repeat("x", 2<<20))
+				}()
+			}
+		}()
+		f := newFixture(t, "http://"+ln.Addr().String(), nil)
+		if resp := post(t, f.url+"/oa/chat/completions", body); resp.StatusCode != http.StatusBadGateway {
+			t.Fatalf("status %d, want 502", resp.StatusCode)
+		}
+	})
+	t.Run("early hints", func(t *testing.T) {
+		far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Link", "</style.css>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\ndata: [DONE]\n\n")
+		})
+		f := newFixture(t, far.URL, nil)
+		resp := post(t, f.url+"/oa/chat/completions", body)
+		if b, err := io.ReadAll(resp.Body); resp.StatusCode != http.StatusOK || err != nil || !strings.HasSuffix(string(b), "[DONE]\n\n") {
+			t.Fatalf("%d %q %v", resp.StatusCode, b, err)
+		}
+	})
+	t.Run("error answer", func(t *testing.T) {
+		far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Retry-After", "7")
+			w.WriteHeader(http.StatusTooManyRequests)
+			fmt.Fprint(w, `{"error":{"message":"slow down","type":"rate_limit"}}`)
+		})
+		f := newFixture(t, far.URL, nil)
+		resp := post(t, f.url+"/oa/chat/completions", body)
+		if b, err := io.ReadAll(resp.Body); resp.StatusCode != http.StatusTooManyRequests || err != nil || resp.Header.Get("Retry-After") != "7" || !strings.Contains(string(b), "slow down") {
+			t.Fatalf("%d %q %v %v", resp.StatusCode, b, err, resp.Header)
+		}
+		if u := f.ledger.usage(t); u.Status != http.StatusTooManyRequests || u.CostMicros != 0 {
+			t.Fatalf("usage %+v", u)
+		}
+	})
 }
