@@ -4,15 +4,16 @@
 #   debian: etcd-server (Debian's etcd 3.4 serves kube-apiserver fine),
 #           chromium for the browser tests, and the real node's runtime:
 #           containerd, runc, the CNI plugins, iptables, ipset, conntrack;
-#           nginx (the pooling front of the proxy tests) and Node.js where
-#           the machine has none; via apt-get when missing;
+#           nginx (the pooling front of the proxy tests), Docker's engine
+#           (docker.io: the deployment tier's compose run) and Node.js
+#           where the machine has none; via apt-get when missing;
 #   go:     kube-apiserver, kube-controller-manager, the real node's
 #           kubelet, kube-proxy and kube-scheduler, and kubectl (the
 #           deployment tier runs README's commands) from k8s.io/kubernetes;
 #           agent-sandbox-controller, kube-router, CoreDNS (its plugins the
-#           node uses only), staticcheck, Helm, Traefik, oauth2-proxy and
-#           an OpenID Connect provider (zitadel/oidc); built from Go
-#           modules.
+#           node uses only), staticcheck, Helm, Traefik, oauth2-proxy,
+#           an OpenID Connect provider (zitadel/oidc) and Docker Compose;
+#           built from Go modules.
 #   chp:    configurable-http-proxy (JupyterHub's proxy, a peer in
 #           `make bench`) from npm into chp-$CHP_VERSION.
 # Usage: hack/tools.sh [debian|go|all|chp] [extra debian packages...]
@@ -27,7 +28,8 @@ shift || true
 
 debian() {
   local missing=()
-  local want=(etcd-server chromium containerd runc containernetworking-plugins iptables ipset conntrack nginx-light "$@")
+  # docker.io: the engine the deployment tier runs compose.yaml on.
+  local want=(etcd-server chromium containerd runc containernetworking-plugins iptables ipset conntrack nginx-light docker.io "$@")
   # The proxy tests' Node.js upstream: the machine's Node, else Debian's.
   command -v node >/dev/null || want+=(nodejs)
   command -v npm >/dev/null || want+=(npm)
@@ -44,7 +46,8 @@ debian() {
 
 # build DIR MODULE_DIR PKG... builds into a temp dir and renames it into
 # place, so an interrupted build never looks finished. LDFLAGS adds to the
-# linker flags.
+# linker flags; RENAME="FROM TO" renames a binary go install named after
+# its package's folder.
 build() {
   local dir="$1" mod="$2"
   shift 2
@@ -54,6 +57,11 @@ build() {
   rm -rf "$tmp"
   mkdir -p "$tmp"
   (cd "$mod" && GOBIN="$tmp" CGO_ENABLED=0 go install -trimpath -ldflags="-s -w ${LDFLAGS:-}" "$@")
+  if [ -n "${RENAME:-}" ]; then
+    # shellcheck disable=SC2086
+    set -- $RENAME
+    mv "$tmp/$1" "$tmp/$2"
+  fi
   mv "$tmp" "$dir"
   echo "tools: built $(basename "$dir") in $((SECONDS - start))s"
 }
@@ -88,6 +96,9 @@ gotools() {
   LDFLAGS="-X github.com/oauth2-proxy/oauth2-proxy/v7/pkg/version.VERSION=$OAUTH2_PROXY_VERSION" \
     build "$CACHE/oauth2-proxy-$OAUTH2_PROXY_VERSION" hack/tools/oauth2-proxy github.com/oauth2-proxy/oauth2-proxy/v7
   build "$CACHE/oidcop-$ZITADEL_OIDC_VERSION" hack/tools/oidcop .
+  # Docker Compose, which the deployment tier runs compose.yaml with.
+  LDFLAGS="-X github.com/docker/compose/v2/internal.Version=$COMPOSE_VERSION" RENAME="cmd docker-compose" \
+    build "$CACHE/compose-$COMPOSE_VERSION" hack/tools/compose github.com/docker/compose/v2/cmd
   # Helm, which the chart tests render and install charts/aaas with.
   LDFLAGS="-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
     build "$CACHE/helm-$HELM_VERSION" hack/tools/helm helm.sh/helm/v4/cmd/helm

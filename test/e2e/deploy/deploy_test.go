@@ -1240,6 +1240,7 @@ func TestToolsArePinnedWhereVersionsSayIt(t *testing.T) {
 		"traefik":       "github.com/traefik/traefik/v3 " + aaas.Version("TRAEFIK_VERSION"),
 		"oauth2-proxy":  "github.com/oauth2-proxy/oauth2-proxy/v7 " + aaas.Version("OAUTH2_PROXY_VERSION"),
 		"oidcop":        "github.com/zitadel/oidc/v3 " + aaas.Version("ZITADEL_OIDC_VERSION"),
+		"compose":       "github.com/docker/compose/v2 " + aaas.Version("COMPOSE_VERSION"),
 	} {
 		b, err := os.ReadFile(filepath.Join(dir, "hack", "tools", mod, "go.mod"))
 		if err != nil {

@@ -811,7 +811,7 @@ func owner(t *testing.T, p *corev1.Pod) string {
 		if ref.Kind != "Sandbox" {
 			continue
 		}
-		sb, err := sc.AgentsV1beta1().Sandboxes(sandboxNS).Get(context.Background(), ref.Name, metav1.GetOptions{})
+		sb, err := sc.AgentsV1beta1().Sandboxes(p.Namespace).Get(context.Background(), ref.Name, metav1.GetOptions{})
 		if err != nil {
 			return ""
 		}
