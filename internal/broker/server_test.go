@@ -270,41 +270,51 @@ func TestStreamsEventByEvent(t *testing.T) {
 
 // A client that leaves mid-stream ends the provider's call, and what
 // was relayed is metered (estimated: the provider never reported usage).
+// While the provider is between tokens (idle), nothing is written that
+// could fail: only the broker's watch of the connection can tell.
 func TestClientGoneCancelsUpstream(t *testing.T) {
-	cancelled := make(chan struct{})
-	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		for {
-			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"word \"}}]}\n\n")
-			w.(http.Flusher).Flush()
-			select {
-			case <-r.Context().Done():
-				close(cancelled)
-				return
-			case <-time.After(10 * time.Millisecond):
+	for _, idle := range []bool{false, true} {
+		t.Run(map[bool]string{false: "streaming", true: "idle"}[idle], func(t *testing.T) {
+			cancelled := make(chan struct{})
+			far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				for {
+					fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"word \"}}]}\n\n")
+					w.(http.Flusher).Flush()
+					next := time.After(10 * time.Millisecond)
+					if idle {
+						next = nil
+					}
+					select {
+					case <-r.Context().Done():
+						close(cancelled)
+						return
+					case <-next:
+					}
+				}
+			})
+			f := newFixture(t, far.URL, nil)
+			ctx, cancel := context.WithCancel(context.Background())
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.url+"/oa/v1/chat/completions", strings.NewReader(`{"model":"gpt-x","stream":true}`))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-	})
-	f := newFixture(t, far.URL, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.url+"/oa/v1/chat/completions", strings.NewReader(`{"model":"gpt-x","stream":true}`))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
-	cancel()
-	resp.Body.Close()
-	select {
-	case <-cancelled:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the provider's call went on after the client left")
-	}
-	u := f.ledger.usage(t)
-	if !u.Estimated || u.OutputTokens == 0 || u.Status != 200 {
-		t.Fatalf("usage of a cut stream: %+v", u)
+			if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+				t.Fatal(err)
+			}
+			cancel()
+			resp.Body.Close()
+			select {
+			case <-cancelled:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the provider's call went on after the client left")
+			}
+			u := f.ledger.usage(t)
+			if !u.Estimated || u.OutputTokens == 0 || u.Status != 200 {
+				t.Fatalf("usage of a cut stream: %+v", u)
+			}
+		})
 	}
 }
 
@@ -635,41 +645,6 @@ func TestSendOnceLetsGoOfWhatItSent(t *testing.T) {
 	}
 	if n, err := o.Read(make([]byte, 8)); n != 0 || err != io.EOF {
 		t.Fatalf("read after the end: %d, %v", n, err)
-	}
-}
-
-// An idle stream (the provider is between tokens) whose client leaves
-// ends the provider's call at once, not at the next token: nothing is
-// written to find out, so only the broker's watch of the connection can
-// tell.
-func TestIdleStreamEndsWhenTheClientLeaves(t *testing.T) {
-	cancelled := make(chan struct{})
-	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n")
-		w.(http.Flusher).Flush()
-		<-r.Context().Done()
-		close(cancelled)
-	})
-	f := newFixture(t, far.URL, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.url+"/oa/v1/chat/completions", strings.NewReader(`{"model":"gpt-x","stream":true}`))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
-	cancel()
-	resp.Body.Close()
-	select {
-	case <-cancelled:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the provider's call went on after the client left")
-	}
-	if u := f.ledger.usage(t); u.Status != 200 || u.OutputTokens == 0 {
-		t.Fatalf("usage of a left stream: %+v", u)
 	}
 }
 
