@@ -557,3 +557,26 @@ func TestChartNotesSayWhatToDoNext(t *testing.T) {
 		}
 	}
 }
+
+// TestChartLetsLifecycleReachTheWebhook: with the hardening egress
+// policies, lifecycle's reaches what hardening.notifyEgress names (the
+// notices' webhook) and, without it, nothing beyond NATS, the sandboxes,
+// the API server and DNS.
+func TestChartLetsLifecycleReachTheWebhook(t *testing.T) {
+	egress := func(args ...string) []any {
+		t.Helper()
+		objs := renderChart(t, append([]string{"--set", "hardening.egress=true"}, args...)...)
+		return get(t, objs, "NetworkPolicy", "aaas-lifecycle-egress").Object["spec"].(map[string]any)["egress"].([]any)
+	}
+	base := egress()
+	with := egress("--set-json", `hardening.notifyEgress=[{"to":[{"ipBlock":{"cidr":"203.0.113.10/32"}}],"ports":[{"protocol":"TCP","port":443}]}]`)
+	if len(with) != len(base)+1 {
+		t.Fatalf("lifecycle's egress: %d rules, %d with notifyEgress", len(base), len(with))
+	}
+	if b, _ := json.Marshal(with[len(with)-1]); string(b) != `{"ports":[{"port":443,"protocol":"TCP"}],"to":[{"ipBlock":{"cidr":"203.0.113.10/32"}}]}` {
+		t.Fatalf("the webhook's rule: %s", b)
+	}
+	if b, _ := json.Marshal(base); strings.Contains(string(b), "203.0.113.10") {
+		t.Fatalf("without notifyEgress: %s", b)
+	}
+}
