@@ -31,7 +31,8 @@ FROM gcr.io/distroless/static-debian12:nonroot@sha256:afa5c872c891853ca7fcf1f12c
 ARG VERSION=dev
 LABEL org.opencontainers.image.title="aaas" \
       org.opencontainers.image.source="https://github.com/aaas-project/aaas" \
-      org.opencontainers.image.version="${VERSION}"
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /out/edge /out/lifecycle /out/sweeper /out/broker /out/setup /usr/local/bin/
 USER 65532:65532
 EXPOSE 8080 9090

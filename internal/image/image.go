@@ -72,9 +72,10 @@ func AAAS(binDir, ref string) Spec {
 // what it is, where it comes from, and the release it carries.
 func Labels(version string) map[string]string {
 	return map[string]string{
-		"org.opencontainers.image.title":   "aaas",
-		"org.opencontainers.image.source":  "https://github.com/aaas-project/aaas",
-		"org.opencontainers.image.version": version,
+		"org.opencontainers.image.title":    "aaas",
+		"org.opencontainers.image.source":   "https://github.com/aaas-project/aaas",
+		"org.opencontainers.image.version":  version,
+		"org.opencontainers.image.licenses": "Apache-2.0",
 	}
 }
 
