@@ -16,7 +16,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/aaas-project/aaas/internal/telemetry.Version=$(VERSION)
 export AAAS_TOOLS_CACHE := $(TOOLS_CACHE)
 
-.PHONY: all build test unit fuzz lint bench reliability soak run tools clean kind-up kind-down compose-up compose-down
+.PHONY: all build test unit fuzz lint bench reliability soak run tools clean kind-up kind-down compose-up compose-down release
 
 all: build
 
@@ -24,6 +24,14 @@ all: build
 build:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+
+## release: VERSION=x.y.z cuts a release into dist/vx.y.z: binaries, the multi-architecture image as an OCI
+## archive, its SBOM, the chart pinning the image by digest, notes from CHANGELOG, SHA256SUMS (reproducible:
+## the same commit gives the same checksums); the checkout must say the version (CHANGELOG, chart, kustomize)
+release:
+	@[ -n "$(VERSION)" ] && [ "$(origin VERSION)" = "command line" ] || { echo "release: say which, e.g. make release VERSION=0.2.0"; exit 2; }
+	@git diff --quiet HEAD || { echo "release: the checkout has uncommitted changes; a release is cut from a commit"; exit 1; }
+	go run ./hack/release -version $(VERSION) -out dist/v$(VERSION)
 
 ## tools: etcd, chromium, kube-apiserver, kube-controller-manager, agent-sandbox, staticcheck (cached)
 tools:

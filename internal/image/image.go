@@ -11,6 +11,7 @@ package image
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"fmt"
 	"io"
 	"os"
@@ -26,6 +27,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/aaas-project/aaas"
 	"github.com/aaas-project/aaas/internal/gobuild"
@@ -53,6 +55,12 @@ type Spec struct {
 	Env []string
 	// Labels are the image's OCI annotations.
 	Labels map[string]string
+	// Arch is the image's CPU architecture, GOARCH's name ("" for amd64);
+	// Files must hold programs built for it.
+	Arch string
+	// OCI builds the image with OCI media types (a release's), instead
+	// of Docker's, which docker load and ctr import take.
+	OCI bool
 }
 
 // AAASBinaries are the commands of the aaas image, in the Dockerfile's order.
@@ -202,7 +210,11 @@ func (s Spec) Image() (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
+	base := empty.Image
+	if s.OCI {
+		base = mutate.MediaType(mutate.ConfigMediaType(base, types.OCIConfigJSON), types.OCIManifestSchema1)
+	}
+	img, err := mutate.AppendLayers(base, layer)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", s.Ref, err)
 	}
@@ -211,7 +223,7 @@ func (s Spec) Image() (v1.Image, error) {
 		return nil, fmt.Errorf("image %s: %w", s.Ref, err)
 	}
 	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.OS, cf.Architecture = "linux", cmp.Or(s.Arch, "amd64")
 	cf.Config.User = s.User
 	cf.Config.Entrypoint = s.Entrypoint
 	cf.Config.Env = s.Env
@@ -281,7 +293,11 @@ func (s Spec) layer() (v1.Layer, error) {
 		return nil, err
 	}
 	data := buf.Bytes()
-	return tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
+	var opts []tarball.LayerOption
+	if s.OCI {
+		opts = append(opts, tarball.WithMediaType(types.OCILayer))
+	}
+	return tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }, opts...)
 }
 
 // Install builds into dir the images an install on the real node needs:
