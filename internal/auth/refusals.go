@@ -27,6 +27,9 @@ type auditWindow struct {
 	Audited int `json:"audited"`
 }
 
+// SchemaVersion is the count's record version (kv.Versioned).
+func (auditWindow) SchemaVersion() int { return 1 }
+
 const auditKeyPrefix = "audits."
 
 // auditTimeout bounds one read-and-write of the shared count.

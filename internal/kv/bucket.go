@@ -7,7 +7,6 @@ package kv
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -94,7 +93,7 @@ func (b *Bucket[T]) Get(ctx context.Context, key string) (Entry[T], error) {
 
 func (b *Bucket[T]) decode(e jetstream.KeyValueEntry) (Entry[T], error) {
 	var v T
-	if err := json.Unmarshal(e.Value(), &v); err != nil {
+	if err := decodeInto(e.Value(), &v); err != nil {
 		return Entry[T]{}, fmt.Errorf("decode %s/%s: %w", b.name, e.Key(), err)
 	}
 	return Entry[T]{Key: e.Key(), Value: v, Revision: e.Revision(), Created: e.Created()}, nil
@@ -136,7 +135,7 @@ func (b *Bucket[T]) Create(ctx context.Context, key string, v T, opts ...WriteOp
 	}
 	// The key has a last message: a value (it exists) or a delete or purge
 	// marker (it may be created again). The KV client tells which.
-	data, err := json.Marshal(v)
+	data, err := encode(v)
 	if err != nil {
 		return 0, fmt.Errorf("create %s/%s: %w", b.name, key, err)
 	}
@@ -164,7 +163,7 @@ func (b *Bucket[T]) Update(ctx context.Context, key string, v T, rev uint64, opt
 // jetstream.KeyValue does internally, so that an update can also carry a
 // TTL (the library's Update cannot). expect < 0 means unconditional.
 func (b *Bucket[T]) publish(ctx context.Context, key string, v T, expect int64, ttl time.Duration) (uint64, error) {
-	data, err := json.Marshal(v)
+	data, err := encode(v)
 	if err != nil {
 		return 0, fmt.Errorf("write %s/%s: %w", b.name, key, err)
 	}

@@ -2,7 +2,6 @@ package kv
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -243,9 +242,13 @@ func (c *Cache[T]) apply(e jetstream.KeyValueEntry) {
 	deleted := e.Operation() != jetstream.KeyValuePut
 	var entry Entry[T]
 	if !deleted {
-		if err := json.Unmarshal(e.Value(), &entry.Value); err != nil {
-			c.log.Error("undecodable value ignored", "key", key, "revision", e.Revision(), "err", err)
-			return
+		if err := decodeInto(e.Value(), &entry.Value); err != nil {
+			// Left out, not kept as it was: a newer release's record must
+			// not be acted on in an older schema, nor the record it
+			// replaced in its stead (readers that miss ask the bucket,
+			// which refuses it too, saying why).
+			c.log.Warn("value left out", "key", key, "revision", e.Revision(), "err", err)
+			deleted = true
 		}
 		entry.Key, entry.Revision, entry.Created = key, e.Revision(), e.Created()
 	}

@@ -224,3 +224,6 @@ type Holder struct {
 	ID    string    `json:"id"`
 	Since time.Time `json:"since"`
 }
+
+// SchemaVersion is a lease's record version (Versioned).
+func (Holder) SchemaVersion() int { return 1 }

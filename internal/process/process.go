@@ -20,6 +20,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/natsconn"
 	"github.com/aaas-project/aaas/internal/telemetry"
@@ -78,6 +79,10 @@ func Start(role natsauth.Role, common config.Common) (*Process, error) {
 		}
 		return 0
 	}))
+	p.Metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "aaas_kv_newer_records_total",
+		Help: "Records this process refused as written by a newer release in a schema it does not read (upgrade it).",
+	}, func() float64 { return float64(kv.NewerRecords()) }))
 	streams, buckets := role.Requires()
 	if err := natsconn.Require(ctx, js, streams, buckets, log); err != nil {
 		p.Close()
