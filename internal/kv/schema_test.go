@@ -91,7 +91,10 @@ func TestRecordsCarryTheirSchemaVersion(t *testing.T) {
 		t.Fatalf("release 1 reading a version 2 record: %v, want ErrNewerRecord", err)
 	}
 	wrote := false
-	if _, err := r1.Mutate(ctx, "b", func(cur note1, ok bool) (note1, bool, error) { wrote = true; return note1{Text: "clobbered"}, true, nil }); !errors.Is(err, kv.ErrNewerRecord) || wrote {
+	if _, err := r1.Mutate(ctx, "b", func(cur note1, ok bool) (note1, bool, error) {
+		wrote = true
+		return note1{Text: "clobbered"}, true, nil
+	}); !errors.Is(err, kv.ErrNewerRecord) || wrote {
 		t.Fatalf("release 1 changing a version 2 record: %v (changed: %v)", err, wrote)
 	}
 	if e, err := raw.Get(ctx, "b"); err != nil || e.Revision() != rev {
