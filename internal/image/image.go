@@ -293,7 +293,10 @@ func (s Spec) layer() (v1.Layer, error) {
 		return nil, err
 	}
 	data := buf.Bytes()
-	var opts []tarball.LayerOption
+	// Compressed once: the digest, the manifest and the archive each ask
+	// for the compressed bytes, and compressing 50 MiB of binaries takes
+	// seconds.
+	opts := []tarball.LayerOption{tarball.WithCompressedCaching}
 	if s.OCI {
 		opts = append(opts, tarball.WithMediaType(types.OCILayer))
 	}
