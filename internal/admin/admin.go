@@ -482,7 +482,9 @@ func (s *Service) run(user, action, by string) (string, int, error) {
 		if err := s.o.Auth.Store().RevokeAll(ctx, user); err != nil {
 			return "", fiber.StatusServiceUnavailable, auth.ErrUnavailable
 		}
-		return fmt.Sprintf("%d sessions ended", n), fiber.StatusOK, nil
+		// What revoke does not end, said where the administrator reads
+		// the outcome: the bearer token signs in again.
+		return fmt.Sprintf("%d sessions ended; the account's bearer token still works", n), fiber.StatusOK, nil
 	}
 	verb, want := events.VerbDelete, state.OutcomeDeleted
 	if action == "recreate" {

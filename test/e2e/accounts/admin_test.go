@@ -163,13 +163,19 @@ func TestAdminAPIAcrossTwoEdges(t *testing.T) {
 	})
 	waitPhase(t, w, "ann", state.PhaseReady)
 	expect(t, ann.Do(http.MethodGet, "/_/status", nil, "Accept", "application/json"), http.StatusOK, "ann signed in")
-	expect(t, bearer(http.MethodPost, "/_/admin/users/ann/revoke", `{"confirm":"ann"}`), http.StatusOK, "revoke")
+	r := bearer(http.MethodPost, "/_/admin/users/ann/revoke", `{"confirm":"ann"}`)
+	expect(t, r, http.StatusOK, "revoke")
+	if out, _ := r.JSON()["outcome"].(string); !strings.Contains(out, "sessions ended; the account's bearer token still works") {
+		t.Fatalf("revoke's outcome %q does not say what it leaves", out)
+	}
 	testutil.Eventually(t, 10*time.Second, func() error {
 		if r := ann.Do(http.MethodGet, "/_/status", nil, "Accept", "application/json"); r.StatusCode != http.StatusUnauthorized {
 			return fmt.Errorf("ann's cookie after revoke: %d", r.StatusCode)
 		}
 		return nil
 	})
+	// As it says: her token still signs her in.
+	expect(t, testenv.NewClient(t, b.URL).Do(http.MethodGet, "/_/status", nil, "Authorization", "Bearer "+annToken, "Accept", "application/json"), http.StatusOK, "ann's token after revoke")
 	expect(t, bearer(http.MethodPost, "/_/admin/users/ann/recreate", `{"confirm":"ann"}`), http.StatusOK, "recreate")
 	waitPhase(t, w, "ann", state.PhaseReady)
 	expect(t, bearer(http.MethodPost, "/_/admin/users/cy/delete", `{"confirm":"cy"}`), http.StatusOK, "delete")
