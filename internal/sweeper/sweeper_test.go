@@ -277,16 +277,21 @@ func TestDormantAccountsAreMarkedThenDeleted(t *testing.T) {
 	if _, ok := deletes["sleeper"]; len(deletes) != 1 || !ok {
 		t.Fatalf("deletions asked %v, want sleeper's only", deletes)
 	}
-	var dormancy []string
-	for _, a := range w.audit() {
-		if strings.HasPrefix(a, "dormant ") {
-			dormancy = append(dormancy, a)
+	// Audit events are published asynchronously: poll until all have
+	// landed, then check no more than the expected ones did.
+	testutil.Eventually(t, 30*time.Second, func() error {
+		var dormancy []string
+		for _, a := range w.audit() {
+			if strings.HasPrefix(a, "dormant ") {
+				dormancy = append(dormancy, a)
+			}
 		}
-	}
-	sort.Strings(dormancy)
-	if want := "[dormant napper dormant dormant sleeper deleting dormant sleeper dormant]"; fmt.Sprint(dormancy) != want {
-		t.Fatalf("audited %v, want %s", dormancy, want)
-	}
+		sort.Strings(dormancy)
+		if want := "[dormant napper dormant dormant sleeper deleting dormant sleeper dormant]"; fmt.Sprint(dormancy) != want {
+			return fmt.Errorf("audited %v, want %s", dormancy, want)
+		}
+		return nil
+	})
 }
 
 func TestClocksSurviveARestart(t *testing.T) {
