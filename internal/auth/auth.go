@@ -267,8 +267,9 @@ func (a *Authenticator) identify(c *fiber.Ctx, user string) (Identity, error) {
 
 // session resolves the session the cookie name carries: from this edge's
 // cache, or, for one it has not seen yet, from the bucket under user (the
-// user the request names), so a session made on another edge a moment ago
-// works here too.
+// user the request names; with none, once the cache has caught up with
+// the bucket), so a session made on another edge a moment ago works here
+// too.
 func (a *Authenticator) session(c *fiber.Ctx, name, user string) (state.Session, [32]byte, error) {
 	sid := c.Request().Header.Cookie(name)
 	if len(sid) == 0 {
@@ -279,7 +280,7 @@ func (a *Authenticator) session(c *fiber.Ctx, name, user string) (state.Session,
 	}
 	sum := sha256.Sum256(sid)
 	sess, ok := a.o.Store.LookupSum(sum)
-	if !ok && user != "" {
+	if !ok {
 		var err error
 		if sess, ok, err = a.o.Store.Fetch(c.UserContext(), httpguard.Key(c), user, sum); err != nil {
 			a.counter.WithLabelValues("session", "unavailable").Inc()

@@ -125,6 +125,44 @@ func (c *fakeClock) Add(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
+// A request that names no user (the gateway's own pages) right after
+// signing in on another edge finds the session: the edge's cache catches
+// up with the bucket first. Each session is asked for the instant it was
+// created; TestCacheCatchUp shows the watch alone is often behind then.
+// A cache that cannot catch up says the session cannot be checked, not
+// that there is none.
+func TestFetchWithoutAUserCatchesUp(t *testing.T) {
+	js := bus(t)
+	ctx := natstest.Context(t, time.Minute)
+	here := newStore(t, context.Background(), js, 100)
+	there := newStore(t, context.Background(), js, 100)
+	for i := range 50 {
+		sid, err := here.Create(ctx, "bob", "login")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A client each: one client's read budget is a burst of 20.
+		sess, ok, err := there.Fetch(ctx, fmt.Sprintf("10.0.%d.1", i), "", sha256.Sum256([]byte(sid)))
+		if !ok || err != nil || sess.User != "bob" {
+			t.Fatalf("session %d from the other edge: %+v %v %v", i, sess, ok, err)
+		}
+	}
+	if _, ok, err := there.Fetch(ctx, "10.0.0.1", "", sha256.Sum256([]byte(auth.NewSessionID()))); ok || err != nil {
+		t.Fatalf("an unknown id: %v %v", ok, err)
+	}
+
+	frozen, freeze := context.WithCancel(context.Background())
+	lagging := newStore(t, frozen, js, 100)
+	freeze()
+	sid, err := here.Create(ctx, "bob", "login")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := lagging.Fetch(ctx, "10.0.0.1", "", sha256.Sum256([]byte(sid))); ok || err == nil {
+		t.Fatalf("a cache whose watch stopped gave a verdict: %v %v", ok, err)
+	}
+}
+
 // An edge whose watch lags finds a session created elsewhere by reading
 // the bucket under the user the request names, and nowhere else; an id
 // it did not find is not read again until the miss fades; and a client's

@@ -242,16 +242,23 @@ func (s *Store) LookupSum(sum [32]byte) (state.Session, bool) {
 // meanwhile. What is found is noted in the cache, which keeps it only
 // while the watch is behind it, so a revocation the watch has already
 // applied is never undone.
+// A request that names no user (the gateway's own pages, right after
+// signing in on another edge) cannot name the key: for it (user "") the
+// cache catches up with the bucket instead (kv.Cache.CatchUp), at the
+// same price of one request to the bucket.
 // Reads are budgeted per client (httpguard.Key) and per edge, joined when
 // several requests ask for the same key at once, and misses remembered
 // for missTTL: random cookies cost the bus little, and only the client
 // sending them loses its budget. An error means the bucket could not be
 // read (or the read budget is spent), not that there is no such session.
 func (s *Store) Fetch(ctx context.Context, client, user string, sum [32]byte) (state.Session, bool, error) {
-	if ValidateUser(user) != nil {
+	key := state.SessionKey(user, hex.EncodeToString(sum[:]))
+	switch {
+	case user == "":
+		key = state.SessionKey("*", hex.EncodeToString(sum[:]))
+	case ValidateUser(user) != nil:
 		return state.Session{}, false, nil
 	}
-	key := state.SessionKey(user, hex.EncodeToString(sum[:]))
 	if s.missed(key) {
 		return state.Session{}, false, nil
 	}
@@ -262,6 +269,15 @@ func (s *Store) Fetch(ctx context.Context, client, user string, sum [32]byte) (s
 		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fetchTimeout)
 		defer cancel()
+		if user == "" {
+			if err := s.cache.CatchUp(ctx); err != nil {
+				return nil, err
+			}
+			if _, ok := s.cache.GetBytes(sum[:]); !ok {
+				s.miss(key)
+			}
+			return nil, nil
+		}
 		e, err := s.bucket.Get(ctx, key)
 		switch {
 		case errors.Is(err, kv.ErrNotFound):

@@ -47,6 +47,9 @@ type Cache[T any] struct {
 	// goroutine only).
 	confirmed atomic.Int64
 	pending   look
+	// moved is closed when last next advances; made by the first CatchUp
+	// waiting for it (nil: nobody waits), guarded by mu.
+	moved chan struct{}
 }
 
 // look is the bucket's last sequence as read at a moment.
@@ -253,14 +256,22 @@ func (c *Cache[T]) apply(e jetstream.KeyValueEntry) {
 		entry.Key, entry.Revision, entry.Created = key, e.Revision(), e.Created()
 	}
 
+	// Stored before last moves on: a CatchUp that sees last reach this
+	// revision must find the entry.
+	c.set(key, idx, entry, deleted, nil)
 	if r := e.Revision(); r > c.last.Load() {
+		c.mu.Lock()
 		c.last.Store(r)
+		if c.moved != nil {
+			close(c.moved)
+			c.moved = nil
+		}
+		c.mu.Unlock()
 		if c.pending.seq != 0 && r >= c.pending.seq {
 			c.confirm(c.pending.at)
 			c.pending = look{}
 		}
 	}
-	c.set(key, idx, entry, deleted, nil)
 }
 
 // set stores (or, deleted, drops) the entry under idx when newer (nil:
@@ -289,6 +300,41 @@ func (c *Cache[T]) set(key, idx string, entry Entry[T], deleted bool, newer func
 	}
 	for _, fn := range c.subs {
 		fn(key, entry, deleted)
+	}
+}
+
+// CatchUp returns once the cache holds every write the bucket had when it
+// was called: it asks the bucket's last sequence and waits for the watch
+// to apply it. A reader that misses a key another process wrote a moment
+// ago, and cannot name the key to read it itself, asks this instead. It
+// costs one request to the stream; an error means the bucket could not
+// say or ctx ended first.
+func (c *Cache[T]) CatchUp(ctx context.Context) error {
+	st, err := c.bucket.kv.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("status of %s: %w", c.bucket.name, err)
+	}
+	s, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		return fmt.Errorf("status of %s: unexpected type %T", c.bucket.name, st)
+	}
+	want := s.StreamInfo().State.LastSeq
+	for {
+		c.mu.Lock()
+		if c.last.Load() >= want {
+			c.mu.Unlock()
+			return nil
+		}
+		if c.moved == nil {
+			c.moved = make(chan struct{})
+		}
+		ch := c.moved
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("catching up with %s at %d: %w", c.bucket.name, want, ctx.Err())
+		}
 	}
 }
 

@@ -321,6 +321,58 @@ func TestCacheWait(t *testing.T) {
 	}
 }
 
+// CatchUp returns only once the cache holds what the bucket held when it
+// was asked: every write made on another connection just before is found
+// right after it, while the watch alone, asked at once, is seen to be
+// behind some of the time (the positive control; reported, not required,
+// as how often depends on scheduling). A cache whose watch has stopped
+// cannot catch up, and says so when its context ends.
+func TestCacheCatchUp(t *testing.T) {
+	url, js := setup(t)
+	ctx := natstest.Context(t, time.Minute)
+	boxes := open[state.Sandbox](t, js, state.BucketSandboxes)
+	_, other := natstest.Connect(t, url)
+	writer := open[state.Sandbox](t, other, state.BucketSandboxes)
+	cache, err := kv.NewCache(ctx, boxes, ">", quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-cache.Synced()
+	behind := 0
+	for i := range 200 {
+		key := fmt.Sprintf("u%d", i)
+		if _, err := writer.Put(ctx, key, state.Sandbox{User: key}); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := cache.Get(key); !ok {
+			behind++
+		}
+		if err := cache.CatchUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := cache.Get(key); !ok {
+			t.Fatalf("write %d not in the cache after CatchUp", i)
+		}
+	}
+	t.Logf("the watch alone was behind the write %d times in 200", behind)
+
+	stopped, stop := context.WithCancel(context.Background())
+	frozen, err := kv.NewCache(stopped, boxes, ">", quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-frozen.Synced()
+	stop()
+	if _, err := writer.Put(ctx, "late", state.Sandbox{User: "late"}); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := frozen.CatchUp(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a stopped cache caught up: %v", err)
+	}
+}
+
 // A writer notes its own write in its cache: found at once, never
 // replaced by an older revision, and the watch's later copy of it (or a
 // newer write) is what the cache then holds.
