@@ -9,7 +9,9 @@ package release
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
@@ -48,6 +50,11 @@ type Options struct {
 	Root, Out string
 	// Log receives progress lines.
 	Log io.Writer
+	// prebuilt, in tests, holds the binaries of an earlier Build of the
+	// same checkout (<prebuilt>/<arch>/), which this one packages again
+	// instead of building; Build leaves its binaries there when it is
+	// set and empty.
+	prebuilt string
 }
 
 // Result is what Build made: the image index's digest, which the chart
@@ -90,9 +97,12 @@ func Build(o Options) (Result, error) {
 
 	var images []v1.Image
 	for _, arch := range Arches {
-		bin := filepath.Join(work, "bin", arch)
-		if err := r.buildBinaries(arch, bin); err != nil {
-			return Result{}, err
+		bin := filepath.Join(cmp.Or(o.prebuilt, filepath.Join(work, "bin")), arch)
+		if _, err := os.Stat(bin); o.prebuilt == "" || err != nil {
+			r.logf("building the binaries for linux/%s", arch)
+			if err := Binaries(o.Root, o.Version, arch, bin, image.AAASBinaries...); err != nil {
+				return Result{}, err
+			}
 		}
 		if err := r.modules(bin); err != nil {
 			return Result{}, err
@@ -151,16 +161,17 @@ func (r *run) logf(format string, args ...any) {
 	}
 }
 
-// buildBinaries compiles the image's commands for arch into dir, as
-// reproducibly as Go builds: static, trimmed paths, no build id.
-func (r *run) buildBinaries(arch, dir string) error {
-	r.logf("building the binaries for linux/%s", arch)
-	args := []string{"build", "-trimpath", "-ldflags", "-s -w -buildid= -X github.com/aaas-project/aaas/internal/telemetry.Version=v" + r.o.Version, "-o", dir + "/"}
-	for _, c := range image.AAASBinaries {
+// Binaries compiles cmds (./cmd/<name>) of the checkout at root for
+// linux/arch into dir, as a release does: static, trimmed paths, no build
+// id, the version stamped; Go makes that the same bytes from the same
+// source, wherever and whenever it is built.
+func Binaries(root, version, arch, dir string, cmds ...string) error {
+	args := []string{"build", "-trimpath", "-ldflags", "-s -w -buildid= -X github.com/aaas-project/aaas/internal/telemetry.Version=v" + version, "-o", dir + "/"}
+	for _, c := range cmds {
 		args = append(args, "./cmd/"+c)
 	}
 	cmd := exec.Command("go", args...)
-	cmd.Dir = r.o.Root
+	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch, "GOFLAGS=-mod=readonly")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build for %s: %v: %s", arch, err, out)
@@ -188,7 +199,7 @@ func (r *run) binariesArchive(arch, bin string) error {
 		}
 		entries = append(entries, entry{name: name + "/" + n, data: b, mode: mode})
 	}
-	return r.writeTarGz(name+".tar.gz", entries)
+	return r.writeTar(name+".tar.gz", true, entries)
 }
 
 // index is the multi-architecture image over images (one per Arches).
@@ -264,7 +275,7 @@ func (r *run) ociArchive(idx v1.ImageIndex) error {
 	for hexsum, b := range blobs {
 		entries = append(entries, entry{name: "blobs/sha256/" + hexsum, data: b, mode: 0o644})
 	}
-	return r.writeTar(fmt.Sprintf("aaas_%s.oci.tar", r.o.Version), entries)
+	return r.writeTar(fmt.Sprintf("aaas_%s.oci.tar", r.o.Version), false, entries)
 }
 
 // chart writes aaas-<version>.tgz: charts/aaas as `helm package`
@@ -286,7 +297,7 @@ func (r *run) chart(digest v1.Hash) error {
 	if err != nil {
 		return err
 	}
-	return r.writeTarGz(fmt.Sprintf("aaas-%s.tgz", r.o.Version), entries)
+	return r.writeTar(fmt.Sprintf("aaas-%s.tgz", r.o.Version), true, entries)
 }
 
 // walkFiles calls fn with every file under dir, named under prefix,
@@ -376,11 +387,11 @@ type entry struct {
 	mode int64
 }
 
-// tarball is entries as a tar, sorted by name, every time the commit's.
-func (r *run) tarball(entries []entry) ([]byte, error) {
+// tarball writes entries to w as a tar, sorted by name, every time the
+// commit's.
+func (r *run) tarball(w io.Writer, entries []entry) error {
 	sort.Slice(entries, func(i, j int) bool { return entries[i].name < entries[j].name })
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
+	tw := tar.NewWriter(w)
 	dirs := map[string]bool{}
 	for _, e := range entries {
 		for d := path.Dir(e.name); d != "." && !dirs[d]; d = path.Dir(d) {
@@ -394,49 +405,50 @@ func (r *run) tarball(entries []entry) ([]byte, error) {
 	sort.Strings(dirList)
 	for _, d := range dirList {
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755, ModTime: r.epoch, Format: tar.FormatPAX}); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	for _, e := range entries {
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: e.name, Mode: e.mode, Size: int64(len(e.data)), ModTime: r.epoch, Format: tar.FormatPAX}); err != nil {
-			return nil, err
+			return err
 		}
 		if _, err := tw.Write(e.data); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
+	return tw.Close()
 }
 
-func (r *run) writeTar(name string, entries []entry) error {
-	b, err := r.tarball(entries)
+// writeTar writes entries as the release's file name, a tar, or with
+// gz a gzipped one (the fastest level: binaries barely compress further,
+// and every level gives the same bytes every time).
+func (r *run) writeTar(name string, gz bool, entries []entry) error {
+	f, err := os.OpenFile(filepath.Join(r.o.Out, name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
-	return r.write(name, b)
-}
-
-func (r *run) writeTarGz(name string, entries []entry) error {
-	b, err := r.tarball(entries)
-	if err != nil {
+	defer f.Close()
+	bw := bufio.NewWriterSize(f, 1<<20)
+	var w io.Writer = bw
+	var zw *gzip.Writer
+	if gz {
+		if zw, err = gzip.NewWriterLevel(bw, gzip.BestSpeed); err != nil {
+			return err
+		}
+		zw.ModTime, w = r.epoch, zw
+	}
+	if err := r.tarball(w, entries); err != nil {
 		return err
 	}
-	var buf bytes.Buffer
-	zw, err := gzip.NewWriterLevel(&buf, gzip.DefaultCompression)
-	if err != nil {
+	if zw != nil {
+		if err := zw.Close(); err != nil {
+			return err
+		}
+	}
+	if err := bw.Flush(); err != nil {
 		return err
 	}
-	zw.ModTime = r.epoch
-	if _, err := zw.Write(b); err != nil {
-		return err
-	}
-	if err := zw.Close(); err != nil {
-		return err
-	}
-	return r.write(name, buf.Bytes())
+	return f.Close()
 }
 
 // Notes is CHANGELOG.md's section for version ("## x.y.z", up to the
@@ -462,8 +474,9 @@ func Notes(root, version string) (string, error) {
 }
 
 // checkVersions refuses a release whose checkout does not say it: the
-// chart's version and appVersion and the kustomize install's image tag
-// must all be version, so that what the tag's README installs is it.
+// chart's version and appVersion, the kustomize install's image tag and
+// README's install (the clone and the kustomize refs) must all name
+// version, so that what the tag's README installs is it.
 func checkVersions(root, version string) error {
 	chart, err := os.ReadFile(filepath.Join(root, manifests.Chart, "Chart.yaml"))
 	if err != nil {
@@ -480,6 +493,15 @@ func checkVersions(root, version string) error {
 	}
 	if !bytes.Contains(kust, []byte("newTag: "+strconv.Quote(version))) {
 		return fmt.Errorf("manifests/base/kustomization.yaml does not tag the image %q: bump it in the release's commit", version)
+	}
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		return err
+	}
+	for _, want := range []string{"--branch v" + version + " ", "?ref=v" + version + "\n"} {
+		if !bytes.Contains(readme, []byte(want)) {
+			return fmt.Errorf("README.md's install does not pin v%s (%q): bump it in the release's commit", version, strings.TrimSpace(want))
+		}
 	}
 	return nil
 }

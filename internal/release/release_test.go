@@ -35,10 +35,13 @@ func chartVersion(t *testing.T, root string) string {
 }
 
 // TestReleaseIsReproducibleAndPinned cuts the checkout's release twice,
-// into two directories: the checksums are equal, they hold for every
-// file, the chart installs exactly the image the OCI archive holds (by
-// digest, for every architecture), the SBOM lists what the binaries
-// link, and the notes are CHANGELOG's section.
+// into two directories, the second packaging the first's binaries again
+// (linking both architectures' twice would double a slow test): the
+// checksums are equal, and a binary built again on its own is the
+// release's byte for byte, so the binaries reproduce too. The checksums
+// hold for every file, the chart installs exactly the image the OCI
+// archive holds (by digest, for every architecture), the SBOM lists what
+// the binaries link, and the notes are CHANGELOG's section.
 func TestReleaseIsReproducibleAndPinned(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cuts a release twice (Go builds for two architectures): not under -short")
@@ -46,12 +49,13 @@ func TestReleaseIsReproducibleAndPinned(t *testing.T) {
 	root := testenv.Root()
 	version := chartVersion(t, root)
 	dir := t.TempDir()
+	bins := filepath.Join(dir, "bin")
 	var results [2]Result
 	var sums [2][]byte
 	for i := range results {
 		out := filepath.Join(dir, fmt.Sprint(i))
 		start := time.Now()
-		r, err := Build(Options{Version: version, Root: root, Out: out, Log: t.Output()})
+		r, err := Build(Options{Version: version, Root: root, Out: out, Log: t.Output(), prebuilt: bins})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -66,6 +70,21 @@ func TestReleaseIsReproducibleAndPinned(t *testing.T) {
 	}
 	out := filepath.Join(dir, "0")
 	t.Logf("release %s: image %s\n%s", version, results[0].Digest, sums[0])
+	again := filepath.Join(dir, "again")
+	if err := Binaries(root, version, "amd64", again, "setup"); err != nil {
+		t.Fatal(err)
+	}
+	built, err := os.ReadFile(filepath.Join(again, "setup"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	released, err := os.ReadFile(filepath.Join(bins, "amd64", "setup"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(built, released) {
+		t.Fatal("setup built again is not the release's byte for byte: the binaries do not reproduce")
+	}
 
 	// Every file is in SHA256SUMS and matches it.
 	listed := map[string]bool{}
@@ -242,7 +261,9 @@ func TestReleaseRefusesWhatTheCheckoutDoesNotSay(t *testing.T) {
 	// A checkout whose chart says another version.
 	dir := t.TempDir()
 	changelog := "# Changelog\n\n## 7.7.7\n\n- a release\n\n## 0.1.0\n\n- the first\n"
-	for name, text := range map[string]string{"CHANGELOG.md": changelog, "charts/aaas/Chart.yaml": "version: 0.1.0\nappVersion: \"0.1.0\"\n", "manifests/base/kustomization.yaml": "    newTag: \"7.7.7\"\n"} {
+	files := map[string]string{"CHANGELOG.md": changelog, "charts/aaas/Chart.yaml": "version: 0.1.0\nappVersion: \"0.1.0\"\n",
+		"manifests/base/kustomization.yaml": "    newTag: \"7.7.7\"\n", "README.md": "git clone --branch v7.7.7 …\n  - …//manifests/base?ref=v7.7.7\n"}
+	for name, text := range files {
 		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -252,6 +273,16 @@ func TestReleaseRefusesWhatTheCheckoutDoesNotSay(t *testing.T) {
 	}
 	if _, err := Build(Options{Version: "7.7.7", Root: dir, Out: filepath.Join(dir, "out")}); err == nil || !strings.Contains(err.Error(), `Chart.yaml does not say "version: 7.7.7"`) {
 		t.Fatalf("a chart of another version: %v", err)
+	}
+	// And a README that installs another.
+	files["charts/aaas/Chart.yaml"], files["README.md"] = "version: 7.7.7\nappVersion: \"7.7.7\"\n", "git clone --branch v7.7.6 …\n"
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := Build(Options{Version: "7.7.7", Root: dir, Out: filepath.Join(dir, "out")}); err == nil || !strings.Contains(err.Error(), "README.md's install does not pin v7.7.7") {
+		t.Fatalf("a README pinning another release: %v", err)
 	}
 	if notes, err := Notes(dir, "7.7.7"); err != nil || notes != "## 7.7.7\n\n- a release\n\n" {
 		t.Fatalf("notes %q, %v", notes, err)

@@ -220,6 +220,19 @@ func readmeBlock(file string) (values string, commands []string, err error) {
 // chartDir is the chart in the checkout under test.
 func chartDir() string { return filepath.Join(testenv.Root(), manifests.Chart) }
 
+// chartVersion is the release the checkout is (the chart's version).
+func chartVersion() (string, error) {
+	b, err := os.ReadFile(filepath.Join(chartDir(), "Chart.yaml"))
+	if err != nil {
+		return "", err
+	}
+	var c struct{ Version string }
+	if err := yaml.Unmarshal(b, &c); err != nil || c.Version == "" {
+		return "", fmt.Errorf("Chart.yaml's version: %v", err)
+	}
+	return c.Version, nil
+}
+
 // renderChart renders the chart with README's values (written into dir),
 // as `helm install` would install it.
 func renderChart(dir, values string) ([]*unstructured.Unstructured, error) {
@@ -307,10 +320,15 @@ func buildImages(dir string, objs []*unstructured.Unstructured) ([]string, error
 
 // remote maps what README's commands fetch from the network onto the local
 // copies this test uses: agent-sandbox's release (rendered from the pinned
-// module as the release asset is made) and this repository's clone (the
-// checkout under test, linked where the clone would be, so what is tested
-// is the working tree, uncommitted changes included).
+// module as the release asset is made) and this repository's clone at
+// the release README pins, which must be the checkout's own (the checkout
+// under test, linked where the clone would be, so what is tested is the
+// working tree, uncommitted changes included).
 func remote(dir string) (map[string]string, error) {
+	version, err := chartVersion()
+	if err != nil {
+		return nil, err
+	}
 	objs, err := devcluster.AgentSandboxRelease()
 	if err != nil {
 		return nil, err
@@ -329,8 +347,8 @@ func remote(dir string) (map[string]string, error) {
 		return nil, err
 	}
 	return map[string]string{
-		"https://github.com/kubernetes-sigs/agent-sandbox/releases/download/" + aaas.Version("AGENT_SANDBOX_VERSION") + "/sandbox-with-extensions.yaml": file,
-		"git clone --depth 1 https://github.com/aaas-project/aaas aaas-src 2>/dev/null || git -C aaas-src pull --ff-only":                               "ln -sfn " + testenv.Root() + " aaas-src",
+		"https://github.com/kubernetes-sigs/agent-sandbox/releases/download/" + aaas.Version("AGENT_SANDBOX_VERSION") + "/sandbox-with-extensions.yaml":                                                                        file,
+		fmt.Sprintf("git clone -q --depth 1 --branch v%[1]s https://github.com/aaas-project/aaas aaas-src 2>/dev/null || git -C aaas-src fetch -q --depth 1 origin tag v%[1]s && git -C aaas-src checkout -q v%[1]s", version): "ln -sfn " + testenv.Root() + " aaas-src",
 	}, nil
 }
 
