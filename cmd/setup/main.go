@@ -8,15 +8,20 @@
 // and exits. `setup secrets` is the chart's pre-install hook: it creates
 // the Secrets GENERATE_*_SECRET name when absent (installsecrets), with
 // in-cluster credentials, and exits. `setup smoke signup|signin-redirect|
-// blocked` is the chart's `helm test` (package smoke).
+// blocked` is the chart's `helm test` (package smoke). `setup backup DIR`
+// copies every stream and bucket into DIR with the backup identity;
+// `setup restore [-replace] DIR` puts them back with the setup identity
+// (package backup).
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -43,6 +48,8 @@ func main() {
 			return
 		case "smoke":
 			os.Exit(smokeTest(os.Args[2:]))
+		case "backup", "restore":
+			os.Exit(backupOrRestore(os.Args[1], os.Args[2:]))
 		}
 	}
 	cfg, err := config.LoadSetup(config.FromOS())
@@ -72,12 +79,53 @@ func secrets() error {
 	done, err := installsecrets.Ensure(context.Background(), client, cfg)
 	for _, o := range done {
 		verb := "kept (it exists; never replaced)"
-		if o.Created {
+		switch {
+		case o.Created:
 			verb = "created"
+		case len(o.Added) > 0:
+			verb = "kept, and given the keys it lacked: " + strings.Join(o.Added, ", ")
 		}
 		fmt.Printf("secret %s/%s %s\n", cfg.Namespace, o.Name, verb)
 	}
 	return err
+}
+
+// backupOrRestore runs `setup backup DIR` or `setup restore [-replace]
+// DIR`: exit 0 done, 1 failed, 2 bad usage or configuration.
+func backupOrRestore(verb string, args []string) int {
+	fs := flag.NewFlagSet(verb, flag.ContinueOnError)
+	replace := false
+	if verb == "restore" {
+		fs.BoolVar(&replace, "replace", false, "delete each stream that exists before restoring it")
+	}
+	usage := "usage: setup backup DIR|- (NATS_NKEY: the backup identity's seed; - writes a tar archive to stdout)"
+	if verb == "restore" {
+		usage = "usage: setup restore [-replace] DIR|- (NATS_NKEY: the setup identity's seed; - reads a tar archive from stdin)"
+	}
+	if err := fs.Parse(args); err != nil || fs.NArg() != 1 {
+		fmt.Fprintln(os.Stderr, usage)
+		return 2
+	}
+	cfg, err := config.LoadSetup(config.FromOS())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "setup "+verb+":", err)
+		return 2
+	}
+	// With DIR "-" the archive is stdout (or stdin), so progress goes to stderr.
+	out := io.Writer(os.Stdout)
+	if fs.Arg(0) == "-" {
+		out = os.Stderr
+	}
+	if verb == "backup" {
+		err = process.Backup(cfg, fs.Arg(0), out)
+	} else {
+		err = process.Restore(cfg, fs.Arg(0), replace, out)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "setup "+verb+":", err)
+		return 1
+	}
+	return 0
 }
 
 // smokeTest runs one check of package smoke: exit 0 passed, 1 failed, 2

@@ -4,7 +4,10 @@
 // nodes' CA and certificate. Each is created only when absent, with a
 // Create that fails on an existing one, so no run ever replaces a
 // credential: an upgrade, a re-run or two concurrent runs keep the first.
-// What it creates carries no Helm ownership, so uninstalling the chart
+// The one addition: an existing NATS Secret gains the identities of
+// process kinds a newer release brings (their keys only, by a patch that
+// fails if the key appeared meanwhile), as the NATS servers of that
+// release need every identity's public key to start. What it creates carries no Helm ownership, so uninstalling the chart
 // keeps it too.
 package installsecrets
 
@@ -13,11 +16,16 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/aaas-project/aaas/internal/config"
@@ -28,51 +36,58 @@ import (
 // Outcome is what Ensure did with one Secret.
 type Outcome struct {
 	Name string
-	// Created is false when the Secret existed and was kept as it was.
+	// Created is false when the Secret existed and was kept as it was
+	// (but for Added).
 	Created bool
+	// Added are the keys an existing Secret gained.
+	Added []string
 }
 
 // generator makes one Secret's data.
 type generator func(namespace string) (map[string][]byte, error)
+
+// completer makes the keys an existing Secret lacks (nil: never added to).
+type completer func(existing map[string][]byte) (map[string][]byte, error)
 
 // Ensure creates each Secret cfg names that does not exist yet and reports
 // what it did, in the order app, NATS, NATS TLS.
 func Ensure(ctx context.Context, client kubernetes.Interface, cfg config.Secrets) ([]Outcome, error) {
 	var out []Outcome
 	for _, s := range []struct {
-		name string
-		gen  generator
+		name     string
+		gen      generator
+		complete completer
 	}{
-		{cfg.App, appData},
-		{cfg.NATS, func(string) (map[string][]byte, error) { return natsauth.SecretData() }},
-		{cfg.NATSTLS, natstls.SecretData},
+		{cfg.App, appData, nil},
+		{cfg.NATS, func(string) (map[string][]byte, error) { return natsauth.SecretData() }, natsauth.MissingSecretData},
+		{cfg.NATSTLS, natstls.SecretData, nil},
 	} {
 		if s.name == "" {
 			continue
 		}
-		created, err := ensure(ctx, client, cfg, s.name, s.gen)
+		o, err := ensure(ctx, client, cfg, s.name, s.gen, s.complete)
 		if err != nil {
 			return out, err
 		}
-		out = append(out, Outcome{Name: s.name, Created: created})
+		out = append(out, o)
 	}
 	return out, nil
 }
 
-func ensure(ctx context.Context, client kubernetes.Interface, cfg config.Secrets, name string, gen generator) (bool, error) {
+func ensure(ctx context.Context, client kubernetes.Interface, cfg config.Secrets, name string, gen generator, complete completer) (Outcome, error) {
 	secrets := client.CoreV1().Secrets(cfg.Namespace)
 	cctx, cancel := context.WithTimeout(ctx, cfg.CallTimeout)
 	defer cancel()
 	// A Get first spares generating keys for a Secret that exists; the
 	// Create below still decides, as another run may create it meanwhile.
-	if _, err := secrets.Get(cctx, name, metav1.GetOptions{}); err == nil {
-		return false, nil
+	if cur, err := secrets.Get(cctx, name, metav1.GetOptions{}); err == nil {
+		return add(cctx, client, cfg.Namespace, cur, complete)
 	} else if !apierrors.IsNotFound(err) {
-		return false, fmt.Errorf("secret %s/%s: %w", cfg.Namespace, name, err)
+		return Outcome{Name: name}, fmt.Errorf("secret %s/%s: %w", cfg.Namespace, name, err)
 	}
 	data, err := gen(cfg.Namespace)
 	if err != nil {
-		return false, fmt.Errorf("secret %s/%s: %w", cfg.Namespace, name, err)
+		return Outcome{Name: name}, fmt.Errorf("secret %s/%s: %w", cfg.Namespace, name, err)
 	}
 	_, err = secrets.Create(cctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: cfg.Namespace, Labels: map[string]string{
@@ -86,11 +101,46 @@ func ensure(ctx context.Context, client kubernetes.Interface, cfg config.Secrets
 	}, metav1.CreateOptions{})
 	switch {
 	case apierrors.IsAlreadyExists(err):
-		return false, nil
+		return Outcome{Name: name}, nil
 	case err != nil:
-		return false, fmt.Errorf("secret %s/%s: %w", cfg.Namespace, name, err)
+		return Outcome{Name: name}, fmt.Errorf("secret %s/%s: %w", cfg.Namespace, name, err)
 	}
-	return true, nil
+	return Outcome{Name: name, Created: true}, nil
+}
+
+// add gives the existing Secret cur the keys complete makes for it, by a
+// JSON patch that tests each key absent first: a key another run added
+// meanwhile is kept, and this run's patch fails whole (and says so).
+func add(ctx context.Context, client kubernetes.Interface, namespace string, cur *corev1.Secret, complete completer) (Outcome, error) {
+	o := Outcome{Name: cur.Name}
+	if complete == nil {
+		return o, nil
+	}
+	more, err := complete(cur.Data)
+	if err != nil || len(more) == 0 {
+		return o, err
+	}
+	var ops []map[string]any
+	if cur.Data == nil {
+		ops = append(ops, map[string]any{"op": "add", "path": "/data", "value": map[string]any{}})
+	}
+	for _, k := range slices.Sorted(maps.Keys(more)) {
+		// "~1" is "/" in a JSON pointer; keys here are <role>.nk and .pub.
+		path := "/data/" + strings.ReplaceAll(strings.ReplaceAll(k, "~", "~0"), "/", "~1")
+		ops = append(ops, map[string]any{"op": "add", "path": path, "value": base64.StdEncoding.EncodeToString(more[k])})
+		o.Added = append(o.Added, k)
+	}
+	patch, err := json.Marshal(ops)
+	if err != nil {
+		return o, err
+	}
+	// The resourceVersion test makes a concurrent change fail the patch.
+	rv, _ := json.Marshal([]map[string]any{{"op": "test", "path": "/metadata/resourceVersion", "value": cur.ResourceVersion}})
+	patch = append(append(rv[:len(rv)-1], ','), patch[1:]...)
+	if _, err := client.CoreV1().Secrets(namespace).Patch(ctx, cur.Name, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
+		return Outcome{Name: cur.Name}, fmt.Errorf("secret %s/%s: add %s: %w", namespace, cur.Name, strings.Join(o.Added, ", "), err)
+	}
+	return o, nil
 }
 
 // appData is the handshake key ring's first key (AES-256, as

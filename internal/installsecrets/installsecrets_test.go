@@ -6,7 +6,9 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/pem"
+	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -48,7 +50,7 @@ func TestEnsureCreatesWhatIsAbsentAndKeepsWhatExists(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []installsecrets.Outcome{{Name: "aaas-secrets", Created: true}, {Name: "aaas-nats", Created: true}, {Name: "aaas-nats-tls", Created: false}}
-	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
+	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("first run: %v, want %v", got, want)
 	}
 	app, err := secrets.Get(ctx, "aaas-secrets", metav1.GetOptions{})
@@ -91,6 +93,49 @@ func TestEnsureCreatesWhatIsAbsentAndKeepsWhatExists(t *testing.T) {
 	after, _ := secrets.Get(ctx, "aaas-nats", metav1.GetOptions{})
 	if after.ResourceVersion != nats.ResourceVersion || !bytes.Equal(after.Data["edge.nk"], nats.Data["edge.nk"]) {
 		t.Error("a second run rewrote aaas-nats")
+	}
+
+	// The upgrade from a release without the backup identity: aaas-nats
+	// gains backup.nk and backup.pub, and every other key stays as it was.
+	old := after.DeepCopy()
+	delete(old.Data, "backup.nk")
+	delete(old.Data, "backup.pub")
+	if _, err := secrets.Update(ctx, old, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	upgraded, err := installsecrets.Ensure(ctx, cluster.Client, cfg(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "[{aaas-secrets false []} {aaas-nats false [backup.nk backup.pub]} {aaas-nats-tls false []}]"; fmt.Sprint(upgraded) != want {
+		t.Fatalf("upgrade: %v, want %s", upgraded, want)
+	}
+	gained, _ := secrets.Get(ctx, "aaas-nats", metav1.GetOptions{})
+	for k, v := range after.Data {
+		if !strings.HasPrefix(k, "backup.") && !bytes.Equal(gained.Data[k], v) {
+			t.Errorf("the upgrade changed %s", k)
+		}
+	}
+	kp, err := nkeys.FromSeed(gained.Data["backup.nk"])
+	if err != nil {
+		t.Fatalf("backup.nk: %v", err)
+	}
+	if pub, _ := kp.PublicKey(); pub != string(gained.Data["backup.pub"]) {
+		t.Error("backup.pub does not match its seed")
+	}
+
+	// Half an identity is the operator's to mend: refused, nothing changed.
+	half := gained.DeepCopy()
+	delete(half.Data, "backup.pub")
+	half, err = secrets.Update(ctx, half, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := installsecrets.Ensure(ctx, cluster.Client, cfg(ns)); err == nil || !strings.Contains(err.Error(), "only one of backup.nk and backup.pub") {
+		t.Fatalf("half an identity: %v", err)
+	}
+	if now, _ := secrets.Get(ctx, "aaas-nats", metav1.GetOptions{}); now.ResourceVersion != half.ResourceVersion {
+		t.Error("a refused run changed aaas-nats")
 	}
 }
 

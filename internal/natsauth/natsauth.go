@@ -34,13 +34,16 @@ const (
 	Sweeper   Role = "sweeper"
 	// Broker is the model-API broker (cmd/broker).
 	Broker Role = "broker"
-	// Setup provisions streams, buckets and consumers, and does nothing else.
+	// Setup provisions streams, buckets and consumers, restores backups,
+	// and does nothing else.
 	Setup Role = "setup"
+	// Backup copies every stream and bucket (setup backup).
+	Backup Role = "backup"
 )
 
 // Roles are the identities a deployment has, in the order the
 // configuration lists them.
-var Roles = []Role{Edge, Lifecycle, Sweeper, Broker, Setup}
+var Roles = []Role{Edge, Lifecycle, Sweeper, Broker, Setup, Backup}
 
 // Permissions are the subjects an identity may publish to and subscribe
 // to; anything not listed is refused by the server.
@@ -65,8 +68,12 @@ type grant struct {
 	consumes, gets []string
 	// durable is the consumer the role pulls from (created by setup).
 	durable *durable
-	// api is raw JetStream API access (setup only).
+	// api is raw JetStream API access (setup only), restoring backups
+	// included.
 	api bool
+	// snapshots is taking snapshots of every stream aaas keeps, and
+	// nothing else (backup only).
+	snapshots bool
 }
 
 type durable struct{ stream, name string }
@@ -123,6 +130,23 @@ var grants = map[Role]grant{
 		publishes: []string{events.UsageSubject("*"), events.ActivitySubject("*", "*")},
 	},
 	Setup: {api: true},
+	// Copies of every stream and bucket: it reads all state (sessions'
+	// hashes, sealed cookies and keys as they lie in NATS) but can change
+	// none; restoring is setup's.
+	Backup: {snapshots: true},
+}
+
+// Streams are the names of every stream aaas keeps: the event streams,
+// then each bucket's (KV_<bucket>), as a backup copies them.
+func Streams() []string {
+	var names []string
+	for _, st := range events.StreamConfigs(events.DefaultStreamsConfig()) {
+		names = append(names, st.Name)
+	}
+	for _, b := range state.BucketConfigs(state.DefaultBucketsConfig()) {
+		names = append(names, "KV_"+b.Bucket)
+	}
+	return names
 }
 
 // streamOf is the stream a published subject lands in.
@@ -180,7 +204,12 @@ func (r Role) Permissions() Permissions {
 	var pub []string
 	add := func(s ...string) { pub = append(pub, s...) }
 	if g.api {
-		add("$JS.API.>")
+		add("$JS.API.>", "$JS.SNAPSHOT.RESTORE.>")
+	}
+	if g.snapshots {
+		for _, st := range Streams() {
+			add("$JS.API.STREAM.INFO."+st, "$JS.API.STREAM.SNAPSHOT."+st, "$JS.SNAPSHOT.ACK."+st+".>")
+		}
 	}
 	streams, _ := r.Requires()
 	for _, st := range streams {
@@ -313,21 +342,41 @@ func (ids *Identities) Users() []*server.NkeyUser {
 // that process only) and public key (<role>.pub, for the NATS servers),
 // and the password NATS nodes authenticate their routes with.
 func SecretData() (map[string][]byte, error) {
-	data := map[string][]byte{}
-	for _, r := range Roles {
-		kp, err := nkeys.CreateUser()
-		if err != nil {
-			return nil, fmt.Errorf("nkey for %s: %w", r, err)
-		}
-		seed, _ := kp.Seed()
-		pub, _ := kp.PublicKey()
-		data[string(r)+".nk"], data[string(r)+".pub"] = seed, []byte(pub)
+	data, err := MissingSecretData(nil)
+	if err != nil {
+		return nil, err
 	}
 	pw, err := RoutePassword()
 	if err != nil {
 		return nil, err
 	}
 	data["route-password"] = []byte(pw)
+	return data, nil
+}
+
+// MissingSecretData is what an existing aaas-nats Secret lacks: the seed
+// and public key of each role it holds neither of (one a newer release
+// brought). A role holding one without the other is an error, not a
+// reason to replace it.
+func MissingSecretData(existing map[string][]byte) (map[string][]byte, error) {
+	data := map[string][]byte{}
+	for _, r := range Roles {
+		_, seed := existing[string(r)+".nk"]
+		_, pub := existing[string(r)+".pub"]
+		switch {
+		case seed && pub:
+			continue
+		case seed != pub:
+			return nil, fmt.Errorf("the secret holds only one of %s.nk and %s.pub; restore the other or remove both", r, r)
+		}
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			return nil, fmt.Errorf("nkey for %s: %w", r, err)
+		}
+		s, _ := kp.Seed()
+		p, _ := kp.PublicKey()
+		data[string(r)+".nk"], data[string(r)+".pub"] = s, []byte(p)
+	}
 	return data, nil
 }
 
@@ -366,7 +415,10 @@ func Table() string {
 		}
 		pubs := g.publishes
 		if g.api {
-			pubs = []string{"$JS.API.> (creates and updates streams, buckets, consumers)"}
+			pubs = []string{"$JS.API.> (creates and updates streams, buckets, consumers)", "$JS.SNAPSHOT.RESTORE.> (restores backups)"}
+		}
+		if g.snapshots {
+			streams = []string{"every stream and bucket, as snapshots only"}
 		}
 		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s |\n", r, cell(g.writes), cell(g.reads), cell(pubs), cell(streams))
 	}

@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/aaas-project/aaas/internal/backup"
 	"github.com/aaas-project/aaas/internal/embednats"
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/events"
@@ -395,4 +398,47 @@ func TestTheEdgeSetsBudgetsButNeverMeters(t *testing.T) {
 		c.refused(t, string(role)+" writes budgets", `\$KV\.budgets\.|KV_budgets"`, put(c.js, state.BucketBudgets, "user.ann"))
 		c.refused(t, string(role)+" reads credentials", `KV_credentials`, get(c.js, state.BucketCredentials, "ann.openai"))
 	}
+}
+
+// The backup identity copies every stream and bucket through snapshots,
+// and can change nothing: no write, no publish, no deletion, no restore,
+// no consumer, no one else's replies.
+func TestTheBackupIdentityCopiesAndChangesNothing(t *testing.T) {
+	b := newBus(t)
+	bk := b.as(natsauth.Backup)
+	bk.allowed(t, "backup copies every stream and bucket", func(ctx context.Context) error {
+		m, err := backup.Backup(ctx, bk.js.Conn(), filepath.Join(t.TempDir(), "b"), backup.Options{Streams: natsauth.Streams(), Inbox: natsauth.Backup.InboxPrefix()})
+		if err == nil && len(m.Streams) != len(natsauth.Streams()) {
+			err = fmt.Errorf("copied %d streams of %d", len(m.Streams), len(natsauth.Streams()))
+		}
+		return err
+	})
+	for _, bucket := range []string{state.BucketUsers, state.BucketSessions, state.BucketUsage} {
+		bk.refused(t, "backup writes "+bucket, `\$KV\.`+bucket+`\.ann|KV_`+bucket+`"`, put(bk.js, bucket, "ann"))
+	}
+	bk.refused(t, "backup reads a session by key", `KV_`+state.BucketSessions, get(bk.js, state.BucketSessions, "ann"))
+	bk.refused(t, "backup writes the audit trail", regexp.QuoteMeta("aaas.audit."), publish(bk.js, "aaas.audit.admin.ann", events.AuditEvent{V: 1, Kind: events.AuditAdmin, User: "ann"}))
+	bk.refused(t, "backup deletes a stream", regexp.QuoteMeta("$JS.API.STREAM.DELETE."+events.StreamAudit), func(ctx context.Context) error {
+		return bk.js.DeleteStream(ctx, events.StreamAudit)
+	})
+	bk.refused(t, "backup restores a stream", regexp.QuoteMeta("$JS.API.STREAM.RESTORE."+events.StreamAudit), func(ctx context.Context) error {
+		_, err := bk.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.RESTORE."+events.StreamAudit, []byte(`{"config":{"name":"AAAS_AUDIT"}}`))
+		return err
+	})
+	bk.refused(t, "backup takes commands", regexp.QuoteMeta("$JS.API.CONSUMER.INFO."+events.StreamCommands+"."+events.CommandConsumer), func(ctx context.Context) error {
+		_, err := bk.js.Consumer(ctx, events.StreamCommands, events.CommandConsumer)
+		return err
+	})
+	bk.refused(t, "backup reads the edge's replies", regexp.QuoteMeta("_INBOX_edge.>"), func(ctx context.Context) error {
+		sub, err := bk.js.Conn().SubscribeSync("_INBOX_edge.>")
+		if err != nil {
+			return err
+		}
+		defer sub.Unsubscribe()
+		_, err = sub.NextMsgWithContext(ctx)
+		if err == nil || errors.Is(err, context.DeadlineExceeded) {
+			return errors.New("subscribed")
+		}
+		return err
+	})
 }
