@@ -50,6 +50,12 @@ type Cache[T any] struct {
 	// moved is closed when last next advances; made by the first CatchUp
 	// waiting for it (nil: nobody waits), guarded by mu.
 	moved chan struct{}
+	// created is when the bucket's stream was made, as first seen;
+	// reloading, while a recreated bucket loads, holds the (indexed) keys
+	// it brought (nil otherwise). Both watch goroutine only.
+	created   time.Time
+	reloading map[string]struct{}
+	reloads   atomic.Uint64
 }
 
 // look is the bucket's last sequence as read at a moment.
@@ -93,6 +99,13 @@ func NewCache[T any](ctx context.Context, b *Bucket[T], filter string, log *slog
 	if err != nil {
 		return nil, fmt.Errorf("watch %s: %w", b.name, err)
 	}
+	if filter == ">" {
+		// Which stream this is, so that its loss is noticed (else the
+		// first look says).
+		if _, created, ok := c.status(ctx); ok {
+			c.created = created
+		}
+	}
 	go c.run(ctx, w, filter, started)
 	return c, nil
 }
@@ -106,6 +119,9 @@ func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher, filter strin
 	tick := time.NewTicker(watchdogEvery)
 	defer tick.Stop()
 	var dog watchdog
+	updates := w.Updates()
+	// reloadedAt is when the current reload's watch started (zero: none).
+	var reloadedAt time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -117,11 +133,27 @@ func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher, filter strin
 				continue
 			}
 			asked := time.Now()
-			last, ok := c.lastSeq(ctx)
+			last, created, ok := c.status(ctx)
+			if ok && c.recreated(last, created) {
+				// NATS lost the bucket and setup made it again (or a
+				// restore replaced it): revisions start over, so the
+				// watch starts over too, and what the new bucket does
+				// not hold is dropped once it is loaded.
+				nw, err := c.bucket.kv.Watch(ctx, filter)
+				if err != nil {
+					c.log.Warn("recreated bucket not reloaded", "err", err)
+					continue
+				}
+				_ = w.Stop()
+				w, updates, dog, reloadedAt = nw, nw.Updates(), watchdog{}, asked
+				c.beginReload(created)
+				c.log.Warn("bucket was recreated (NATS lost its data, or a restore); reloading it")
+				continue
+			}
 			if ok {
 				c.looked(look{seq: last, at: asked})
 			}
-			if !dog.stalled(last, c.last.Load()) {
+			if updates != nil && !dog.stalled(last, c.last.Load()) {
 				continue
 			}
 			from := c.last.Load() + 1
@@ -133,18 +165,29 @@ func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher, filter strin
 			}
 			dog.resumed()
 			_ = w.Stop()
-			w = nw
+			w, updates = nw, nw.Updates()
 			c.resumes.Add(1)
 			c.log.Warn("watch stalled behind the bucket; resumed on a new one", "from_revision", from)
-		case e, ok := <-w.Updates():
+		case e, ok := <-updates:
 			if !ok {
-				return
+				// A watch of every key is replaced at the next look
+				// (its stream may have gone with NATS's data); any
+				// other ends here, as it always did.
+				if filter != ">" {
+					return
+				}
+				updates = nil
+				continue
 			}
 			if e == nil {
 				c.syncedOnce.Do(func() {
 					c.confirm(started)
 					close(c.synced)
 				})
+				if !reloadedAt.IsZero() {
+					c.endReload(reloadedAt)
+					reloadedAt = time.Time{}
+				}
 				continue
 			}
 			c.apply(e)
@@ -152,20 +195,61 @@ func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher, filter strin
 	}
 }
 
-// lastSeq is the bucket's last sequence; ok is false (and the sequence 0)
-// when the stream cannot say (NATS unreachable, no leader right now:
-// nothing to compare with).
-func (c *Cache[T]) lastSeq(ctx context.Context) (uint64, bool) {
+// recreated reports whether the bucket's stream is not the one the cache
+// has followed: created at another moment, or ending before the revision
+// the cache has applied. The first look only notes when it was created.
+func (c *Cache[T]) recreated(last uint64, created time.Time) bool {
+	if c.created.IsZero() {
+		c.created = created
+		return false
+	}
+	return !created.Equal(c.created) || last < c.last.Load()
+}
+
+// beginReload forgets the old bucket's revisions and starts noting the
+// keys the new watch brings (watch goroutine only).
+func (c *Cache[T]) beginReload(created time.Time) {
+	c.created = created
+	c.pending = look{}
+	c.last.Store(0)
+	c.reloading = map[string]struct{}{}
+}
+
+// endReload drops every entry the recreated bucket did not bring, telling
+// the subscribers, once its initial load is in.
+func (c *Cache[T]) endReload(started time.Time) {
+	c.mu.Lock()
+	var gone []Entry[T]
+	var idxs []string
+	for idx, e := range c.items {
+		if _, ok := c.reloading[idx]; !ok {
+			gone, idxs = append(gone, e), append(idxs, idx)
+		}
+	}
+	c.mu.Unlock()
+	c.reloading = nil
+	for i, e := range gone {
+		c.set(e.Key, idxs[i], Entry[T]{}, true, nil)
+	}
+	c.reloads.Add(1)
+	c.confirm(started)
+	c.log.Warn("recreated bucket reloaded", "dropped", len(gone))
+}
+
+// status is the bucket's last sequence and its stream's creation time;
+// ok is false when the stream cannot say (NATS unreachable, no leader
+// right now: nothing to compare with).
+func (c *Cache[T]) status(ctx context.Context) (uint64, time.Time, bool) {
 	ctx, cancel := context.WithTimeout(ctx, watchdogEvery/2)
 	defer cancel()
 	st, err := c.bucket.kv.Status(ctx)
 	if err != nil {
-		return 0, false
+		return 0, time.Time{}, false
 	}
 	if s, ok := st.(*jetstream.KeyValueBucketStatus); ok {
-		return s.StreamInfo().State.LastSeq, true
+		return s.StreamInfo().State.LastSeq, s.StreamInfo().Created, true
 	}
-	return 0, false
+	return 0, time.Time{}, false
 }
 
 // looked takes in what the bucket said at l.at: the cache is current as
@@ -242,6 +326,9 @@ func (c *Cache[T]) Note(key string, v T, rev uint64) {
 func (c *Cache[T]) apply(e jetstream.KeyValueEntry) {
 	key := e.Key()
 	idx := c.index(key)
+	if c.reloading != nil {
+		c.reloading[idx] = struct{}{}
+	}
 	deleted := e.Operation() != jetstream.KeyValuePut
 	var entry Entry[T]
 	if !deleted {
@@ -392,6 +479,10 @@ func (c *Cache[T]) Updates() uint64 { return c.updates.Load() }
 
 // Resumes counts the watches the watchdog replaced (for metrics and tests).
 func (c *Cache[T]) Resumes() uint64 { return c.resumes.Load() }
+
+// Reloads counts the times the bucket was found recreated and loaded
+// afresh (for metrics and tests).
+func (c *Cache[T]) Reloads() uint64 { return c.reloads.Load() }
 
 // Range calls fn for every entry until it returns false. fn must not call
 // back into the cache.

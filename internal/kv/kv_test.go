@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -370,6 +371,78 @@ func TestCacheCatchUp(t *testing.T) {
 	defer cancel()
 	if err := frozen.CatchUp(short); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a stopped cache caught up: %v", err)
+	}
+}
+
+// NATS loses a bucket and setup makes it again (or a restore replaces
+// it): revisions start over, and the cache notices without a restart —
+// it reloads the new bucket, drops what the new one does not hold (its
+// subscribers hear of each), and follows the new bucket's writes.
+func TestCacheReloadsARecreatedBucket(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, time.Minute)
+	boxes := open[state.Sandbox](t, js, state.BucketSandboxes)
+	var mu sync.Mutex
+	var dropped []string
+	cache, err := kv.NewCache(context.Background(), boxes, ">", quiet, kv.OnChange(func(key string, _ kv.Entry[state.Sandbox], deleted bool) {
+		if deleted {
+			mu.Lock()
+			defer mu.Unlock()
+			dropped = append(dropped, key)
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-cache.Synced()
+	for _, u := range []string{"ann", "bob", "cy"} {
+		if _, err := boxes.Put(ctx, u, state.Sandbox{User: u, Phase: state.PhaseReady}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if cache.Len() != 3 {
+			return fmt.Errorf("%d entries before the loss", cache.Len())
+		}
+		return nil
+	})
+	if err := js.DeleteKeyValue(ctx, state.BucketSandboxes); err != nil {
+		t.Fatal(err)
+	}
+	if err := state.EnsureBuckets(ctx, js, state.DefaultBucketsConfig()); err != nil {
+		t.Fatal(err)
+	}
+	fresh := open[state.Sandbox](t, js, state.BucketSandboxes)
+	if _, err := fresh.Put(ctx, "bob", state.Sandbox{User: "bob", Phase: state.PhaseSuspended}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if n := cache.Reloads(); n != 1 {
+			return fmt.Errorf("%d reloads", n)
+		}
+		if e, ok := cache.Get("bob"); !ok || e.Value.Phase != state.PhaseSuspended {
+			return fmt.Errorf("bob: %+v %v", e, ok)
+		}
+		if _, ok := cache.Get("ann"); ok {
+			return errors.New("ann is still there")
+		}
+		return nil
+	})
+	mu.Lock()
+	sort.Strings(dropped)
+	if fmt.Sprint(dropped) != "[ann cy]" {
+		t.Errorf("subscribers heard of the deletion of %v, want [ann cy]", dropped)
+	}
+	mu.Unlock()
+	// The new bucket's writes keep coming.
+	if _, err := fresh.Put(ctx, "dee", state.Sandbox{User: "dee", Phase: state.PhaseReady}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cache.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := cache.Get("dee"); !ok || cache.Len() != 2 {
+		t.Fatalf("after the reload: dee %v, %d entries, want bob and dee", ok, cache.Len())
 	}
 }
 
