@@ -107,6 +107,9 @@ func Start(o Options) (*Server, error) {
 // URL is the client URL.
 func (s *Server) URL() string { return fmt.Sprintf("nats://%s:%d", s.opts.Host, s.opts.Port) }
 
+// Dir is the directory of the node's JetStream store.
+func (s *Server) Dir() string { return s.opts.Dir }
+
 // Restart starts a stopped node again with the same ports and store.
 func (s *Server) Restart() (*Server, error) { return Start(s.opts) }
 

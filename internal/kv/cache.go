@@ -232,6 +232,7 @@ func (c *Cache[T]) endReload(started time.Time) {
 		c.set(e.Key, idxs[i], Entry[T]{}, true, nil)
 	}
 	c.reloads.Add(1)
+	cacheReloads.Add(1)
 	c.confirm(started)
 	c.log.Warn("recreated bucket reloaded", "dropped", len(gone))
 }
@@ -481,8 +482,15 @@ func (c *Cache[T]) Updates() uint64 { return c.updates.Load() }
 func (c *Cache[T]) Resumes() uint64 { return c.resumes.Load() }
 
 // Reloads counts the times the bucket was found recreated and loaded
-// afresh (for metrics and tests).
+// afresh (for tests).
 func (c *Cache[T]) Reloads() uint64 { return c.reloads.Load() }
+
+// cacheReloads counts every cache's reloads in this process.
+var cacheReloads atomic.Uint64
+
+// CacheReloads is how many times this process's caches found their bucket
+// recreated and loaded it afresh (aaas_kv_cache_reloads_total).
+func CacheReloads() uint64 { return cacheReloads.Load() }
 
 // Range calls fn for every entry until it returns false. fn must not call
 // back into the cache.

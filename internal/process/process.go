@@ -85,6 +85,10 @@ func Start(role natsauth.Role, common config.Common) (*Process, error) {
 		Name: "aaas_kv_newer_records_total",
 		Help: "Records this process refused as written by a newer release in a schema it does not read (upgrade it).",
 	}, func() float64 { return float64(kv.NewerRecords()) }))
+	p.Metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "aaas_kv_cache_reloads_total",
+		Help: "Times this process found a bucket recreated (NATS lost its data, or a restore) and reloaded it without a restart.",
+	}, func() float64 { return float64(kv.CacheReloads()) }))
 	streams, buckets := role.Requires()
 	if err := natsconn.Require(ctx, js, streams, buckets, log); err != nil {
 		p.Close()

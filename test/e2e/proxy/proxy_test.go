@@ -565,6 +565,63 @@ func TestNATSOutage(t *testing.T) {
 	expect(t, c.Do("GET", "/u/hal/api/files", nil), http.StatusOK, "after the outage")
 }
 
+// NATS loses everything and starts empty; setup runs again (as
+// lifecycle's init container would, or an operator). No aaas process is
+// restarted: their caches notice the recreated buckets, lifecycle's
+// mirror writes the account and the sandbox back from the claim, and the
+// user's bearer token works again; her session is gone (sign in again).
+func TestNATSLosesEverything(t *testing.T) {
+	w := newStack(t, nil)
+	edge := w.Edge("edge-a", nil)
+	c := testenv.NewClient(t, edge.URL)
+	token := c.Signup("kim", "")
+	sid := c.Cookie("dsh_gw_session").Value
+	expect(t, c.Do("GET", "/u/kim/api/files", nil), http.StatusOK, "before the loss")
+
+	w.NATS.Stop()
+	if err := os.RemoveAll(w.NATS.Dir()); err != nil {
+		t.Fatal(err)
+	}
+	s, err := w.NATS.Restart()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	w.NATS = s
+	w.Setup()
+	users, err := kv.Open[state.User](context.Background(), w.JS, state.BucketUsers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := users.Get(context.Background(), "kim"); err == nil {
+		t.Log("lifecycle already wrote kim back")
+	}
+
+	bearer := testenv.NewClient(t, edge.URL)
+	testutil.Eventually(t, 90*time.Second, func() error {
+		if _, err := users.Get(context.Background(), "kim"); err != nil {
+			return fmt.Errorf("kim's account not back: %v", err)
+		}
+		if r := bearer.Do("GET", "/u/kim/api/files", nil, "Authorization", "Bearer "+token); r.StatusCode != http.StatusOK {
+			return fmt.Errorf("kim's token after the loss: %d %.200s", r.StatusCode, r.Body)
+		}
+		return nil
+	})
+	// The session was in NATS: gone, so the cookie is refused once the
+	// edge's cache has reloaded the recreated bucket (its next look).
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if r := testenv.NewClient(t, edge.URL).Do("GET", "/_/status", nil, "Cookie", "dsh_gw_session="+sid); r.StatusCode != http.StatusUnauthorized {
+			return fmt.Errorf("the lost session: %d", r.StatusCode)
+		}
+		return nil
+	})
+	if n := metric(t, edge.Proc, `aaas_kv_cache_reloads_total`); n < 1 {
+		t.Fatalf("the edge's caches reloaded %v times", n)
+	}
+	// New work goes on: another user signs up.
+	testenv.NewClient(t, edge.URL).Signup("lou", "")
+}
+
 func TestGracefulShutdownClosesSocketsWith1001(t *testing.T) {
 	w := newStack(t, nil)
 	edge := w.Edge("edge-a", map[string]string{"SHUTDOWN_TIMEOUT": "10s"})
