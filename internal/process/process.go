@@ -162,8 +162,9 @@ func Backup(cfg config.Setup, dir string, out io.Writer) error {
 
 // Restore recreates every stream and bucket of the backup in dir (setup
 // restore [-replace] DIR) with the setup identity, one line per stream on
-// out. The processes' caches do not follow a stream deleted and
-// recreated under them: restart them after (the README's runbook).
+// out. The processes' caches notice the replaced buckets and reload them
+// (kv.Cache); scaling the writers down meanwhile keeps their writes from
+// landing in a stream about to be replaced (README, "Backup and restore").
 // With dir "-" the backup is a tar archive on stdin (setup backup -'s).
 func Restore(cfg config.Setup, dir string, replace bool, out io.Writer) error {
 	if dir == "-" {
