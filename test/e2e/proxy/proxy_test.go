@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
+	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
@@ -569,9 +570,14 @@ func TestNATSOutage(t *testing.T) {
 // lifecycle's init container would, or an operator). No aaas process is
 // restarted: their caches notice the recreated buckets, lifecycle's
 // mirror writes the account and the sandbox back from the claim, and the
-// user's bearer token works again; her session is gone (sign in again).
+// user's bearer token works again; her session is gone (sign in again);
+// the sweeper, following the new activity stream, still suspends her
+// sandbox once she is idle (audited in the new audit stream).
 func TestNATSLosesEverything(t *testing.T) {
-	w := newStack(t, nil)
+	w := pkg.NewStack(t, testenv.StackOptions{Lifecycle: "lc-a", Env: map[string]string{
+		"BEACON_INTERVAL": "1s", "BEACON_TTL": "3s", "IDLE_TIMEOUT": "5s", "SWEEP_INTERVAL": "200ms",
+	}})
+	w.Sweeper("sw-a", nil)
 	edge := w.Edge("edge-a", nil)
 	c := testenv.NewClient(t, edge.URL)
 	token := c.Signup("kim", "")
@@ -620,6 +626,14 @@ func TestNATSLosesEverything(t *testing.T) {
 	}
 	// New work goes on: another user signs up.
 	testenv.NewClient(t, edge.URL).Signup("lou", "")
+	// The new audit stream holds only what happened since the loss: a
+	// suspend of kim there is the sweeper's, after it.
+	testutil.Eventually(t, time.Minute, func() error {
+		if n := len(w.Audit(events.AuditSuspend, "kim")); n == 0 {
+			return errors.New("kim's idle sandbox not suspended since the loss")
+		}
+		return nil
+	})
 }
 
 func TestGracefulShutdownClosesSocketsWith1001(t *testing.T) {
