@@ -136,9 +136,10 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 	if err := o.Cluster.OnChange(w.mirror.enqueue); err != nil {
 		return nil, err
 	}
-	o.Metrics.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "aaas_lifecycle_command_backlog", Help: "Commands waiting for a worker (the consumer's pending count; -1 when NATS cannot say).",
-	}, func() float64 { return w.backlog(ctx) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	o.Metrics.MustRegister(scrapeGauge{
+		desc: prometheus.NewDesc("aaas_lifecycle_command_backlog", "Commands waiting for a worker (the consumer's pending count; absent while NATS cannot say).", nil, nil),
+		read: func() (float64, bool) { return w.backlog(ctx) },
+	}, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "aaas_lifecycle_warm_pool_ready", Help: "Ready spare sandboxes in the warm pool: what the next signups adopt at once.",
 	}, func() float64 { return float64(o.Cluster.Spares()) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "aaas_lifecycle_wake_queue", Help: "Wakes waiting for a free place (MAX_RUNNING_SANDBOXES, MAX_CONCURRENT_STARTS).",
@@ -149,16 +150,32 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 }
 
 // backlog is the commands consumer's count of messages not yet delivered,
-// asked of NATS at scrape time.
-func (w *Worker) backlog(ctx context.Context) float64 {
+// asked of NATS at scrape time; false when NATS cannot say.
+func (w *Worker) backlog(ctx context.Context) (float64, bool) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	// Looking the consumer up fetches its info: one request per scrape.
 	c, err := w.o.JS.Consumer(ctx, events.StreamCommands, events.CommandConsumer)
 	if err != nil {
-		return -1
+		return 0, false
 	}
-	return float64(c.CachedInfo().NumPending)
+	return float64(c.CachedInfo().NumPending), true
+}
+
+// scrapeGauge is a gauge read at scrape time and left out of the scrape
+// when its value cannot be had: a stand-in such as -1 would be taken for a
+// value by max() over the replicas and by an alert's threshold.
+type scrapeGauge struct {
+	desc *prometheus.Desc
+	read func() (float64, bool)
+}
+
+func (g scrapeGauge) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc }
+
+func (g scrapeGauge) Collect(ch chan<- prometheus.Metric) {
+	if v, ok := g.read(); ok {
+		ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, v)
+	}
 }
 
 // requeue has the mirror look again at the user whose record changed.
