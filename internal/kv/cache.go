@@ -102,7 +102,7 @@ func NewCache[T any](ctx context.Context, b *Bucket[T], filter string, log *slog
 	if filter == ">" {
 		// Which stream this is, so that its loss is noticed (else the
 		// first look says).
-		if _, created, ok := c.status(ctx); ok {
+		if _, created, ok := c.peek(ctx); ok {
 			c.created = created
 		}
 	}
@@ -133,7 +133,7 @@ func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher, filter strin
 				continue
 			}
 			asked := time.Now()
-			last, created, ok := c.status(ctx)
+			last, created, ok := c.peek(ctx)
 			if ok && c.recreated(last, created) {
 				// NATS lost the bucket and setup made it again (or a
 				// restore replaced it): revisions start over, so the
@@ -237,20 +237,27 @@ func (c *Cache[T]) endReload(started time.Time) {
 	c.log.Warn("recreated bucket reloaded", "dropped", len(gone))
 }
 
-// status is the bucket's last sequence and its stream's creation time;
-// ok is false when the stream cannot say (NATS unreachable, no leader
-// right now: nothing to compare with).
-func (c *Cache[T]) status(ctx context.Context) (uint64, time.Time, bool) {
-	ctx, cancel := context.WithTimeout(ctx, watchdogEvery/2)
-	defer cancel()
+// status is the bucket's last sequence and its stream's creation time; an
+// error means the stream cannot say (NATS unreachable, no leader right
+// now: nothing to compare with).
+func (c *Cache[T]) status(ctx context.Context) (uint64, time.Time, error) {
 	st, err := c.bucket.kv.Status(ctx)
 	if err != nil {
-		return 0, time.Time{}, false
+		return 0, time.Time{}, fmt.Errorf("status of %s: %w", c.bucket.name, err)
 	}
-	if s, ok := st.(*jetstream.KeyValueBucketStatus); ok {
-		return s.StreamInfo().State.LastSeq, s.StreamInfo().Created, true
+	s, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		return 0, time.Time{}, fmt.Errorf("status of %s: unexpected type %T", c.bucket.name, st)
 	}
-	return 0, time.Time{}, false
+	return s.StreamInfo().State.LastSeq, s.StreamInfo().Created, nil
+}
+
+// peek is status within half a watchdog period, for the watchdog.
+func (c *Cache[T]) peek(ctx context.Context) (uint64, time.Time, bool) {
+	ctx, cancel := context.WithTimeout(ctx, watchdogEvery/2)
+	defer cancel()
+	last, created, err := c.status(ctx)
+	return last, created, err == nil
 }
 
 // looked takes in what the bucket said at l.at: the cache is current as
@@ -398,15 +405,10 @@ func (c *Cache[T]) set(key, idx string, entry Entry[T], deleted bool, newer func
 // costs one request to the stream; an error means the bucket could not
 // say or ctx ended first.
 func (c *Cache[T]) CatchUp(ctx context.Context) error {
-	st, err := c.bucket.kv.Status(ctx)
+	want, _, err := c.status(ctx)
 	if err != nil {
-		return fmt.Errorf("status of %s: %w", c.bucket.name, err)
+		return err
 	}
-	s, ok := st.(*jetstream.KeyValueBucketStatus)
-	if !ok {
-		return fmt.Errorf("status of %s: unexpected type %T", c.bucket.name, st)
-	}
-	want := s.StreamInfo().State.LastSeq
 	for {
 		c.mu.Lock()
 		if c.last.Load() >= want {
