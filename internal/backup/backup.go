@@ -24,6 +24,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -241,6 +242,11 @@ func Read(dir string) (Manifest, error) {
 		return m, fmt.Errorf("%s: format %d, this release reads %d", ManifestFile, m.Format, Format)
 	}
 	for _, s := range m.Streams {
+		// The name goes into API subjects: no token separators, no
+		// wildcards, nothing but a stream name.
+		if !streamName.MatchString(s.Name) {
+			return m, fmt.Errorf("%s: %q is not a stream name", ManifestFile, s.Name)
+		}
 		if s.File != filepath.Base(s.File) || !strings.HasSuffix(s.File, ".snap") {
 			return m, fmt.Errorf("%s: stream %s names file %q outside the backup", ManifestFile, s.Name, s.File)
 		}
@@ -265,6 +271,8 @@ func digest(path string) (int64, string, error) {
 	n, err := io.Copy(h, f)
 	return n, hex.EncodeToString(h.Sum(nil)), err
 }
+
+var streamName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,255}$`)
 
 // ErrExists is Restore's refusal to replace a stream without Replace.
 var ErrExists = errors.New("stream exists")

@@ -263,6 +263,17 @@ func TestRestoreRefusesADamagedBackup(t *testing.T) {
 	if _, err := backup.Read(dir); err == nil || !strings.Contains(err.Error(), "outside the backup") {
 		t.Fatalf("a file outside the backup: %v", err)
 	}
+	// A name that would be a wildcard in the API's subjects.
+	wild := strings.Replace(string(m), `"name": "AAAS_AUDIT"`, `"name": "*"`, 1)
+	if wild == string(m) {
+		t.Fatal("the manifest does not name AAAS_AUDIT: the test proves nothing")
+	}
+	if err := os.WriteFile(filepath.Join(dir, backup.ManifestFile), []byte(wild), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := backup.Read(dir); err == nil || !strings.Contains(err.Error(), "is not a stream name") {
+		t.Fatalf("a wildcard stream name: %v", err)
+	}
 	if _, err := backup.Read(t.TempDir()); err == nil {
 		t.Fatal("an empty directory read as a backup")
 	}
