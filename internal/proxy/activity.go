@@ -213,7 +213,12 @@ func (t *tracker) sweep() {
 		switch {
 		case a.dirty.Load() && now-a.sent.Load() >= int64(time.Second)/2:
 			t.send(user, a)
-		case busy && now-a.sent.Load() >= int64(t.interval):
+		// Open streams, idle ones too, are beaconed every interval: a
+		// beacon lives BEACON_TTL, and a tab left open must still count as
+		// open when its sandbox falls due (reason idle_connected, which
+		// the page's reconnect obeys), not only in the one beacon sent
+		// when it went idle.
+		case (busy || open) && now-a.sent.Load() >= int64(t.interval):
 			t.send(user, a)
 		case !busy && !open && now-a.last.Load() > int64(forget):
 			t.users.Delete(user)
