@@ -29,6 +29,7 @@ import (
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/credentials"
 	"github.com/aaas-project/aaas/internal/installsecrets"
+	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/process"
 	"github.com/aaas-project/aaas/internal/smoke"
 )
@@ -46,6 +47,8 @@ func main() {
 				process.Fatal("setup secrets", err)
 			}
 			return
+		case "rotate-nats":
+			os.Exit(rotateNATS(os.Args[2:]))
 		case "smoke":
 			os.Exit(smokeTest(os.Args[2:]))
 		case "backup", "restore":
@@ -68,11 +71,7 @@ func secrets() error {
 	if err != nil {
 		return err
 	}
-	rc, err := rest.InClusterConfig()
-	if err != nil {
-		return err
-	}
-	client, err := kubernetes.NewForConfig(rc)
+	client, err := inCluster()
 	if err != nil {
 		return err
 	}
@@ -88,6 +87,52 @@ func secrets() error {
 		fmt.Printf("secret %s/%s %s\n", cfg.Namespace, o.Name, verb)
 	}
 	return err
+}
+
+// inCluster is a Kubernetes client with the pod's own ServiceAccount.
+func inCluster() (kubernetes.Interface, error) {
+	rc, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(rc)
+}
+
+// rotateNATS runs `setup rotate-nats ROLE...`: exit 0 rotated, 1 failed
+// (nothing changed), 2 bad usage or configuration.
+func rotateNATS(args []string) int {
+	var roles []natsauth.Role
+	// Roles come as arguments, or several in one (spaces or commas), as a
+	// shell variable puts them into a pod's command.
+	for _, a := range strings.FieldsFunc(strings.Join(args, " "), func(c rune) bool { return c == ' ' || c == ',' }) {
+		r, err := natsauth.ParseRole(a)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "setup rotate-nats:", err)
+			return 2
+		}
+		roles = append(roles, r)
+	}
+	if len(roles) == 0 {
+		fmt.Fprintln(os.Stderr, "usage: setup rotate-nats ROLE... (the NATS identities to rotate; see docs/RUNBOOK.md)")
+		return 2
+	}
+	cfg, err := config.LoadSecrets(config.FromOS())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "setup rotate-nats:", err)
+		return 2
+	}
+	client, err := inCluster()
+	if err == nil {
+		err = installsecrets.RotateNATS(context.Background(), client, cfg, roles)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "setup rotate-nats:", err)
+		return 1
+	}
+	for _, r := range roles {
+		fmt.Printf("%s: the staged identity is now the current one, and a fresh one is staged; restart %s's processes, then NATS\n", r, r)
+	}
+	return 0
 }
 
 // backupOrRestore runs `setup backup DIR` or `setup restore [-replace]

@@ -7,8 +7,10 @@
 // The one addition: an existing NATS Secret gains the identities of
 // process kinds a newer release brings (their keys only, by a patch that
 // fails if the key appeared meanwhile), as the NATS servers of that
-// release need every identity's public key to start. What it creates carries no Helm ownership, so uninstalling the chart
-// keeps it too.
+// release need every identity's public key to start. What it creates
+// carries no Helm ownership, so uninstalling the chart keeps it too.
+// RotateNATS is the one replacement, and only when an operator asks:
+// `setup rotate-nats ROLE...`.
 package installsecrets
 
 import (
@@ -17,6 +19,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -124,23 +127,65 @@ func add(ctx context.Context, client kubernetes.Interface, namespace string, cur
 	if cur.Data == nil {
 		ops = append(ops, map[string]any{"op": "add", "path": "/data", "value": map[string]any{}})
 	}
-	for _, k := range slices.Sorted(maps.Keys(more)) {
-		// "~1" is "/" in a JSON pointer; keys here are <role>.nk and .pub.
-		path := "/data/" + strings.ReplaceAll(strings.ReplaceAll(k, "~", "~0"), "/", "~1")
-		ops = append(ops, map[string]any{"op": "add", "path": path, "value": base64.StdEncoding.EncodeToString(more[k])})
-		o.Added = append(o.Added, k)
-	}
-	patch, err := json.Marshal(ops)
+	patch, keys, err := guardedPatch(cur, "add", more, ops...)
 	if err != nil {
 		return o, err
 	}
-	// The resourceVersion test makes a concurrent change fail the patch.
-	rv, _ := json.Marshal([]map[string]any{{"op": "test", "path": "/metadata/resourceVersion", "value": cur.ResourceVersion}})
-	patch = append(append(rv[:len(rv)-1], ','), patch[1:]...)
+	o.Added = keys
 	if _, err := client.CoreV1().Secrets(namespace).Patch(ctx, cur.Name, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
 		return Outcome{Name: cur.Name}, fmt.Errorf("secret %s/%s: add %s: %w", namespace, cur.Name, strings.Join(o.Added, ", "), err)
 	}
 	return o, nil
+}
+
+// RotateNATS rotates the NATS identities of roles in the Secret cfg.NATS
+// names (natsauth.Rotate: each role's staged next identity becomes its
+// current one, and a fresh one is staged), all in one patch that fails
+// whole if the Secret changed since it was read. What to restart, and in
+// which order, is the operator's (docs/RUNBOOK.md, "Rotating secrets").
+func RotateNATS(ctx context.Context, client kubernetes.Interface, cfg config.Secrets, roles []natsauth.Role) error {
+	if cfg.NATS == "" {
+		return errors.New("no NATS Secret is configured (GENERATE_NATS_SECRET)")
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.CallTimeout)
+	defer cancel()
+	secrets := client.CoreV1().Secrets(cfg.Namespace)
+	cur, err := secrets.Get(ctx, cfg.NATS, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("secret %s/%s: %w", cfg.Namespace, cfg.NATS, err)
+	}
+	changed := map[string][]byte{}
+	for _, r := range roles {
+		more, err := natsauth.Rotate(cur.Data, r)
+		if err != nil {
+			return fmt.Errorf("secret %s/%s: %w", cfg.Namespace, cfg.NATS, err)
+		}
+		maps.Copy(changed, more)
+	}
+	patch, _, err := guardedPatch(cur, "replace", changed)
+	if err != nil {
+		return err
+	}
+	if _, err := secrets.Patch(ctx, cfg.NATS, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("secret %s/%s: rotate: %w", cfg.Namespace, cfg.NATS, err)
+	}
+	return nil
+}
+
+// guardedPatch is a JSON patch that does op ("add" or "replace") with
+// each of data's keys, in key order, after first, and fails whole if the
+// Secret changed since cur was read (the resourceVersion test). It
+// returns the keys, sorted.
+func guardedPatch(cur *corev1.Secret, op string, data map[string][]byte, first ...map[string]any) ([]byte, []string, error) {
+	ops := append([]map[string]any{{"op": "test", "path": "/metadata/resourceVersion", "value": cur.ResourceVersion}}, first...)
+	keys := slices.Sorted(maps.Keys(data))
+	for _, k := range keys {
+		// "~1" is "/" in a JSON pointer; keys here are <role>.nk and .pub.
+		path := "/data/" + strings.ReplaceAll(strings.ReplaceAll(k, "~", "~0"), "/", "~1")
+		ops = append(ops, map[string]any{"op": op, "path": path, "value": base64.StdEncoding.EncodeToString(data[k])})
+	}
+	patch, err := json.Marshal(ops)
+	return patch, keys, err
 }
 
 // appData is the handshake key ring's first key (AES-256, as

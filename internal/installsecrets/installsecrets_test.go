@@ -8,12 +8,12 @@ import (
 	"encoding/pem"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nkeys"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -68,13 +68,8 @@ func TestEnsureCreatesWhatIsAbsentAndKeepsWhatExists(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range natsauth.Roles {
-		kp, err := nkeys.FromSeed(nats.Data[string(r)+".nk"])
-		if err != nil {
-			t.Fatalf("%s.nk: %v", r, err)
-		}
-		if pub, _ := kp.PublicKey(); pub != string(nats.Data[string(r)+".pub"]) {
-			t.Errorf("%s.pub does not match its seed", r)
-		}
+		matches(t, nats.Data, r, false)
+		matches(t, nats.Data, r, true)
 	}
 	if tls, _ := secrets.Get(ctx, "aaas-nats-tls", metav1.GetOptions{}); !bytes.Equal(tls.Data["tls.crt"], own) {
 		t.Error("the operator's aaas-nats-tls was changed")
@@ -95,11 +90,18 @@ func TestEnsureCreatesWhatIsAbsentAndKeepsWhatExists(t *testing.T) {
 		t.Error("a second run rewrote aaas-nats")
 	}
 
-	// The upgrade from a release without the backup identity: aaas-nats
-	// gains backup.nk and backup.pub, and every other key stays as it was.
+	// The upgrade from 0.2.0, which had neither the backup identity nor
+	// the staged next ones: aaas-nats gains exactly those, and every other
+	// key stays as it was.
 	old := after.DeepCopy()
-	delete(old.Data, "backup.nk")
-	delete(old.Data, "backup.pub")
+	var missing []string
+	for k := range old.Data {
+		if strings.HasPrefix(k, "backup.") || strings.Contains(k, ".next.") {
+			delete(old.Data, k)
+			missing = append(missing, k)
+		}
+	}
+	slices.Sort(missing)
 	if _, err := secrets.Update(ctx, old, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -107,22 +109,19 @@ func TestEnsureCreatesWhatIsAbsentAndKeepsWhatExists(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "[{aaas-secrets false []} {aaas-nats false [backup.nk backup.pub]} {aaas-nats-tls false []}]"; fmt.Sprint(upgraded) != want {
+	if want := fmt.Sprintf("[{aaas-secrets false []} {aaas-nats false %v} {aaas-nats-tls false []}]", missing); fmt.Sprint(upgraded) != want {
 		t.Fatalf("upgrade: %v, want %s", upgraded, want)
 	}
 	gained, _ := secrets.Get(ctx, "aaas-nats", metav1.GetOptions{})
 	for k, v := range after.Data {
-		if !strings.HasPrefix(k, "backup.") && !bytes.Equal(gained.Data[k], v) {
+		if !slices.Contains(missing, k) && !bytes.Equal(gained.Data[k], v) {
 			t.Errorf("the upgrade changed %s", k)
 		}
 	}
-	kp, err := nkeys.FromSeed(gained.Data["backup.nk"])
-	if err != nil {
-		t.Fatalf("backup.nk: %v", err)
+	for _, r := range natsauth.Roles {
+		matches(t, gained.Data, r, true)
 	}
-	if pub, _ := kp.PublicKey(); pub != string(gained.Data["backup.pub"]) {
-		t.Error("backup.pub does not match its seed")
-	}
+	matches(t, gained.Data, natsauth.Backup, false)
 
 	// Half an identity is the operator's to mend: refused, nothing changed.
 	half := gained.DeepCopy()
@@ -209,4 +208,73 @@ func TestEnsureMakesAVerifiableNATSCertificate(t *testing.T) {
 
 func secretOf(ns, name string, crt []byte) *corev1.Secret {
 	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Data: map[string][]byte{"tls.crt": crt}}
+}
+
+// matches is r's (next) public key in data, its seed checked.
+func matches(t *testing.T, data map[string][]byte, r natsauth.Role, next bool) string {
+	t.Helper()
+	pub, err := r.Identity(data, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub
+}
+
+// TestRotateNATSPromotesTheStagedIdentities: the roles asked for get
+// their staged identity as current and a fresh one staged, in one write;
+// the other roles and the route password stay. A Secret from before the
+// staged identities is refused whole, and so is an unknown one.
+func TestRotateNATSPromotesTheStagedIdentities(t *testing.T) {
+	ns := devclustertest.Namespace(t, cluster)
+	ctx := context.Background()
+	secrets := cluster.Client.CoreV1().Secrets(ns)
+	if _, err := installsecrets.Ensure(ctx, cluster.Client, cfg(ns)); err != nil {
+		t.Fatal(err)
+	}
+	before, err := secrets.Get(ctx, "aaas-nats", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotate := []natsauth.Role{natsauth.Edge, natsauth.Broker}
+	if err := installsecrets.RotateNATS(ctx, cluster.Client, cfg(ns), rotate); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := secrets.Get(ctx, "aaas-nats", metav1.GetOptions{})
+	for _, r := range natsauth.Roles {
+		cur, next := matches(t, after.Data, r, false), matches(t, after.Data, r, true)
+		switch {
+		case !slices.Contains(rotate, r):
+			if !bytes.Equal(after.Data[r.SeedKey(false)], before.Data[r.SeedKey(false)]) || next != string(before.Data[r.PublicKey(true)]) {
+				t.Errorf("%s was changed", r)
+			}
+		case cur != string(before.Data[r.PublicKey(true)]):
+			t.Errorf("%s's current key is not the one staged before", r)
+		case next == cur || next == string(before.Data[r.PublicKey(false)]):
+			t.Errorf("%s's staged key is not fresh", r)
+		}
+	}
+	if !bytes.Equal(after.Data["route-password"], before.Data["route-password"]) {
+		t.Error("the route password changed")
+	}
+
+	// An install from before the staged identities.
+	old := after.DeepCopy()
+	delete(old.Data, natsauth.Sweeper.SeedKey(true))
+	delete(old.Data, natsauth.Sweeper.PublicKey(true))
+	old, err = secrets.Update(ctx, old, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = installsecrets.RotateNATS(ctx, cluster.Client, cfg(ns), []natsauth.Role{natsauth.Edge, natsauth.Sweeper})
+	if err == nil || !strings.Contains(err.Error(), "run setup secrets") {
+		t.Fatalf("rotating without a staged identity: %v", err)
+	}
+	if now, _ := secrets.Get(ctx, "aaas-nats", metav1.GetOptions{}); now.ResourceVersion != old.ResourceVersion {
+		t.Error("a refused rotation changed aaas-nats")
+	}
+	c := cfg(ns)
+	c.NATS = "no-such-secret"
+	if err := installsecrets.RotateNATS(ctx, cluster.Client, c, rotate); err == nil || !strings.Contains(err.Error(), "not found") {
+		t.Fatalf("an absent Secret: %v", err)
+	}
 }

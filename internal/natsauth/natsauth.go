@@ -45,6 +45,18 @@ const (
 // configuration lists them.
 var Roles = []Role{Edge, Lifecycle, Sweeper, Broker, Setup, Backup}
 
+// ParseRole is the role named s, or an error naming the roles there are.
+func ParseRole(s string) (Role, error) {
+	if r := Role(s); slices.Contains(Roles, r) {
+		return r, nil
+	}
+	names := make([]string, len(Roles))
+	for i, r := range Roles {
+		names[i] = string(r)
+	}
+	return "", fmt.Errorf("no identity %q: the identities are %s", s, strings.Join(names, ", "))
+}
+
 // Permissions are the subjects an identity may publish to and subscribe
 // to; anything not listed is refused by the server.
 type Permissions struct {
@@ -86,21 +98,22 @@ var grants = map[Role]grant{
 	// alone writes them. Every command (suspend for the admin view), beacons
 	// and audit events; every edge's beacons for the admin view. Model
 	// spend is read (usage, and the usage stream for the admin's
-	// per-call export); budget overrides (admin), users' sealed own
+	// per-call export) and the audit trail (the admin's audit view);
+	// budget overrides (admin), users' sealed own
 	// keys, the SSO groups users sign in with and users' keep-awakes are
 	// written.
 	Edge: {
-		writes: []string{state.BucketSessions, state.BucketRateLimit, state.BucketSigninCodes, state.BucketBudgets, state.BucketCredentials, state.BucketUserGroups, state.BucketKeepAwake},
+		writes: []string{state.BucketSessions, state.BucketRateLimit, state.BucketSigninCodes, state.BucketBudgets, state.BucketCredentials, state.BucketUserGroups, state.BucketKeepAwake, state.BucketAPITokens},
 		reads:  []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketQueue, state.BucketUsage},
-		publishes: append(commandSubjects(events.VerbClaim, events.VerbWake, events.VerbHandshake, events.VerbSuspend, events.VerbDelete, events.VerbRecreate),
+		publishes: append(commandSubjects(events.VerbClaim, events.VerbWake, events.VerbHandshake, events.VerbSuspend, events.VerbDelete, events.VerbRecreate, events.VerbToken),
 			events.ActivitySubject("*", "*"), events.AuditSubjectsAll),
-		consumes: []string{events.StreamActivity, events.StreamUsage},
+		consumes: []string{events.StreamActivity, events.StreamUsage, events.StreamAudit},
 	},
 	// The commands' durable consumer (pull and acknowledge only), every
 	// record (pruning the sessions of deleted accounts too), and the newest
 	// beacon and the keep-awake of a user for compare-and-suspend.
 	Lifecycle: {
-		writes:    []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketSessions, state.BucketLocks, state.BucketQueue},
+		writes:    []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketSessions, state.BucketLocks, state.BucketQueue, state.BucketAPITokens},
 		reads:     []string{state.BucketKeepAwake},
 		publishes: []string{events.AuditSubjectsAll},
 		gets:      []string{events.StreamActivity},
@@ -295,6 +308,9 @@ type Identities struct {
 	// Dir holds <role>.nk, each role's seed (mode 0600).
 	Dir    string
 	public map[Role]string
+	// next are the roles' staged next public keys, which servers admit as
+	// production's do; their seeds are not kept.
+	next map[Role]string
 }
 
 // Admin is the harness-only identity with every permission.
@@ -305,7 +321,7 @@ func Generate(dir string) (*Identities, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	ids := &Identities{Dir: dir, public: map[Role]string{}}
+	ids := &Identities{Dir: dir, public: map[Role]string{}, next: map[Role]string{}}
 	for _, r := range append(slices.Clone(Roles), Admin) {
 		kp, err := nkeys.CreateUser()
 		if err != nil {
@@ -317,22 +333,43 @@ func Generate(dir string) (*Identities, error) {
 			return nil, err
 		}
 		ids.public[r] = pub
+		if r == Admin {
+			continue
+		}
+		next, err := nkeys.CreateUser()
+		if err != nil {
+			return nil, fmt.Errorf("nkey for %s: %w", r, err)
+		}
+		ids.next[r], _ = next.PublicKey()
 	}
 	return ids, nil
 }
 
+// ServerEnv is the environment production's nats.conf reads the roles'
+// public keys from (each role's current and staged next key).
+func (ids *Identities) ServerEnv() map[string]string {
+	env := map[string]string{}
+	for _, r := range Roles {
+		env[r.NKeyVar(false)], env[r.NKeyVar(true)] = ids.public[r], ids.next[r]
+	}
+	return env
+}
+
 // SeedFile is where role's seed is (NATS_NKEY for its process).
-func (ids *Identities) SeedFile(r Role) string { return filepath.Join(ids.Dir, string(r)+".nk") }
+func (ids *Identities) SeedFile(r Role) string { return filepath.Join(ids.Dir, r.SeedKey(false)) }
 
 // Public is role's public key.
 func (ids *Identities) Public(r Role) string { return ids.public[r] }
 
-// Users are the embedded server's users: every role with its permissions,
-// and Admin without limits.
+// Users are the embedded server's users: every role's current and staged
+// next key with its permissions, as production's nats.conf has them, and
+// Admin without limits.
 func (ids *Identities) Users() []*server.NkeyUser {
 	var users []*server.NkeyUser
 	for _, r := range Roles {
-		users = append(users, &server.NkeyUser{Nkey: ids.public[r], Permissions: r.Permissions().server()})
+		for _, k := range []string{ids.public[r], ids.next[r]} {
+			users = append(users, &server.NkeyUser{Nkey: k, Permissions: r.Permissions().server()})
+		}
 	}
 	return append(users, &server.NkeyUser{Nkey: ids.public[Admin]})
 }
@@ -340,7 +377,9 @@ func (ids *Identities) Users() []*server.NkeyUser {
 // SecretData is a fresh set of credentials for a deployment, as the
 // aaas-nats Secret holds them: each role's seed (<role>.nk, mounted into
 // that process only) and public key (<role>.pub, for the NATS servers),
-// and the password NATS nodes authenticate their routes with.
+// each role's staged next identity (<role>.next.nk and .next.pub, which
+// the servers accept too, so a rotation has no outage: Rotate), and the
+// password NATS nodes authenticate their routes with.
 func SecretData() (map[string][]byte, error) {
 	data, err := MissingSecretData(nil)
 	if err != nil {
@@ -354,30 +393,97 @@ func SecretData() (map[string][]byte, error) {
 	return data, nil
 }
 
+// SeedKey is the aaas-nats Secret's key holding role's seed; with next,
+// its staged next identity's.
+func (r Role) SeedKey(next bool) string { return string(r) + nextInfix(next) + ".nk" }
+
+// PublicKey is the aaas-nats Secret's key holding role's public key; with
+// next, its staged next identity's.
+func (r Role) PublicKey(next bool) string { return string(r) + nextInfix(next) + ".pub" }
+
+// NKeyVar is the NATS servers' environment variable their nats.conf reads
+// role's public key from; with next, its staged next identity's.
+func (r Role) NKeyVar(next bool) string {
+	return "NATS_" + strings.ToUpper(string(r)+strings.ReplaceAll(nextInfix(next), ".", "_")) + "_NKEY"
+}
+
+func nextInfix(next bool) string {
+	if next {
+		return ".next"
+	}
+	return ""
+}
+
 // MissingSecretData is what an existing aaas-nats Secret lacks: the seed
-// and public key of each role it holds neither of (one a newer release
-// brought). A role holding one without the other is an error, not a
-// reason to replace it.
+// and public key of each identity it holds neither of (a role a newer
+// release brought, or the staged next identities, which the release after
+// 0.2.0 brought). An identity held by one key without the other is an
+// error, not a reason to replace it.
 func MissingSecretData(existing map[string][]byte) (map[string][]byte, error) {
 	data := map[string][]byte{}
 	for _, r := range Roles {
-		_, seed := existing[string(r)+".nk"]
-		_, pub := existing[string(r)+".pub"]
-		switch {
-		case seed && pub:
-			continue
-		case seed != pub:
-			return nil, fmt.Errorf("the secret holds only one of %s.nk and %s.pub; restore the other or remove both", r, r)
+		for _, next := range []bool{false, true} {
+			_, seed := existing[r.SeedKey(next)]
+			_, pub := existing[r.PublicKey(next)]
+			switch {
+			case seed && pub:
+				continue
+			case seed != pub:
+				return nil, fmt.Errorf("the secret holds only one of %s and %s; restore the other or remove both", r.SeedKey(next), r.PublicKey(next))
+			}
+			if err := newIdentity(data, r, next); err != nil {
+				return nil, err
+			}
 		}
-		kp, err := nkeys.CreateUser()
-		if err != nil {
-			return nil, fmt.Errorf("nkey for %s: %w", r, err)
-		}
-		s, _ := kp.Seed()
-		p, _ := kp.PublicKey()
-		data[string(r)+".nk"], data[string(r)+".pub"] = s, []byte(p)
 	}
 	return data, nil
+}
+
+// Rotate is what rotating role's identity changes in the aaas-nats
+// Secret: the staged next identity becomes the current one (the NATS
+// servers already accept it, as next) and a fresh one is staged. The old
+// current key is gone from the Secret, but the servers keep accepting it
+// until they restart, so the role's processes can be restarted onto the
+// new seed first and NATS after them, without an outage (docs/RUNBOOK.md).
+func Rotate(existing map[string][]byte, r Role) (map[string][]byte, error) {
+	seed, pub := existing[r.SeedKey(true)], existing[r.PublicKey(true)]
+	if len(seed) == 0 || len(pub) == 0 {
+		return nil, fmt.Errorf("the secret has no staged identity %s/%s for %s: run setup secrets (the chart's hook) first, and restart NATS so that it accepts it", r.SeedKey(true), r.PublicKey(true), r)
+	}
+	if _, err := r.Identity(existing, true); err != nil {
+		return nil, fmt.Errorf("%w; refusing to rotate onto it", err)
+	}
+	data := map[string][]byte{r.SeedKey(false): seed, r.PublicKey(false): pub}
+	if err := newIdentity(data, r, true); err != nil {
+		return nil, err
+	}
+	return data, nil
+}
+
+// Identity is role's (next) public key in the aaas-nats Secret's data,
+// once its seed there is checked to be that key's user nkey.
+func (r Role) Identity(data map[string][]byte, next bool) (string, error) {
+	kp, err := nkeys.FromSeed(data[r.SeedKey(next)])
+	if err != nil {
+		return "", fmt.Errorf("%s is not an nkey seed: %w", r.SeedKey(next), err)
+	}
+	pub, err := kp.PublicKey()
+	if err != nil || pub != string(data[r.PublicKey(next)]) || !nkeys.IsValidPublicUserKey(pub) {
+		return "", fmt.Errorf("%s is not the user key of %s", r.PublicKey(next), r.SeedKey(next))
+	}
+	return pub, nil
+}
+
+// newIdentity puts a fresh user nkey into data as role's (next) identity.
+func newIdentity(data map[string][]byte, r Role, next bool) error {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return fmt.Errorf("nkey for %s: %w", r, err)
+	}
+	s, _ := kp.Seed()
+	p, _ := kp.PublicKey()
+	data[r.SeedKey(next)], data[r.PublicKey(next)] = s, []byte(p)
+	return nil
 }
 
 // RoutePassword is a fresh password for the NATS routes: hex, because it

@@ -5,12 +5,15 @@ package natsconn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
@@ -106,7 +109,7 @@ func authOptions(o Options) ([]nats.Option, error) {
 	a := o.Auth
 	switch {
 	case a.NKey != "":
-		opt, err := nats.NkeyOptionFromSeed(a.NKey)
+		opt, err := nkeyOption(a.NKey)
 		if err != nil {
 			return nil, fmt.Errorf("NATS_NKEY %s: %w", a.NKey, err)
 		}
@@ -124,6 +127,31 @@ func authOptions(o Options) ([]nats.Option, error) {
 		opts = append(opts, nats.CustomInboxPrefix(o.InboxPrefix))
 	}
 	return opts, nil
+}
+
+// nkeyOption authenticates with the seed in file as it is now, for the
+// life of the connection. nats.go's NkeyOptionFromSeed keeps the public
+// key but reads the seed again for every reconnect: once a rotation has
+// replaced the mounted Secret's seed (the kubelet updates it in running
+// pods), a process would offer its old key signed by the new seed, and
+// every reconnect would be refused until the pod restarted. Holding the
+// pair keeps each process on one identity until it restarts, which is
+// what the rotation procedure counts on.
+func nkeyOption(file string) (nats.Option, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	kp, err := nkeys.ParseDecoratedNKey(b)
+	clear(b)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := kp.PublicKey()
+	if err != nil || !nkeys.IsValidPublicUserKey(pub) {
+		return nil, errors.New("not a user nkey seed")
+	}
+	return nats.Nkey(pub, kp.Sign), nil
 }
 
 // Provision is the setup step: it creates or updates every stream and

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/aaas-project/aaas/internal/child"
 	"github.com/aaas-project/aaas/internal/gobuild"
 	"github.com/aaas-project/aaas/internal/natsauth"
+	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 // NATSCluster is a JetStream cluster of nats-server processes (the
@@ -37,7 +39,7 @@ type NATSNode struct {
 	Port, Monitor int
 	opts          child.Options
 	p             *child.Process
-	out           *syncBuffer
+	out           *testutil.Buffer
 }
 
 var (
@@ -92,10 +94,8 @@ func StartNATSCluster(t testing.TB, n int, ids *natsauth.Identities) *NATSCluste
 			"NATS_ROUTES":     `["` + strings.Join(routes, `","`) + `"]`,
 			"NATS_ADMIN_NKEY": ids.Public(natsauth.Admin), "NATS_STORE_DIR": filepath.Join(dir, name),
 		}
-		for _, r := range natsauth.Roles {
-			env["NATS_"+strings.ToUpper(string(r))+"_NKEY"] = ids.Public(r)
-		}
-		node := &NATSNode{Name: name, Port: p.client, Monitor: p.monitor, out: &syncBuffer{}}
+		maps.Copy(env, ids.ServerEnv())
+		node := &NATSNode{Name: name, Port: p.client, Monitor: p.monitor, out: &testutil.Buffer{}}
 		node.opts = child.Options{Name: name, Path: bin, Env: child.Environ(env), Output: node.out, Args: []string{
 			"--config", conf,
 			// Listeners and store move to this node's ports and directory;
