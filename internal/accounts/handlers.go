@@ -34,6 +34,16 @@ func (s *Service) landing(c *fiber.Ctx) error {
 		st := s.statusOf(id.User, d.Sandbox)
 		d.Phase, d.Reason, d.Sleep = st.Phase, st.Reason, s.sleep(st)
 		d.Models = s.landingModels(id.User)
+		if s.o.APITokens != nil && id.TokenName == "" {
+			d.TokensOn = true
+			for _, t := range s.userTokens(id.User) {
+				v := web.APIToken{Name: t.Name, Created: t.Created.Format(time.DateOnly), Expires: "never"}
+				if !t.Expires.IsZero() {
+					v.Expires = t.Expires.Format(time.DateOnly)
+				}
+				d.APITokens = append(d.APITokens, v)
+			}
+		}
 	case auth.Status(err) != fiber.StatusUnauthorized:
 		d.Error, d.SignOut = err.Error(), s.o.SignOutURL
 		status := auth.Status(err)
@@ -101,7 +111,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	start := time.Now()
 	token := auth.NewToken(user)
 	req := auth.NewRequestID()
-	res, err := s.command(context.Background(), events.NewClaim(user, req, auth.HashHex(token)))
+	res, err := s.command(traced(c), events.NewClaim(user, req, auth.HashHex(token)))
 	switch {
 	case errors.Is(err, auth.ErrTimeout) && wantsJSON(c):
 		// The claim may still succeed: hand out the token now, as it will
@@ -123,7 +133,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 		return s.unavailable(c, "signup: session not created", err)
 	}
 	s.setCookie(c, sid)
-	s.audit(events.AuditEvent{Kind: events.AuditSignup, User: user, RequestID: req, Outcome: state.OutcomeCreated})
+	s.audit(c, events.AuditEvent{Kind: events.AuditSignup, User: user, Outcome: state.OutcomeCreated})
 	s.o.Auth.Counter().WithLabelValues("signup", "created").Inc()
 
 	if !wantsJSON(c) {
@@ -179,7 +189,7 @@ func (s *Service) login(c *fiber.Ctx) error {
 	}
 	s.setCookie(c, sid)
 	s.o.Auth.Counter().WithLabelValues("login", "ok").Inc()
-	s.audit(events.AuditEvent{Kind: events.AuditLogin, User: user, Outcome: "ok"})
+	s.audit(c, events.AuditEvent{Kind: events.AuditLogin, User: user, Outcome: "ok"})
 	if wantsJSON(c) {
 		return c.JSON(fiber.Map{"user": user, "url": s.sites.SandboxURL(c, user)})
 	}
@@ -241,7 +251,7 @@ func (s *Service) logout(c *fiber.Ctx) error {
 		if err != nil {
 			return s.unavailable(c, "logout: session not revoked", err)
 		}
-		s.audit(events.AuditEvent{Kind: events.AuditLogout, User: id.User, Outcome: outcome})
+		s.audit(c, events.AuditEvent{Kind: events.AuditLogout, User: id.User, Outcome: outcome})
 	}
 	s.clearCookie(c)
 	if wantsJSON(c) {
@@ -269,7 +279,7 @@ func (s *Service) deleteAccount(c *fiber.Ctx) error {
 		return s.fail(c, fiber.StatusServiceUnavailable, "the account could not be deleted: "+res.Error)
 	}
 	s.clearCookie(c)
-	s.audit(events.AuditEvent{Kind: events.AuditDelete, User: id.User, Outcome: "requested", Detail: "by " + id.Method})
+	s.audit(c, events.AuditEvent{Kind: events.AuditDelete, User: id.User, Outcome: "requested", Detail: "by " + id.Method})
 	if c.Method() == fiber.MethodPost && !wantsJSON(c) {
 		return c.Redirect("/", fiber.StatusSeeOther) // the confirm page's form
 	}
@@ -293,7 +303,7 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 	if res.Outcome != state.OutcomeRecreated {
 		return s.fail(c, fiber.StatusServiceUnavailable, "the sandbox could not be recreated: "+res.Error)
 	}
-	s.audit(events.AuditEvent{Kind: events.AuditRecreate, User: id.User, Outcome: "requested", Detail: "by " + id.Method})
+	s.audit(c, events.AuditEvent{Kind: events.AuditRecreate, User: id.User, Outcome: "requested", Detail: "by " + id.Method})
 	if id.Method == auth.MethodCookie {
 		if sid, err := s.o.Auth.Store().Create(context.Background(), id.User, "recreate"); err == nil {
 			s.setCookie(c, sid)
@@ -309,15 +319,20 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 // returns its answer. ok=false means a refusal has been written;
 // otherwise err is the command's failure, if any.
 func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb) (state.Result, bool, error) {
-	res, err := s.Act(user, verb)
+	res, err := s.Act(traced(c), user, verb)
 	var r *Refusal
 	if errors.As(err, &r) {
-		if r.RetryAfter > 0 {
-			c.Set(fiber.HeaderRetryAfter, strconv.Itoa(int(r.RetryAfter.Seconds())+1))
-		}
-		return state.Result{}, false, s.fail(c, r.Status, r.Message)
+		return state.Result{}, false, s.refuse(c, r)
 	}
 	return res, true, err
+}
+
+// refuse answers a *Refusal: its status and message, and when to retry.
+func (s *Service) refuse(c *fiber.Ctx, r *Refusal) error {
+	if r.RetryAfter > 0 {
+		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(int(r.RetryAfter.Seconds())+1))
+	}
+	return s.fail(c, r.Status, r.Message)
 }
 
 // Refusal is an account action refused before it was asked for: no such
@@ -338,7 +353,7 @@ func (r *Refusal) Error() string { return r.Message }
 // one edge they also share one rate-limit entry and one publish. Actions
 // are limited per user (RECREATE_RATE_LIMIT in AUTH_RATE_WINDOW): each
 // costs a pod and a volume. Any other error is the command's failure.
-func (s *Service) Act(user string, verb events.Verb) (state.Result, error) {
+func (s *Service) Act(ctx context.Context, user string, verb events.Verb) (state.Result, error) {
 	acct, found := s.o.Users.Get(user)
 	if !found {
 		return state.Result{}, &Refusal{Status: fiber.StatusNotFound, Message: "no such account"}
@@ -356,9 +371,10 @@ func (s *Service) Act(user string, verb events.Verb) (state.Result, error) {
 		limited bool
 		retry   time.Duration
 	}
-	// Detached from the first requester: the others wait for the same.
+	// Detached from the first requester (its request id is the command's
+	// trace): the others wait for the same.
+	ctx = events.WithTrace(context.Background(), events.TraceOf(ctx))
 	v, err, _ := s.actions.Do(requestID, func() (any, error) {
-		ctx := context.Background()
 		v, err := s.o.Actions.Allow(ctx, "account:"+user)
 		if err != nil {
 			return nil, auth.ErrUnavailable

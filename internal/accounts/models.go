@@ -145,7 +145,7 @@ func (s *Service) storeKey(c *fiber.Ctx) error {
 	if _, err := s.o.BYOK.Credentials.Put(ctx, state.CredentialKey(id.User, p), cred); err != nil {
 		return s.unavailable(c, "own key not stored", err)
 	}
-	s.audit(events.AuditEvent{Kind: events.AuditCredential, User: id.User, Outcome: "stored", Detail: "provider " + p + " by " + id.Method})
+	s.audit(c, events.AuditEvent{Kind: events.AuditCredential, User: id.User, Outcome: "stored", Detail: "provider " + p + " by " + id.Method})
 	if wantsJSON(c) {
 		return c.JSON(key{Provider: p, Hint: cred.Hint, Set: cred.Set})
 	}
@@ -174,7 +174,7 @@ func (s *Service) deleteKey(c *fiber.Ctx) error {
 	if err := s.o.BYOK.Credentials.Purge(ctx, k); err != nil {
 		return s.unavailable(c, "own key not deleted", err)
 	}
-	s.audit(events.AuditEvent{Kind: events.AuditCredential, User: id.User, Outcome: "deleted", Detail: "provider " + p + " by " + id.Method})
+	s.audit(c, events.AuditEvent{Kind: events.AuditCredential, User: id.User, Outcome: "deleted", Detail: "provider " + p + " by " + id.Method})
 	if wantsJSON(c) {
 		return c.SendStatus(fiber.StatusNoContent)
 	}

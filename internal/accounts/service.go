@@ -46,6 +46,8 @@ type Options struct {
 	Actions   *auth.Limiter
 	Publisher *events.Publisher
 	Users     *kv.Cache[state.User]
+	// APITokens are users' named API tokens; nil: not served.
+	APITokens *APITokens
 	Sandboxes *kv.Cache[state.Sandbox]
 	Requests  *kv.Cache[state.Result]
 	// Queue shows a waiting user their place.
@@ -155,6 +157,8 @@ func (s *Service) Register(app *fiber.App) {
 	app.Post("/logout", s.logout)
 	app.Delete("/users/:user", s.deleteAccount)
 	app.Post("/recreate", s.recreate)
+	app.Post("/_/token", s.replaceToken)
+	s.routeTokens(app)
 	app.Get("/_/status", s.status)
 	app.Post("/_/keepawake", s.keepAwake)
 	app.Post("/_/suspend", s.suspendNow)
@@ -186,7 +190,7 @@ func (s *Service) provision(c *fiber.Ctx, missing *auth.NoAccount) error {
 	if s.full() {
 		return auth.NewError(fiber.StatusForbidden, errFull(s.o.MaxUsers))
 	}
-	ctx, user, bound := context.Background(), missing.Name, missing.Bound
+	ctx, user, bound := traced(c), missing.Name, missing.Bound
 	req := fmt.Sprintf("sso-%s-%s-%d", user, bound[:12], time.Now().Unix()/60)
 	res, err := s.command(ctx, events.NewClaim(user, req, bound))
 	switch {
@@ -197,7 +201,7 @@ func (s *Service) provision(c *fiber.Ctx, missing *auth.NoAccount) error {
 	case res.Outcome != state.OutcomeCreated:
 		return auth.NewError(fiber.StatusServiceUnavailable, "your account could not be created: "+res.Error)
 	}
-	s.audit(events.AuditEvent{Kind: events.AuditSignup, User: user, RequestID: req, Outcome: "sso"})
+	s.audit(c, events.AuditEvent{Kind: events.AuditSignup, User: user, Outcome: "sso"})
 	wctx, cancel := context.WithTimeout(ctx, s.o.WakeTimeout)
 	defer cancel()
 	if _, _, err := s.o.Users.Wait(wctx, user, func(_ kv.Entry[state.User], ok bool) bool { return ok }); err != nil {
@@ -221,7 +225,17 @@ func (s *Service) command(ctx context.Context, c events.Command) (state.Result, 
 	return e.Value, nil
 }
 
-func (s *Service) audit(e events.AuditEvent) { s.o.Publisher.Audit(e) }
+// audit publishes e as the request c's: its id is c's request id.
+func (s *Service) audit(c *fiber.Ctx, e events.AuditEvent) {
+	e.RequestID = httpguard.RequestID(c)
+	s.o.Publisher.Audit(e)
+}
+
+// traced is a context for the calls out c's handler makes: commands
+// published under it carry c's request id.
+func traced(c *fiber.Ctx) context.Context {
+	return events.WithTrace(context.Background(), httpguard.RequestID(c))
+}
 
 // wantsJSON is true for API clients: they send JSON, ask for it, or
 // authenticate with a token.

@@ -120,7 +120,7 @@ func (s *Service) keepAwake(c *fiber.Ctx) error {
 		// This edge shows it at once; the others when their caches hear.
 		_, _, _ = s.o.KeepAwakes.Wait(ctx, id.User, func(e kv.Entry[state.KeepAwake], ok bool) bool { return ok && e.Value.Until.Equal(until) })
 	}
-	s.audit(events.AuditEvent{Kind: events.AuditKeepAwake, User: id.User, Outcome: "ok", Detail: detail + ", by " + id.Method})
+	s.audit(c, events.AuditEvent{Kind: events.AuditKeepAwake, User: id.User, Outcome: "ok", Detail: detail + ", by " + id.Method})
 	return s.done(c, id.User)
 }
 
@@ -135,12 +135,12 @@ func (s *Service) suspendNow(c *fiber.Ctx) error {
 	if !found || e.Value.Phase != state.PhaseReady {
 		return s.fail(c, fiber.StatusConflict, "your sandbox is not running")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(traced(c), 10*time.Second)
 	defer cancel()
 	if _, err := s.o.Publisher.Command(ctx, events.NewUserSuspend(id.User, e.Revision)); err != nil {
 		return s.unavailable(c, "suspend not published", err)
 	}
-	s.audit(events.AuditEvent{Kind: events.AuditSuspend, User: id.User, Outcome: "requested", Detail: "user: by " + id.Method})
+	s.audit(c, events.AuditEvent{Kind: events.AuditSuspend, User: id.User, Outcome: "requested", Detail: "user: by " + id.Method})
 	c.Status(fiber.StatusAccepted)
 	return s.done(c, id.User)
 }
@@ -204,6 +204,8 @@ func (s *Service) confirm(c *fiber.Ctx) error {
 		d.Path = "/recreate"
 	case "delete":
 		d.Path = "/users/" + id.User + "/delete"
+	case "token":
+		d.Path = "/_/token"
 	default:
 		return s.fail(c, fiber.StatusNotFound, "no such action")
 	}

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +33,8 @@ type Options struct {
 	Store   *Store
 	Limiter *Limiter
 	Users   *kv.Cache[state.User]
+	// APITokens are users' named API tokens; nil: none are accepted.
+	APITokens *kv.Cache[state.APIToken]
 	// Publisher takes the audit events of refusals.
 	Publisher *events.Publisher
 	// RefusalAuditLimit (REFUSAL_AUDIT_LIMIT) is how many refusals all
@@ -157,6 +160,10 @@ type Identity struct {
 	// Admin: the account is one ADMIN_USERS binds (name and identity), or
 	// an SSO user of a group in ADMIN_GROUPS.
 	Admin bool
+	// TokenName is the named API token a bearer request came with ("" for
+	// the account's token). Such a request never administers (its hash
+	// is not the account's identity) and may not manage tokens.
+	TokenName string
 }
 
 // authError is an authentication failure with the status it answers.
@@ -217,6 +224,7 @@ func (a *Authenticator) AuthenticateFor(c *fiber.Ctx, user string) (Identity, er
 	}
 	// A sandbox origin's session administers nothing: no admin route is
 	// served there, and its rights must not outlive the page they came on.
+	httpguard.SetUser(c, id.User)
 	id.Admin = id.host == "" && a.admin(id)
 	if id.Method == MethodSSO && !id.Admin && len(a.o.AdminGroups) > 0 {
 		groups := c.Get(a.o.SSO.GroupsHeader)
@@ -245,11 +253,13 @@ func (a *Authenticator) identify(c *fiber.Ctx, user string) (Identity, error) {
 		if !ok {
 			return Identity{}, ErrBadCredentials
 		}
-		u, ok := a.CheckToken(token)
-		if !ok {
-			return Identity{}, ErrBadCredentials
+		if u, ok := a.CheckToken(token); ok {
+			return Identity{User: u.Name, Method: MethodBearer, bound: u.TokenHash}, nil
 		}
-		return Identity{User: u.Name, Method: MethodBearer, bound: u.TokenHash}, nil
+		if u, t, ok := a.checkAPIToken(token); ok {
+			return Identity{User: u.Name, Method: MethodBearer, bound: t.Hash, TokenName: t.Name}, nil
+		}
+		return Identity{}, ErrBadCredentials
 	}
 	if origin {
 		return a.sandboxIdentity(c, user)
@@ -302,6 +312,10 @@ func (a *Authenticator) Valid(id Identity) bool {
 		return ok && sess.User == id.User && sess.Host == id.host && (sess.Host == "" || a.parentHolds(nil, sess))
 	}
 	u, ok := a.o.Users.Get(id.User)
+	if id.TokenName != "" {
+		t, found := a.o.APITokens.Get(state.APITokenKey(id.User, id.TokenName))
+		return ok && found && SecretEqual(t.Value.Hash, id.bound) && t.Value.Holds(u.Value, time.Now())
+	}
 	return ok && u.Value.DeletingSince.IsZero() && SecretEqual(u.Value.TokenHash, id.bound)
 }
 
@@ -425,7 +439,7 @@ func (a *Authenticator) Refused(c *fiber.Ctx, e events.AuditEvent) {
 // Limiter's Verdict.Audit says) within the shared budget, naming the
 // client by its tag.
 func (a *Authenticator) AuditRefusal(c *fiber.Ctx, e events.AuditEvent) {
-	e.Client = ClientTag(c)
+	e.Client, e.RequestID = ClientTag(c), httpguard.RequestID(c)
 	a.refusals.audit(e)
 }
 

@@ -177,3 +177,29 @@ func ascii(s string) bool {
 	}
 	return true
 }
+
+// FuzzAPITokens checks the parsing of named API tokens on any string:
+// ParseAPIToken accepts exactly "<valid account name>.<valid token
+// name>.<43 characters>", no string is both an account token and an API
+// token, and a token minted for a valid name parses back to it.
+func FuzzAPITokens(f *testing.F) {
+	for _, s := range []string{"ann.ci." + strings.Repeat("A", 43), bobToken, "ann..x", "ann.CI." + strings.Repeat("A", 43),
+		"ann.ci." + strings.Repeat("A", 44), "ann.-x." + strings.Repeat("A", 43), "a.b.c.d", "ann.ci.with.dots.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		user, name, ok := auth.ParseAPIToken(s)
+		parts := strings.SplitN(s, ".", 3)
+		want := len(parts) == 3 && len(parts[2]) == 43 && auth.ValidateUser(parts[0]) == nil && auth.ValidateTokenName(parts[1]) == nil
+		if ok != want || ok && (user != parts[0] || name != parts[1]) {
+			t.Fatalf("ParseAPIToken(%q) = %q, %q, %v", s, user, name, ok)
+		}
+		if _, account := auth.TokenUser(s); account && ok {
+			t.Fatalf("%q is both an account token and an API token", s)
+		}
+		sso := auth.SSOName(s)
+		if u, n, ok := auth.ParseAPIToken(auth.NewAPIToken(sso, "ci")); !ok || u != sso || n != "ci" {
+			t.Fatalf("an API token minted for %q parses as %q, %q, %v", sso, u, n, ok)
+		}
+	})
+}

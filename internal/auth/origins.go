@@ -271,7 +271,7 @@ func (a *Authenticator) TradeSandboxCode(c *fiber.Ctx) error {
 	if err != nil {
 		return a.signinProblem(c, "trade", fiber.StatusServiceUnavailable, "Try again", "Your session could not be started; try again shortly.")
 	}
-	a.o.Publisher.Audit(events.AuditEvent{Kind: events.AuditLogin, User: sc.User, Outcome: "ok", Detail: "sandbox origin " + sc.Host, Client: ClientTag(c)})
+	a.o.Publisher.Audit(events.AuditEvent{Kind: events.AuditLogin, User: sc.User, Outcome: "ok", Detail: "sandbox origin " + sc.Host, Client: ClientTag(c), RequestID: httpguard.RequestID(c)})
 	c.Cookie(&fiber.Cookie{Name: a.o.Origins.CookieName, Value: sid, Path: "/", Expires: expires, HTTPOnly: true, Secure: a.o.Origins.Secure, SameSite: fiber.CookieSameSiteLaxMode})
 	a.counter.WithLabelValues("sandbox_trade", "ok").Inc()
 	next := c.Query("next")

@@ -35,6 +35,12 @@ import (
 
 // Annotations and labels the gateway writes on claims.
 const (
+	// PodUserLabel names the user on their sandbox's pod, so kubectl
+	// finds it by the user: the claim asks for it (additionalPodMetadata)
+	// and the agent-sandbox controller puts it on the pod, also on a
+	// warm-pool spare as the claim adopts it. sandbox.users.io is the one
+	// domain the controller admits by default (its allowed-label-domains).
+	PodUserLabel = "sandbox.users.io/user"
 	// TokenHashAnnotation holds the hex SHA-256 of the user's bearer token.
 	TokenHashAnnotation = "aaas.example.com/token-sha256"
 	// SuspendAnnotation, on a Sandbox, is the gateway's last suspend of
@@ -380,7 +386,8 @@ func (c *Cluster) CreateClaim(ctx context.Context, user, tokenHash string) (*ext
 			Labels:      map[string]string{c.cfg.ManagedKey: c.cfg.ManagedValue, UserLabel: user},
 			Annotations: map[string]string{TokenHashAnnotation: tokenHash},
 		},
-		Spec: extv1beta1.SandboxClaimSpec{WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: c.cfg.WarmPool}},
+		Spec: extv1beta1.SandboxClaimSpec{WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: c.cfg.WarmPool},
+			AdditionalPodMetadata: sandboxv1beta1.PodMetadata{Labels: map[string]string{PodUserLabel: user}}},
 	}
 	ctx, cancel := c.call(ctx)
 	defer cancel()
@@ -453,6 +460,19 @@ func (c *Cluster) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 // leaves it so; only deleting it brings the sandbox back.
 func PodEnded(pod *corev1.Pod) bool {
 	return pod != nil && pod.DeletionTimestamp == nil && (pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded)
+}
+
+// SetTokenHash puts the hash of user's new bearer token on their claim,
+// where the account lives (a NATS loss rebuilds the record from it).
+func (c *Cluster) SetTokenHash(ctx context.Context, user, hash string) error {
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{TokenHashAnnotation: hash}}})
+	if err != nil {
+		return err
+	}
+	_, err = c.ext.ExtensionsV1beta1().SandboxClaims(c.cfg.Namespace).Patch(ctx, ClaimName(user), types.MergePatchType, patch, metav1.PatchOptions{})
+	return err
 }
 
 // SetMode switches a sandbox to Running or Suspended.

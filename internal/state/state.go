@@ -67,7 +67,7 @@ func DefaultBucketsConfig() BucketsConfig {
 // every watcher to see them.
 const markerTTL = time.Minute
 
-// BucketConfigs returns every bucket definition. Each has a MaxBytes (2.5 GiB
+// BucketConfigs returns every bucket definition. Each has a MaxBytes (2.6 GiB
 // in all) so that no flood of sessions, handshakes or rate-limit entries
 // can fill the JetStream store the others share; a full bucket refuses
 // writes, which the edge answers with 503.
@@ -87,6 +87,7 @@ func BucketConfigs(c BucketsConfig) []jetstream.KeyValueConfig {
 		{Bucket: BucketCredentials, Description: "provider keys users brought, sealed to the brokers", MaxBytes: 64 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
 		{Bucket: BucketUserGroups, Description: "SSO groups each user last signed in with", TTL: c.SessionTTL, LimitMarkerTTL: markerTTL, MaxBytes: 64 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
 		{Bucket: BucketKeepAwake, Description: "users' keep-awakes, written by the edges, honoured by the sweeper and lifecycle", TTL: 31 * 24 * time.Hour, LimitMarkerTTL: markerTTL, MaxBytes: 16 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketAPITokens, Description: "users' named API tokens (hashes), by user and name", LimitMarkerTTL: markerTTL, MaxBytes: 64 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
 		{Bucket: BucketQueue, Description: "wakes waiting for a free place (MAX_RUNNING_SANDBOXES, MAX_CONCURRENT_STARTS), admitted oldest first", MaxBytes: 16 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
 	}
 }
@@ -276,6 +277,7 @@ const (
 	OutcomeConflict  = "conflict"
 	OutcomeDeleted   = "deleted"
 	OutcomeRecreated = "recreated"
+	OutcomeReplaced  = "replaced"
 	OutcomeFailed    = "failed"
 )
 

@@ -67,7 +67,8 @@ func TestEveryBucketIsBounded(t *testing.T) {
 		}
 		sum += bc.MaxBytes
 	}
-	if sum > 2<<30+512<<20+64<<20 {
+	// 2.625 GiB: with the streams' 1.75 GiB, 4.4 of the 6 GiB at most.
+	if sum > 2<<30+640<<20 {
 		t.Errorf("buckets reserve %d MiB", sum>>20)
 	}
 }

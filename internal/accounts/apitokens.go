@@ -1,0 +1,178 @@
+package accounts
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
+)
+
+// APITokens are users' named API tokens: the bucket written and the
+// cache listed, and how many one user may hold.
+type APITokens struct {
+	Bucket *kv.Bucket[state.APIToken]
+	// Cache is grouped by user (kv.GroupBy(state.APITokenUser)): listing
+	// one user's tokens visits theirs only.
+	Cache   *kv.Cache[state.APIToken]
+	MaxEach int
+}
+
+// maxTokenDays bounds an API token's life when one is given.
+const maxTokenDays = 3650
+
+// tokenView is an API token as its user sees it: never the token.
+type tokenView struct {
+	Name    string    `json:"name"`
+	Created time.Time `json:"created"`
+	Expires time.Time `json:"expires,omitzero"`
+}
+
+// userTokens lists user's API tokens that hold now, by name.
+func (s *Service) userTokens(user string) []tokenView {
+	out := []tokenView{}
+	u, _ := s.o.Users.Get(user)
+	now := time.Now()
+	s.o.APITokens.Cache.RangeGroup(user, func(e kv.Entry[state.APIToken]) bool {
+		if t := e.Value; t.User == user && t.Holds(u.Value, now) {
+			out = append(out, tokenView{Name: t.Name, Created: t.Created, Expires: t.Expires})
+		}
+		return true
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// tokenManager is the identity of a request that may manage its
+// account's API tokens: signed in with a session, SSO or the account's
+// own token, never with an API token (a leaked one must not mint more).
+func (s *Service) tokenManager(c *fiber.Ctx) (auth.Identity, bool, error) {
+	if s.o.APITokens == nil {
+		return auth.Identity{}, false, s.fail(c, fiber.StatusNotFound, "API tokens are not enabled here")
+	}
+	id, ok, err := s.mutation(c)
+	if !ok {
+		return id, false, err
+	}
+	if id.TokenName != "" {
+		return id, false, s.fail(c, fiber.StatusForbidden, "an API token cannot manage tokens; sign in or use the account's token")
+	}
+	return id, true, nil
+}
+
+// listTokens serves GET /_/tokens: the caller's API tokens.
+func (s *Service) listTokens(c *fiber.Ctx) error {
+	if s.o.APITokens == nil {
+		return s.fail(c, fiber.StatusNotFound, "API tokens are not enabled here")
+	}
+	id, err := s.identity(c)
+	if err != nil {
+		return s.fail(c, auth.Status(err), err.Error())
+	}
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	return c.JSON(fiber.Map{"user": id.User, "tokens": s.userTokens(id.User)})
+}
+
+// createToken serves POST /_/tokens (name, and expires_days: none for a
+// token that does not expire): a new API token, shown once.
+func (s *Service) createToken(c *fiber.Ctx) error {
+	id, ok, err := s.tokenManager(c)
+	if !ok {
+		return err
+	}
+	f, status, msg := ReadForm(c, "name", "expires_days")
+	if status != 0 {
+		return s.fail(c, status, msg)
+	}
+	name := f["name"]
+	if err := auth.ValidateTokenName(name); err != nil {
+		return s.fail(c, fiber.StatusBadRequest, err.Error())
+	}
+	now := time.Now().UTC()
+	var ttl time.Duration
+	if d := f["expires_days"]; d != "" {
+		n, err := strconv.Atoi(d)
+		if err != nil || n < 1 || n > maxTokenDays {
+			return s.fail(c, fiber.StatusBadRequest, "expires_days is 1 to "+strconv.Itoa(maxTokenDays)+", or empty for a token that does not expire")
+		}
+		ttl = time.Duration(n) * 24 * time.Hour
+	}
+	u, found := s.o.Users.Get(id.User)
+	if !found || u.Value.ClaimUID == "" {
+		return s.fail(c, fiber.StatusServiceUnavailable, "your account is not ready yet; try again shortly")
+	}
+	if len(s.userTokens(id.User)) >= s.o.APITokens.MaxEach {
+		return s.fail(c, fiber.StatusConflict, "you hold "+strconv.Itoa(s.o.APITokens.MaxEach)+" API tokens, the most allowed; delete one first")
+	}
+	token := auth.NewAPIToken(id.User, name)
+	rec := state.APIToken{User: id.User, Name: name, Hash: auth.HashHex(token), ClaimUID: u.Value.ClaimUID, Created: now}
+	var opts []kv.WriteOption
+	if ttl > 0 {
+		rec.Expires = now.Add(ttl)
+		opts = append(opts, kv.WithTTL(ttl))
+	}
+	ctx, cancel := context.WithTimeout(traced(c), 10*time.Second)
+	defer cancel()
+	// Create, not Put: a name in use (or one that lapsed but whose marker
+	// stays) is refused rather than silently replaced.
+	rev, err := s.o.APITokens.Bucket.Create(ctx, state.APITokenKey(id.User, name), rec, opts...)
+	switch {
+	case errors.Is(err, kv.ErrExists):
+		return s.fail(c, fiber.StatusConflict, "you have a token called "+name+" already; delete it first or choose another name")
+	case err != nil:
+		return s.unavailable(c, "API token not stored", err)
+	}
+	s.o.APITokens.Cache.Note(state.APITokenKey(id.User, name), rec, rev)
+	detail := "name " + name + ", by " + id.Method
+	if ttl > 0 {
+		detail += ", expires " + rec.Expires.Format(time.RFC3339)
+	}
+	s.audit(c, events.AuditEvent{Kind: events.AuditToken, User: id.User, Outcome: "created", Detail: detail})
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	if wantsJSON(c) {
+		return c.Status(fiber.StatusCreated).JSON(fiber.Map{"user": id.User, "name": name, "token": token, "expires": rec.Expires})
+	}
+	return ShowToken(c, id.User, token, "/")
+}
+
+// deleteToken serves DELETE /_/tokens/:name (and POST …/delete from a
+// form): the token stops working on every edge.
+func (s *Service) deleteToken(c *fiber.Ctx) error {
+	id, ok, err := s.tokenManager(c)
+	if !ok {
+		return err
+	}
+	name := c.Params("name")
+	if err := auth.ValidateTokenName(name); err != nil {
+		return s.fail(c, fiber.StatusBadRequest, err.Error())
+	}
+	key := state.APITokenKey(id.User, name)
+	if _, found := s.o.APITokens.Cache.Get(key); !found {
+		return s.fail(c, fiber.StatusNotFound, "you have no token called "+name)
+	}
+	ctx, cancel := context.WithTimeout(traced(c), 10*time.Second)
+	defer cancel()
+	if err := s.o.APITokens.Bucket.Purge(ctx, key); err != nil {
+		return s.unavailable(c, "API token not deleted", err)
+	}
+	s.audit(c, events.AuditEvent{Kind: events.AuditToken, User: id.User, Outcome: "deleted", Detail: "name " + name + ", by " + id.Method})
+	if wantsJSON(c) || c.Method() == fiber.MethodDelete {
+		return c.SendStatus(fiber.StatusNoContent)
+	}
+	return c.Redirect("/", fiber.StatusSeeOther)
+}
+
+// routeTokens mounts the API token endpoints.
+func (s *Service) routeTokens(app *fiber.App) {
+	app.Get("/_/tokens", s.listTokens)
+	app.Post("/_/tokens", s.createToken)
+	app.Delete("/_/tokens/:name", s.deleteToken)
+	app.Post("/_/tokens/:name/delete", s.deleteToken)
+}
