@@ -4,7 +4,8 @@
 // month and budget; by name or by spend) with the actions suspend, wake,
 // delete, recreate and revoke sessions, and budget overrides per user and
 // per SSO group, each confirmed and audited; the same as a JSON API for
-// bearer tokens, and the month's usage as CSV or JSON. Administrators
+// bearer tokens, the month's usage as CSV or JSON, and the audit trail
+// filtered by user, kind and time (page, CSV, JSON). Administrators
 // are the accounts ADMIN_USERS binds by identity and the members of
 // ADMIN_GROUPS (auth.Identity.Admin); to everyone else, signed in or not,
 // these paths do not exist (404). The list is read from the edge's
@@ -74,7 +75,8 @@ type Options struct {
 	// written. Without Spend none of them is served.
 	Spend   *spend.Book
 	Budgets *kv.Bucket[state.Budget]
-	// JS reads the usage stream for the per-call export.
+	// JS reads the usage stream for the per-call export and the audit
+	// stream for the audit view; without it neither is served.
 	JS jetstream.JetStream
 }
 
@@ -101,6 +103,9 @@ func (s *Service) Register(app *fiber.App) {
 	app.Post("/_/admin/users/:user/:action", s.act)
 	if s.o.Spend != nil {
 		s.budgetRoutes(app)
+	}
+	if s.o.JS != nil {
+		app.Get("/_/admin/audit", s.audit)
 	}
 }
 
@@ -402,7 +407,7 @@ func inFlightText(load []idle.Load) string {
 }
 
 // Actions an administrator can take on a user.
-var actions = []string{"suspend", "wake", "delete", "recreate", "revoke"}
+var actions = []string{"suspend", "wake", "delete", "recreate", "revoke", "token"}
 
 // act runs an action on a user. It must be confirmed: the form or JSON
 // body names the user again in "confirm" (the page asks on a page of its
@@ -435,8 +440,10 @@ func (s *Service) act(c *fiber.Ctx) error {
 		}
 		return s.fail(c, fiber.StatusBadRequest, fmt.Sprintf(`confirm the %s by sending {"confirm": %q}`, action, user))
 	}
-	outcome, status, err := s.run(user, action, id.User)
-	audit := events.AuditEvent{Kind: events.AuditAdmin, User: user, Outcome: action + ": " + outcome, Client: auth.ClientTag(c), Detail: "by " + id.User}
+	rid := httpguard.RequestID(c)
+	var token string
+	outcome, status, err := s.run(events.WithTrace(context.Background(), rid), user, action, id.User, &token)
+	audit := events.AuditEvent{Kind: events.AuditAdmin, User: user, Outcome: action + ": " + outcome, Client: auth.ClientTag(c), RequestID: rid, Detail: "by " + id.User}
 	if err != nil {
 		audit.Outcome, audit.Detail = action+": refused", audit.Detail+": "+err.Error()
 		s.o.Publisher.Audit(audit)
@@ -444,21 +451,37 @@ func (s *Service) act(c *fiber.Ctx) error {
 	}
 	s.o.Publisher.Audit(audit)
 	s.o.Log.Info("admin action", "admin", id.User, "user", user, "action", action, "outcome", outcome)
+	if token != "" {
+		// Shown to the administrator once, to hand to the user.
+		return accounts.ShowToken(c, user, token, "/_/admin?"+url.Values{"q": {user}}.Encode())
+	}
 	if web.WantsHTML(c) {
 		return c.Redirect("/_/admin?"+url.Values{"q": {user}, "did": {action}}.Encode(), fiber.StatusSeeOther)
 	}
 	return c.Status(status).JSON(fiber.Map{"user": user, "action": action, "outcome": outcome})
 }
 
+// refusalStatus is the status an account action's error answers: a
+// *accounts.Refusal's own, else 503 (the command failed or went
+// unanswered).
+func refusalStatus(err error) int {
+	var r *accounts.Refusal
+	if errors.As(err, &r) {
+		return r.Status
+	}
+	return fiber.StatusServiceUnavailable
+}
+
 // run carries an action out; it returns what happened and the status to
-// answer with, or why it could not be done.
-func (s *Service) run(user, action, by string) (string, int, error) {
+// answer with, or why it could not be done. A token reset puts the new
+// token in token.
+func (s *Service) run(ctx context.Context, user, action, by string, token *string) (string, int, error) {
 	box, boxed := s.o.Sandboxes.Get(user)
 	_, account := s.o.Users.Get(user)
 	if !boxed && !account {
 		return "", fiber.StatusNotFound, errors.New("no such user")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	switch action {
 	case "suspend", "wake":
@@ -477,6 +500,13 @@ func (s *Service) run(user, action, by string) (string, int, error) {
 			return "", fiber.StatusServiceUnavailable, auth.ErrUnavailable
 		}
 		return "requested", fiber.StatusAccepted, nil
+	case "token":
+		t, err := s.o.Accounts.ReplaceToken(ctx, user, "admin:"+by)
+		if err != nil {
+			return "", refusalStatus(err), err
+		}
+		*token = t
+		return "token replaced; the old one no longer works, sessions are kept", fiber.StatusOK, nil
 	case "revoke":
 		n := s.o.Auth.Store().Count(user)
 		if err := s.o.Auth.Store().RevokeAll(ctx, user); err != nil {
@@ -490,13 +520,10 @@ func (s *Service) run(user, action, by string) (string, int, error) {
 	if action == "recreate" {
 		verb, want = events.VerbRecreate, state.OutcomeRecreated
 	}
-	res, err := s.o.Accounts.Act(user, verb)
-	var r *accounts.Refusal
+	res, err := s.o.Accounts.Act(ctx, user, verb)
 	switch {
-	case errors.As(err, &r):
-		return "", r.Status, r
 	case err != nil:
-		return "", fiber.StatusServiceUnavailable, err
+		return "", refusalStatus(err), err
 	case res.Outcome != want:
 		return "", fiber.StatusConflict, fmt.Errorf("lifecycle answered %s: %s", res.Outcome, res.Error)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/aaas-project/aaas/internal/accounts"
@@ -166,7 +167,7 @@ func (s *Service) budget(c *fiber.Ctx) error {
 		}
 		outcome = "budget set to " + spend.Describe(state.Applied{Micros: b.MonthlyMicros, Limited: !b.Unlimited, Scope: scope, Group: b.Name})
 	}
-	audit := events.AuditEvent{Kind: events.AuditAdmin, Outcome: outcome, Client: auth.ClientTag(c), Detail: "by " + id.User + " for " + scope + " " + name}
+	audit := events.AuditEvent{Kind: events.AuditAdmin, Outcome: outcome, Client: auth.ClientTag(c), RequestID: httpguard.RequestID(c), Detail: "by " + id.User + " for " + scope + " " + name}
 	if scope == state.BudgetUser {
 		audit.User = name
 	}
@@ -358,47 +359,77 @@ func (s *Service) calls(month, user string) ([]events.UsageEvent, error) {
 	if err != nil {
 		return nil, err
 	}
-	end := start.AddDate(0, 1, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	subject := events.UsageSubjectsAll
 	if user != "" {
 		subject = events.UsageSubject(user)
 	}
-	cons, err := s.o.JS.OrderedConsumer(ctx, events.StreamUsage, jetstream.OrderedConsumerConfig{
+	// A call is counted in the month it was made (its At), which a broker
+	// may record a moment after the month ended.
+	out, more, err := read(ctx, s.o.JS, events.StreamUsage, subject, start, start.AddDate(0, 1, 0).Add(time.Hour), MaxCallRows,
+		func(e events.UsageEvent) bool { return state.Month(e.At) == month && (user == "" || e.User == user) })
+	if more {
+		return nil, errTooManyCalls
+	}
+	return out, err
+}
+
+// read is the messages of stream on subject stored from start until end,
+// decoded, those keep accepts, oldest first: at most max, and more says
+// there were others.
+func read[T events.UsageEvent | events.AuditEvent](ctx context.Context, js jetstream.JetStream, stream, subject string, start, end time.Time, max int, keep func(T) bool) (out []T, more bool, err error) {
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{subject}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start,
 	})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	out := []events.UsageEvent{}
+	out = []T{}
 	for pending := info.NumPending; pending > 0; {
-		m, err := cons.Next(jetstream.FetchContext(ctx))
+		m, err := next(ctx, cons)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		meta, err := m.Metadata()
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		pending = meta.NumPending
-		// A call is counted in the month it was made (its At), which a
-		// broker may record a moment after the month ended.
-		if meta.Timestamp.After(end.Add(time.Hour)) {
+		if meta.Timestamp.After(end) {
 			break
 		}
-		e, err := events.Decode[events.UsageEvent](m.Data())
-		if err != nil || state.Month(e.At) != month || user != "" && e.User != user {
+		e, err := events.Decode[T](m.Data())
+		if err != nil || !keep(e) {
 			continue
 		}
-		if len(out) == MaxCallRows {
-			return nil, errTooManyCalls
+		if len(out) == max {
+			return out, true, nil
 		}
 		out = append(out, e)
 	}
-	return out, nil
+	return out, false, nil
+}
+
+// next is the consumer's next message. In a cluster the ordered consumer
+// lives on one node, and a pull sent through another node before it has
+// heard of the consumer meets no responders (seen on the real node's
+// three NATS pods: the audit view failed on two of them); the pull is
+// sent again shortly, until ctx ends.
+func next(ctx context.Context, cons jetstream.Consumer) (jetstream.Msg, error) {
+	for {
+		m, err := cons.Next(jetstream.FetchContext(ctx))
+		if !errors.Is(err, nats.ErrNoResponders) {
+			return m, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

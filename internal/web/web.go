@@ -117,7 +117,14 @@ type Landing struct {
 	// Sleep is when and why the sandbox sleeps, and the keep-awake
 	// choices (When, Slept).
 	Sleep Sleep
+	// TokensOn shows the user's named API tokens, APITokens (not when
+	// they are not enabled, or the user came with an API token).
+	TokensOn  bool
+	APITokens []APIToken
 }
+
+// APIToken is one of the user's named API tokens on their page.
+type APIToken struct{ Name, Created, Expires string }
 
 // Sleep is what the user's page says about their sandbox's sleep: the
 // last activity, the suspend to come and its reason (in words), a
@@ -248,8 +255,34 @@ func RenderAdminBudgetConfirm(w io.Writer, d AdminBudgetConfirm) error {
 // account (Action: recreate or delete), posting to Path.
 type Confirm struct{ User, Action, Path string }
 
+// Token shows a new bearer token once: User's, with where to go Back to.
+type Token struct{ User, Token, Back string }
+
+// RenderToken writes the page that shows a new token.
+func RenderToken(w io.Writer, d Token) error { return pages.ExecuteTemplate(w, "token.html", d) }
+
 // RenderConfirm writes the page that confirms a user's action.
 func RenderConfirm(w io.Writer, d Confirm) error { return pages.ExecuteTemplate(w, "confirm.html", d) }
+
+// AdminAudit is the audit view: the filter shown (Since and Until RFC
+// 3339) and the events, oldest first; More says there are more after
+// them (NextQuery the next page's filter), ExportQuery is the filter for
+// the export links.
+type AdminAudit struct {
+	User, Kind, Since, Until string
+	Kinds                    []string
+	Events                   []AuditRow
+	More                     bool
+	NextQuery, ExportQuery   template.URL
+}
+
+// AuditRow is one audit event on the audit view.
+type AuditRow struct{ At, Kind, User, Outcome, Source, RequestID, Detail string }
+
+// RenderAdminAudit writes the audit view.
+func RenderAdminAudit(w io.Writer, d AdminAudit) error {
+	return pages.ExecuteTemplate(w, "admin_audit.html", d)
+}
 
 // AdminConfirm asks an administrator to confirm an action.
 type AdminConfirm struct{ User, Action string }

@@ -1,7 +1,6 @@
 package accounts_test
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
-	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
@@ -57,16 +55,6 @@ func adminStack(t *testing.T) (w *testenv.Stack, a, b *testenv.Edge, boss *teste
 	return w, a, w.Edge("edge-b", nil), boss, token
 }
 
-// waitPhase waits until the stack's watch shows user's sandbox in phase.
-func waitPhase(t testing.TB, w *testenv.Stack, user string, phase state.Phase) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if _, _, err := w.Sandboxes().Wait(ctx, user, func(e kv.Entry[state.Sandbox], _ bool) bool { return e.Value.Phase == phase }); err != nil {
-		t.Fatalf("%s not %s: %+v", user, phase, w.Box(user))
-	}
-}
-
 // row finds user in the admin list as an edge serves it to the
 // administrator's token.
 func row(t *testing.T, c *testenv.Client, token, user string) map[string]any {
@@ -95,7 +83,7 @@ func TestAdminAPIAcrossTwoEdges(t *testing.T) {
 	ann := testenv.NewClient(t, a.URL)
 	annToken := ann.Signup("ann", invite)
 	testenv.NewClient(t, a.URL).Signup("cy", invite)
-	waitPhase(t, w, "ann", state.PhaseReady)
+	w.WaitPhase(t, "ann", state.PhaseReady, 2*time.Minute)
 
 	// Nobody else sees it: not ann with her cookie or token, not a
 	// stranger, not a forged SSO header (SSO is off).
@@ -153,7 +141,7 @@ func TestAdminAPIAcrossTwoEdges(t *testing.T) {
 
 	// Suspend (however recently used), wake, revoke, recreate, delete.
 	expect(t, bearer(http.MethodPost, "/_/admin/users/ann/suspend", `{"confirm":"ann"}`), http.StatusAccepted, "suspend")
-	waitPhase(t, w, "ann", state.PhaseSuspended)
+	w.WaitPhase(t, "ann", state.PhaseSuspended, 2*time.Minute)
 	// edge-b's cache may still say Suspending for a moment: 409 until then.
 	testutil.Eventually(t, 10*time.Second, func() error {
 		if r := bearer(http.MethodPost, "/_/admin/users/ann/wake", `{"confirm":"ann"}`); r.StatusCode != http.StatusAccepted {
@@ -161,7 +149,7 @@ func TestAdminAPIAcrossTwoEdges(t *testing.T) {
 		}
 		return nil
 	})
-	waitPhase(t, w, "ann", state.PhaseReady)
+	w.WaitPhase(t, "ann", state.PhaseReady, 2*time.Minute)
 	expect(t, ann.Do(http.MethodGet, "/_/status", nil, "Accept", "application/json"), http.StatusOK, "ann signed in")
 	r := bearer(http.MethodPost, "/_/admin/users/ann/revoke", `{"confirm":"ann"}`)
 	expect(t, r, http.StatusOK, "revoke")
@@ -177,7 +165,7 @@ func TestAdminAPIAcrossTwoEdges(t *testing.T) {
 	// As it says: her token still signs her in.
 	expect(t, testenv.NewClient(t, b.URL).Do(http.MethodGet, "/_/status", nil, "Authorization", "Bearer "+annToken, "Accept", "application/json"), http.StatusOK, "ann's token after revoke")
 	expect(t, bearer(http.MethodPost, "/_/admin/users/ann/recreate", `{"confirm":"ann"}`), http.StatusOK, "recreate")
-	waitPhase(t, w, "ann", state.PhaseReady)
+	w.WaitPhase(t, "ann", state.PhaseReady, 2*time.Minute)
 	expect(t, bearer(http.MethodPost, "/_/admin/users/cy/delete", `{"confirm":"cy"}`), http.StatusOK, "delete")
 	testutil.Eventually(t, 30*time.Second, func() error {
 		if m := row(t, boss, bossToken, "cy"); m != nil {
@@ -239,7 +227,7 @@ func TestAdminRightsFollowTheAccountNotItsName(t *testing.T) {
 	// A recreate keeps the token, and with it the rights.
 	before, _ := account(t, w, "ops")
 	expect(t, ops.Do(http.MethodPost, "/recreate", nil, "Authorization", "Bearer "+opsToken, "Accept", "application/json"), http.StatusAccepted, "ops recreates")
-	waitPhase(t, w, "ops", state.PhaseReady)
+	w.WaitPhase(t, "ops", state.PhaseReady, 2*time.Minute)
 	if after, _ := account(t, w, "ops"); after.ClaimUID == before.ClaimUID {
 		t.Fatalf("ops's claim is the same after the recreate: %s", after.ClaimUID)
 	}
@@ -293,7 +281,7 @@ func TestAdminPageInChromium(t *testing.T) {
 	makeAdmin(t, w, "boss", token, backend)
 	front := testenv.NewFrontAt(t, frontAddr, strings.TrimPrefix(backend.URL, "http://"))
 	testenv.NewClient(t, backend.URL).Signup("dee", invite)
-	waitPhase(t, w, "dee", state.PhaseReady)
+	w.WaitPhase(t, "dee", state.PhaseReady, 2*time.Minute)
 
 	ctx := testenv.Browser(t)
 	testenv.Do(t, ctx, "sign in",
@@ -326,7 +314,7 @@ func TestAdminPageInChromium(t *testing.T) {
 		chromedp.Click(id("confirm")),
 		chromedp.WaitVisible(id("notice")),
 	)
-	waitPhase(t, w, "dee", state.PhaseSuspended)
+	w.WaitPhase(t, "dee", state.PhaseSuspended, 2*time.Minute)
 	testenv.Do(t, ctx, "the table shows it",
 		chromedp.Reload(),
 		testenv.Until(`document.querySelector("#user-dee .phase").textContent.includes("Suspended")`, 30*time.Second),

@@ -53,7 +53,7 @@ func TestPathModeAdminHost(t *testing.T) {
 	annToken := ann.Signup("ann", invite)
 	cy := testenv.NewClient(t, a.URL)
 	cy.Signup("cy", invite)
-	waitPhase(t, w, "ann", state.PhaseReady)
+	w.WaitPhase(t, "ann", state.PhaseReady, 2*time.Minute)
 	makeAdmin(t, w, "boss", bossToken, a)
 	addr := strings.TrimPrefix(a.URL, "http://")
 	admin := onHost(t, "http://admin.test", addr)
