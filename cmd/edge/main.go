@@ -73,6 +73,15 @@ func run(p *process.Process, cfg config.Edge) error {
 	if err != nil {
 		return err
 	}
+	// An API token deleted or lapsed anywhere ends the streams it opened.
+	tokensBucket, err := kv.Open[state.APIToken](ctx, p.JS, state.BucketAPITokens)
+	if err != nil {
+		return err
+	}
+	apiTokens, err := kv.NewCache(ctx, tokensBucket, ">", p.Log, kv.GroupBy[state.APIToken](state.APITokenUser), kv.OnChange(func(string, kv.Entry[state.APIToken], bool) { changed() }))
+	if err != nil {
+		return err
+	}
 	handshakes, err := cache[state.Handshake](ctx, p, state.BucketHandshakes)
 	if err != nil {
 		return err
@@ -117,7 +126,7 @@ func run(p *process.Process, cfg config.Edge) error {
 		}
 	}
 	authn := auth.New(auth.Options{
-		Store: store, Limiter: limiter, Users: users, Publisher: pub, RefusalAuditLimit: cfg.RefusalAuditLimit,
+		Store: store, Limiter: limiter, Users: users, APITokens: apiTokens, Publisher: pub, RefusalAuditLimit: cfg.RefusalAuditLimit,
 		CookieName: cfg.CookieName, SSO: sso, Admins: cfg.AdminUsers, AdminGroups: cfg.AdminGroups, Metrics: p.Metrics, Origins: origins,
 		SeenGroups: recorder.Seen,
 	})
@@ -150,7 +159,8 @@ func run(p *process.Process, cfg config.Edge) error {
 	go clocks.Follow(ctx, p.JS, p.Log)
 	acct := accounts.New(accounts.Options{
 		Auth: authn, Actions: actions, Publisher: pub, Users: users, Sandboxes: boxes, Requests: requests, Queue: queue,
-		InFlight: slots, CookieSecure: cfg.CookieSecure, CookieMaxAge: cfg.Buckets.SessionTTL,
+		APITokens: &accounts.APITokens{Bucket: tokensBucket, Cache: apiTokens, MaxEach: cfg.MaxAPITokensPerUser},
+		InFlight:  slots, CookieSecure: cfg.CookieSecure, CookieMaxAge: cfg.Buckets.SessionTTL,
 		InviteCode: cfg.InviteCode, MaxUsers: cfg.MaxUsers, SSO: sso.NameHeader != "", SignOutURL: cfg.AuthProxySignOutURL, WakeTimeout: cfg.WakeTimeout,
 		WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Log: p.Log,
 		SandboxDomain: cfg.SandboxDomain, AdminHosts: cfg.AdminHosts, PublicHosts: cfg.PublicHosts,
@@ -204,9 +214,10 @@ func run(p *process.Process, cfg config.Edge) error {
 			return c.Status(fiber.StatusServiceUnavailable).SendString("not ready\n")
 		}
 	}
-	// One set of rules for every route, outermost first; then a request to
+	// One set of rules for every route, outermost first (the request's id
+	// and access line around everything); then a request to
 	// a sandbox origin goes to the proxy and never reaches a gateway route.
-	app.Use(httpguard.ConsumeBody, httpguard.Recover(p.Log), httpguard.Methods, httpguard.Pages, clients.Middleware, httpguard.HSTS(cfg.HSTSMaxAge), prx.Origins)
+	app.Use(clients.Access(p.Log), httpguard.ConsumeBody, httpguard.Recover(p.Log), httpguard.Methods, httpguard.Pages, clients.Middleware, httpguard.HSTS(cfg.HSTSMaxAge), prx.Origins)
 	app.Get("/healthz", health(func() bool { return true }))
 	app.Get("/readyz", health(ready))
 	if cfg.SandboxDomain != "" {

@@ -550,9 +550,11 @@ func (s *Server) end(c *admitted, start time.Time) {
 		}
 		s.m.cost.WithLabelValues(ev.Provider, ev.Model, paidBy).Add(float64(ev.CostMicros))
 	}
-	s.o.Log.Debug("model call", "call", ev.ID, "user", ev.User, "provider", ev.Provider, "model", ev.Model, "status", ev.Status,
+	// The broker's access line: its request id is the call's, the id of
+	// its usage event.
+	s.o.Log.Info("model call", "request_id", ev.ID, "user", ev.User, "provider", ev.Provider, "model", ev.Model, "status", ev.Status,
 		"input", ev.InputTokens, "output", ev.OutputTokens, "cached", ev.CachedTokens, "cache_write", ev.CacheWriteTokens, "estimated", ev.Estimated,
-		"cost_micros", ev.CostMicros, "byok", ev.BYOK, "duration", ev.Duration)
+		"cost_micros", ev.CostMicros, "byok", ev.BYOK, "duration_ms", float64(ev.Duration.Microseconds())/1000)
 	c.call.End(*ev)
 }
 

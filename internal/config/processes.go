@@ -71,6 +71,9 @@ type Edge struct {
 	// MaxSessionsPerUser is MAX_SESSIONS_PER_USER: a new sign-in beyond it
 	// ends the user's oldest session.
 	MaxSessionsPerUser int
+	// MaxAPITokensPerUser is MAX_API_TOKENS_PER_USER: how many named API
+	// tokens one user may hold.
+	MaxAPITokensPerUser int
 	// ReadTimeout is HTTP_READ_TIMEOUT: the longest the edge waits for a
 	// client's next bytes (request headers, or a chunk of a body).
 	ReadTimeout time.Duration
@@ -164,31 +167,32 @@ type Edge struct {
 // LoadEdge reads and validates the edge's variables.
 func LoadEdge(e *Env) (Edge, error) {
 	c := Edge{
-		Common:             LoadCommon(e, ":9090"),
-		ListenAddr:         e.String("LISTEN_ADDR", ":8080"),
-		CookieSecure:       e.Bool("COOKIE_SECURE", true),
-		CookieName:         e.String("COOKIE_NAME", ""),
-		AuthRateLimit:      e.Int("AUTH_RATE_LIMIT", 30, 1, 10_000),
-		RecreateRateLimit:  e.Int("RECREATE_RATE_LIMIT", 5, 1, 1000),
-		RefusalAuditLimit:  e.Int("REFUSAL_AUDIT_LIMIT", 60, 1, 100_000),
-		InviteCode:         e.Secret("SIGNUP_INVITE_CODE"),
-		AuthProxyHeader:    e.String("AUTH_PROXY_HEADER", ""),
-		AuthProxyIDHeader:  e.String("AUTH_PROXY_ID_HEADER", "X-Forwarded-Email"),
-		AuthProxyAllow:     e.List("AUTH_PROXY_ALLOW", nil),
-		MaxSessionsPerUser: e.Int("MAX_SESSIONS_PER_USER", 20, 1, 10_000),
-		ReadTimeout:        e.Duration("HTTP_READ_TIMEOUT", time.Minute, time.Second, time.Hour),
-		WriteTimeout:       e.Duration("HTTP_WRITE_TIMEOUT", time.Minute, time.Second, time.Hour),
-		IdleTimeout:        e.Duration("HTTP_IDLE_TIMEOUT", 90*time.Second, time.Second, time.Hour),
-		Revalidate:         500 * time.Millisecond,
-		MaxInFlightPerUser: e.Int("MAX_IN_FLIGHT_PER_USER", 32, 1, 100_000),
-		MaxBodyBytes:       int64(e.Int("MAX_BODY_MB", 2048, 1, 1<<20)) << 20,
-		WSMaxMessageBytes:  int64(e.Int("WS_MAX_MESSAGE_BYTES", 16<<20, 1024, 1<<30)),
-		WakeTimeout:        e.Duration("WAKE_TIMEOUT", 90*time.Second, time.Second, time.Hour),
-		HandshakeTimeout:   handshakeTimeout(e),
-		HeaderAllowlist:    e.List("UPSTREAM_HEADER_ALLOWLIST", nil),
-		HandshakeKeys:      handshakeKeys(e),
-		BeaconInterval:     beaconInterval(e),
-		Idle:               idlePolicy(e),
+		Common:              LoadCommon(e, ":9090"),
+		ListenAddr:          e.String("LISTEN_ADDR", ":8080"),
+		CookieSecure:        e.Bool("COOKIE_SECURE", true),
+		CookieName:          e.String("COOKIE_NAME", ""),
+		AuthRateLimit:       e.Int("AUTH_RATE_LIMIT", 30, 1, 10_000),
+		RecreateRateLimit:   e.Int("RECREATE_RATE_LIMIT", 5, 1, 1000),
+		RefusalAuditLimit:   e.Int("REFUSAL_AUDIT_LIMIT", 60, 1, 100_000),
+		InviteCode:          e.Secret("SIGNUP_INVITE_CODE"),
+		AuthProxyHeader:     e.String("AUTH_PROXY_HEADER", ""),
+		AuthProxyIDHeader:   e.String("AUTH_PROXY_ID_HEADER", "X-Forwarded-Email"),
+		AuthProxyAllow:      e.List("AUTH_PROXY_ALLOW", nil),
+		MaxSessionsPerUser:  e.Int("MAX_SESSIONS_PER_USER", 20, 1, 10_000),
+		MaxAPITokensPerUser: e.Int("MAX_API_TOKENS_PER_USER", 10, 1, 1_000),
+		ReadTimeout:         e.Duration("HTTP_READ_TIMEOUT", time.Minute, time.Second, time.Hour),
+		WriteTimeout:        e.Duration("HTTP_WRITE_TIMEOUT", time.Minute, time.Second, time.Hour),
+		IdleTimeout:         e.Duration("HTTP_IDLE_TIMEOUT", 90*time.Second, time.Second, time.Hour),
+		Revalidate:          500 * time.Millisecond,
+		MaxInFlightPerUser:  e.Int("MAX_IN_FLIGHT_PER_USER", 32, 1, 100_000),
+		MaxBodyBytes:        int64(e.Int("MAX_BODY_MB", 2048, 1, 1<<20)) << 20,
+		WSMaxMessageBytes:   int64(e.Int("WS_MAX_MESSAGE_BYTES", 16<<20, 1024, 1<<30)),
+		WakeTimeout:         e.Duration("WAKE_TIMEOUT", 90*time.Second, time.Second, time.Hour),
+		HandshakeTimeout:    handshakeTimeout(e),
+		HeaderAllowlist:     e.List("UPSTREAM_HEADER_ALLOWLIST", nil),
+		HandshakeKeys:       handshakeKeys(e),
+		BeaconInterval:      beaconInterval(e),
+		Idle:                idlePolicy(e),
 		// Long enough for reading a long answer or watching an agent work
 		// without typing; short enough that a tab forgotten overnight
 		// frees its pod.

@@ -11,11 +11,21 @@ import (
 	"github.com/aaas-project/aaas/internal/state"
 )
 
-// SchemaVersion is the version of every message this build writes. Readers
-// accept any version up to it and never half-understand a newer one: a
-// command of a newer version goes back to the queue for a newer replica
-// (ErrNewerSchema), so a rolling upgrade loses nothing.
+// SchemaVersion is the version of the messages this build writes (but
+// for the token command: tokenVersion). Readers accept any version up to
+// the newest they know (SchemaVersion; CommandReadsUpTo for commands) and
+// never half-understand a newer one: a command of a newer version goes
+// back to the queue for a newer replica (ErrNewerSchema), so a rolling
+// upgrade loses nothing.
 const SchemaVersion = 1
+
+// CommandReadsUpTo is the newest command version this build reads.
+const CommandReadsUpTo = tokenVersion
+
+// tokenVersion is the version of the token command, new in 0.3.0: a 0.2.0
+// lifecycle, which reads 1 only, hands it back to the queue for a newer
+// replica instead of refusing a verb it does not know.
+const tokenVersion = 2
 
 // ErrNewerSchema marks a message written by a newer build than this one.
 var ErrNewerSchema = errors.New("written by a newer version")
@@ -38,10 +48,12 @@ const (
 	VerbSuspend   Verb = "suspend"
 	VerbDelete    Verb = "delete"
 	VerbRecreate  Verb = "recreate"
+	// VerbToken replaces an account's bearer token (its hash).
+	VerbToken Verb = "token"
 )
 
 // Verbs lists every verb, for metrics and validation.
-var Verbs = []Verb{VerbClaim, VerbWake, VerbHandshake, VerbSuspend, VerbDelete, VerbRecreate}
+var Verbs = []Verb{VerbClaim, VerbWake, VerbHandshake, VerbSuspend, VerbDelete, VerbRecreate, VerbToken}
 
 // CommandSubject is aaas.cmd.<verb>.<user>.
 func CommandSubject(v Verb, user string) string { return commandPrefix + string(v) + "." + user }
@@ -82,13 +94,30 @@ type Command struct {
 	ID string `json:"id"`
 	// RequestID is set when a requester waits for the outcome (signup,
 	// delete, recreate); lifecycle writes the answer under it.
-	RequestID string    `json:"request_id,omitempty"`
-	IssuedBy  string    `json:"issued_by,omitempty"`
-	IssuedAt  time.Time `json:"issued_at"`
+	RequestID string `json:"request_id,omitempty"`
+	// Trace is the id of the HTTP request that asked for the command (the
+	// edge's X-Request-Id): lifecycle quotes it in its log lines and audit
+	// events, so one grep follows a request across processes. A label
+	// only: a collapsed duplicate keeps the first asker's. A release that
+	// does not know it loses nothing it acts on, so it takes no new
+	// schema version.
+	Trace    string    `json:"trace,omitempty"`
+	IssuedBy string    `json:"issued_by,omitempty"`
+	IssuedAt time.Time `json:"issued_at"`
 
 	Claim     *ClaimArgs     `json:"claim,omitempty"`
 	Suspend   *SuspendArgs   `json:"suspend,omitempty"`
 	Handshake *HandshakeArgs `json:"handshake,omitempty"`
+	Token     *TokenArgs     `json:"token,omitempty"`
+}
+
+// TokenArgs carries an account's new token.
+type TokenArgs struct {
+	// TokenHash is the hex SHA-256 of the new bearer token, which never
+	// leaves the edge that minted it.
+	TokenHash string `json:"token_hash"`
+	// By says who asked: "user", or "admin:<name>".
+	By string `json:"by"`
 }
 
 // ClaimArgs carries what a new account needs.
@@ -135,8 +164,8 @@ func (c Command) Subject() string { return CommandSubject(c.Verb, c.User) }
 
 // Validate checks the fields a handler relies on.
 func (c Command) Validate() error {
-	if c.V < 1 || c.V > SchemaVersion {
-		return fmt.Errorf("unsupported command schema version %d (this build reads 1..%d)", c.V, SchemaVersion)
+	if c.V < 1 || c.V > CommandReadsUpTo {
+		return fmt.Errorf("unsupported command schema version %d (this build reads 1..%d)", c.V, CommandReadsUpTo)
 	}
 	if c.User == "" || strings.ContainsAny(c.User, ".*> ") {
 		return fmt.Errorf("invalid user %q", c.User)
@@ -144,12 +173,19 @@ func (c Command) Validate() error {
 	if c.ID == "" {
 		return fmt.Errorf("command without id")
 	}
+	if len(c.Trace) > maxTrace {
+		return fmt.Errorf("trace of %d bytes (at most %d)", len(c.Trace), maxTrace)
+	}
 	switch c.Verb {
 	case VerbClaim:
 		if c.Claim == nil || len(c.Claim.TokenHash) != 64 {
 			return fmt.Errorf("claim without a token hash")
 		}
 	case VerbRecreate, VerbDelete, VerbWake:
+	case VerbToken:
+		if c.Token == nil || len(c.Token.TokenHash) != 64 {
+			return fmt.Errorf("token without a token hash")
+		}
 	case VerbSuspend:
 		if c.Suspend == nil {
 			return fmt.Errorf("suspend without evidence")
@@ -163,6 +199,10 @@ func (c Command) Validate() error {
 	}
 	return nil
 }
+
+// maxTrace bounds Command.Trace: the edge passes on an ingress's request
+// id of at most 64 bytes, or its own shorter one.
+const maxTrace = 64
 
 func newCommand(v Verb, user, id string) Command {
 	return Command{V: SchemaVersion, Verb: v, User: user, ID: string(v) + "." + user + "." + id, IssuedAt: time.Now().UTC()}
@@ -217,6 +257,15 @@ func NewHandshake(user string, a HandshakeArgs) Command {
 func NewDelete(user, requestID string) Command {
 	c := newCommand(VerbDelete, user, requestID)
 	c.RequestID = requestID
+	return c
+}
+
+// NewToken asks for user's bearer token to be replaced by the one whose
+// hash is tokenHash; requestID is unique per attempt.
+func NewToken(user, requestID, tokenHash, by string) Command {
+	c := newCommand(VerbToken, user, requestID)
+	c.V, c.RequestID = tokenVersion, requestID
+	c.Token = &TokenArgs{TokenHash: tokenHash, By: by}
 	return c
 }
 
@@ -331,7 +380,27 @@ const (
 	// AuditDormant is an account found dormant (DORMANT_AFTER), and its
 	// deletion asked for (DORMANT_DELETE_AFTER).
 	AuditDormant AuditKind = "dormant"
+	// AuditToken is an account's bearer token replaced (by the user, or
+	// reset by an administrator); the token is never in it.
+	AuditToken AuditKind = "token"
 )
+
+// AuditKinds are every kind, for the audit view's filter.
+var AuditKinds = []AuditKind{AuditSignup, AuditLogin, AuditLogout, AuditDelete, AuditRecreate, AuditClaim, AuditWake, AuditSuspend,
+	AuditHandshake, AuditHandshakeFailed, AuditRateLimited, AuditInviteRejected, AuditSSORefused, AuditStateChange, AuditCommandFailed,
+	AuditAdmin, AuditCredential, AuditKeepAwake, AuditDormant, AuditToken}
+
+// AuditFilter is the subject filter of the audit events of kind about
+// user; "" for either matches any.
+func AuditFilter(kind AuditKind, user string) string {
+	if kind == "" {
+		kind = "*"
+	}
+	if user == "" {
+		user = "*"
+	}
+	return auditPrefix + string(kind) + "." + user
+}
 
 // AuditEvent is one audit record. Detail is free text for humans and must
 // never contain a token, cookie or session id.
@@ -357,10 +426,10 @@ func Decode[T Command | Beacon | AuditEvent | UsageEvent](data []byte) (T, error
 	if err := json.Unmarshal(data, &v); err != nil {
 		return v, fmt.Errorf("decode %T: %w", v, err)
 	}
-	var ver int
+	ver, newest := 0, SchemaVersion
 	switch m := any(v).(type) {
 	case Command:
-		ver = m.V
+		ver, newest = m.V, CommandReadsUpTo
 	case Beacon:
 		ver = m.V
 	case AuditEvent:
@@ -368,8 +437,8 @@ func Decode[T Command | Beacon | AuditEvent | UsageEvent](data []byte) (T, error
 	case UsageEvent:
 		ver = m.V
 	}
-	if ver > SchemaVersion {
-		return v, fmt.Errorf("decode %T: schema version %d, this build reads 1..%d: %w", v, ver, SchemaVersion, ErrNewerSchema)
+	if ver > newest {
+		return v, fmt.Errorf("decode %T: schema version %d, this build reads 1..%d: %w", v, ver, newest, ErrNewerSchema)
 	}
 	if ver < 1 {
 		return v, fmt.Errorf("decode %T: unsupported schema version %d", v, ver)

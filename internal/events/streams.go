@@ -54,7 +54,7 @@ func DefaultStreamsConfig() StreamsConfig {
 		ActivityMaxAge:  7 * 24 * time.Hour,
 		AuditMaxAge:     30 * 24 * time.Hour,
 		UsageMaxAge:     93 * 24 * time.Hour,
-		// 1.75 GiB in all; with the buckets' 2.5 GiB within the 6 GiB the
+		// 1.75 GiB in all; with the buckets' 2.6 GiB within the 6 GiB the
 		// embedded server and the manifests' 8 GiB store reserve.
 		CommandsMaxBytes: 256 << 20,
 		ActivityMaxBytes: 256 << 20,

@@ -169,7 +169,7 @@ func Recover(log *slog.Logger) fiber.Handler {
 	return func(c *fiber.Ctx) (err error) {
 		defer func() {
 			if r := recover(); r != nil {
-				log.Error("handler panic", "method", c.Method(), "path", c.Path(), "request_id", string(c.Response().Header.Peek("X-Request-Id")),
+				log.Error("handler panic", "method", c.Method(), "path", c.Path(), "request_id", RequestID(c),
 					"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 				c.Context().SetConnectionClose()
 				err = fiber.NewError(fiber.StatusInternalServerError, "internal error")

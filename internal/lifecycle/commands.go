@@ -74,7 +74,7 @@ func (w *Worker) claim(ctx context.Context, c events.Command) (string, error) {
 	if err := w.answer(ctx, c, state.OutcomeCreated, ""); err != nil {
 		return "", err
 	}
-	w.pub.Audit(events.AuditEvent{Kind: events.AuditClaim, User: c.User, RequestID: c.RequestID, Outcome: state.OutcomeCreated, Detail: "SandboxClaim " + claim.Name})
+	w.audit(ctx, events.AuditEvent{Kind: events.AuditClaim, User: c.User, Outcome: state.OutcomeCreated, Detail: "SandboxClaim " + claim.Name})
 	return state.OutcomeCreated, nil
 }
 
@@ -97,7 +97,7 @@ func (w *Worker) conflict(ctx context.Context, c events.Command, why string) (st
 	if err := w.answer(ctx, c, state.OutcomeConflict, why); err != nil {
 		return "", err
 	}
-	w.pub.Audit(events.AuditEvent{Kind: events.AuditClaim, User: c.User, RequestID: c.RequestID, Outcome: state.OutcomeConflict, Detail: why})
+	w.audit(ctx, events.AuditEvent{Kind: events.AuditClaim, User: c.User, Outcome: state.OutcomeConflict, Detail: why})
 	return state.OutcomeConflict, nil
 }
 
@@ -128,7 +128,7 @@ func (w *Worker) start(ctx context.Context, user string, sb *sandboxv1beta1.Sand
 		return w.kubeFail(ctx, "wake", err)
 	}
 	if sb.Spec.OperatingMode != sandboxv1beta1.SandboxOperatingModeRunning {
-		w.pub.Audit(events.AuditEvent{Kind: events.AuditWake, User: user, Outcome: "woken", Detail: strings.TrimSpace("sandbox " + sb.Name + " " + detail)})
+		w.audit(ctx, events.AuditEvent{Kind: events.AuditWake, User: user, Outcome: "woken", Detail: strings.TrimSpace("sandbox " + sb.Name + " " + detail)})
 	}
 	return nil
 }
@@ -151,14 +151,14 @@ func (w *Worker) suspend(ctx context.Context, c events.Command) (string, error) 
 			return "", err
 		}
 		if seq > c.Suspend.ActivitySeq {
-			w.pub.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: c.User, Outcome: "cancelled",
+			w.audit(ctx, events.AuditEvent{Kind: events.AuditSuspend, User: c.User, Outcome: "cancelled",
 				Detail: fmt.Sprintf("activity %d is newer than the decision's %d", seq, c.Suspend.ActivitySeq)})
 			return "cancelled", nil
 		}
 		k, err := w.keepAwake.Get(ctx, c.User)
 		switch {
 		case err == nil && k.Value.Holds(time.Now()):
-			w.pub.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: c.User, Outcome: "cancelled",
+			w.audit(ctx, events.AuditEvent{Kind: events.AuditSuspend, User: c.User, Outcome: "cancelled",
 				Detail: "kept awake until " + k.Value.Until.UTC().Format(time.RFC3339)})
 			return "cancelled", nil
 		case err != nil && !errors.Is(err, kv.ErrNotFound):
@@ -189,7 +189,7 @@ func (w *Worker) suspend(ctx context.Context, c events.Command) (string, error) 
 	if _, err := w.handshakes.PurgePrefix(ctx, c.User); err != nil {
 		return "", err
 	}
-	w.pub.Audit(events.AuditEvent{Kind: events.AuditSuspend, User: c.User, Outcome: "suspended",
+	w.audit(ctx, events.AuditEvent{Kind: events.AuditSuspend, User: c.User, Outcome: "suspended",
 		Detail: fmt.Sprintf("sandbox %s: %s (%s%s)", st.Sandbox.Name, detail, reason, by)})
 	// The command's id derives from the state it acted on: a redelivery
 	// notifies under the same id.
@@ -251,9 +251,53 @@ func (w *Worker) delete(ctx context.Context, c events.Command) (string, error) {
 	if err := w.answer(ctx, c, state.OutcomeDeleted, ""); err != nil {
 		return "", err
 	}
-	w.pub.Audit(events.AuditEvent{Kind: events.AuditDelete, User: c.User, RequestID: c.RequestID, Outcome: state.OutcomeDeleted})
+	w.audit(ctx, events.AuditEvent{Kind: events.AuditDelete, User: c.User, Outcome: state.OutcomeDeleted})
 	w.o.Notify.Send(notify.Notice{ID: "deleted." + c.ID, Kind: notify.KindDeleted, User: c.User, At: time.Now().UTC()})
 	return state.OutcomeDeleted, nil
+}
+
+// token replaces the account's bearer token: the new hash goes on the
+// claim, where the account lives, and on the record, which the edges
+// check tokens against; the old token stops working as the record
+// changes. Sessions are left alone (a user who lost the token is still
+// signed in somewhere; an administrator revokes sessions apart). A
+// redelivery finds the hash in place and answers the same.
+func (w *Worker) token(ctx context.Context, c events.Command) (string, error) {
+	claim, err := w.k8s.GetClaim(ctx, c.User)
+	switch {
+	case apierrors.IsNotFound(err):
+		_ = w.answer(ctx, c, state.OutcomeFailed, "no such account")
+		return "", events.Permanent(fmt.Errorf("no claim for %s", c.User))
+	case err != nil:
+		return "", w.kubeFail(ctx, "get claim", err)
+	case !w.k8s.Managed(claim):
+		_ = w.answer(ctx, c, state.OutcomeFailed, "claim is not managed by this gateway")
+		return "", events.Permanent(fmt.Errorf("claim %s is not managed by this gateway", claim.Name))
+	}
+	hash := c.Token.TokenHash
+	if claim.Annotations[sandbox.TokenHashAnnotation] != hash {
+		if err := w.k8s.SetTokenHash(ctx, c.User, hash); err != nil {
+			return "", w.kubeFail(ctx, "patch claim", err)
+		}
+	}
+	_, err = w.users.Mutate(ctx, c.User, func(cur state.User, ok bool) (state.User, bool, error) {
+		if !ok {
+			return cur, false, errors.New("no account record yet")
+		}
+		if !cur.DeletingSince.IsZero() {
+			return cur, false, events.Permanent(errors.New("the account is being deleted"))
+		}
+		cur.TokenHash = hash
+		return cur, true, nil
+	})
+	if err != nil {
+		return "", err
+	}
+	if err := w.answer(ctx, c, state.OutcomeReplaced, ""); err != nil {
+		return "", err
+	}
+	w.audit(ctx, events.AuditEvent{Kind: events.AuditToken, User: c.User, Outcome: state.OutcomeReplaced, Detail: "by " + c.Token.By})
+	return state.OutcomeReplaced, nil
 }
 
 // signOut marks the account as being deleted (its token and SSO binding
@@ -279,6 +323,11 @@ func (w *Worker) forget(ctx context.Context, user string) error {
 		return err
 	}
 	if _, err := w.handshakes.PurgePrefix(ctx, user); err != nil {
+		return err
+	}
+	// Bound to the claim, they could authenticate nobody else; they go
+	// with the account anyway.
+	if _, err := w.apiTokens.PurgePrefix(ctx, user); err != nil {
 		return err
 	}
 	if err := w.users.Purge(ctx, user); err != nil {
@@ -343,7 +392,7 @@ func (w *Worker) recreate(ctx context.Context, c events.Command) (string, error)
 	if err := w.answer(ctx, c, state.OutcomeRecreated, ""); err != nil {
 		return "", err
 	}
-	w.pub.Audit(events.AuditEvent{Kind: events.AuditRecreate, User: c.User, RequestID: c.RequestID, Outcome: state.OutcomeRecreated, Detail: "SandboxClaim " + claim.Name})
+	w.audit(ctx, events.AuditEvent{Kind: events.AuditRecreate, User: c.User, Outcome: state.OutcomeRecreated, Detail: "SandboxClaim " + claim.Name})
 	return state.OutcomeRecreated, nil
 }
 
@@ -413,7 +462,7 @@ func (w *Worker) handshake(ctx context.Context, c events.Command) (string, error
 	if _, err := w.handshakes.Put(ctx, key, state.Handshake{User: c.User, PodUID: a.PodUID, Host: a.Host, Sealed: sealed, At: time.Now().UTC()}, kv.WithTTL(w.o.HandshakeTTL)); err != nil {
 		return "", err
 	}
-	w.pub.Audit(events.AuditEvent{Kind: events.AuditHandshake, User: c.User, Outcome: "ok", Detail: "pod " + a.PodUID + " host " + a.Host})
+	w.audit(ctx, events.AuditEvent{Kind: events.AuditHandshake, User: c.User, Outcome: "ok", Detail: "pod " + a.PodUID + " host " + a.Host})
 	return "ok", nil
 }
 
@@ -519,7 +568,7 @@ func (w *Worker) handshakeFailed(ctx context.Context, c events.Command, key stri
 	if _, err := w.handshakes.Put(ctx, key, state.Handshake{User: c.User, PodUID: c.Handshake.PodUID, Host: c.Handshake.Host, Error: cause.Error(), At: time.Now().UTC()}, kv.WithTTL(failedHandshakeTTL)); err != nil {
 		return "", err
 	}
-	w.pub.Audit(events.AuditEvent{Kind: events.AuditHandshakeFailed, User: c.User, Outcome: "failed", Detail: cause.Error()})
+	w.audit(ctx, events.AuditEvent{Kind: events.AuditHandshakeFailed, User: c.User, Outcome: "failed", Detail: cause.Error()})
 	return "failed", nil
 }
 
@@ -540,4 +589,13 @@ func failureLabel(err error) string {
 		return "dsh_" + strconv.Itoa(herr.Status)
 	}
 	return "other"
+}
+
+// audit publishes e with the id of the request the work is for (ctx's
+// trace, see handle) unless e names one.
+func (w *Worker) audit(ctx context.Context, e events.AuditEvent) {
+	if e.RequestID == "" {
+		e.RequestID = events.TraceOf(ctx)
+	}
+	w.pub.Audit(e)
 }

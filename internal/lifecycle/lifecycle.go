@@ -73,6 +73,7 @@ type Worker struct {
 	sandboxes  *kv.Bucket[state.Sandbox]
 	sessions   *kv.Bucket[state.Session]
 	handshakes *kv.Bucket[state.Handshake]
+	apiTokens  *kv.Bucket[state.APIToken]
 	requests   *kv.Bucket[state.Result]
 	queue      *kv.Bucket[state.Queued]
 	keepAwake  *kv.Bucket[state.KeepAwake]
@@ -104,6 +105,9 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 		return nil, err
 	}
 	if w.handshakes, err = kv.Open[state.Handshake](ctx, o.JS, state.BucketHandshakes); err != nil {
+		return nil, err
+	}
+	if w.apiTokens, err = kv.Open[state.APIToken](ctx, o.JS, state.BucketAPITokens); err != nil {
 		return nil, err
 	}
 	if w.requests, err = kv.Open[state.Result](ctx, o.JS, state.BucketRequests); err != nil {
@@ -143,10 +147,27 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 		Name: "aaas_lifecycle_warm_pool_ready", Help: "Ready spare sandboxes in the warm pool: what the next signups adopt at once.",
 	}, func() float64 { return float64(o.Cluster.Spares()) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "aaas_lifecycle_wake_queue", Help: "Wakes waiting for a free place (MAX_RUNNING_SANDBOXES, MAX_CONCURRENT_STARTS).",
-	}, func() float64 { return float64(w.queueCache.Len()) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
+	}, func() float64 { return float64(w.queueCache.Len()) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "aaas_lifecycle_wake_queue_oldest_seconds", Help: "How long the oldest wake in the queue has waited for a place (0: none waits).",
+	}, func() float64 { return w.oldestQueued(time.Now()) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "aaas_lifecycle_kubernetes_watch_refusals_total", Help: "Lists and watches of the informers that Kubernetes refused (forbidden, unauthorized): the Role lacks a verb.",
 	}, func() float64 { return float64(o.Cluster.Refusals()) }))
 	return w, nil
+}
+
+// oldestQueued is how long the oldest queued wake has waited at now.
+func (w *Worker) oldestQueued(now time.Time) float64 {
+	var oldest time.Time
+	w.queueCache.Range(func(e kv.Entry[state.Queued]) bool {
+		if oldest.IsZero() || e.Value.Since.Before(oldest) {
+			oldest = e.Value.Since
+		}
+		return true
+	})
+	if oldest.IsZero() {
+		return 0
+	}
+	return now.Sub(oldest).Seconds()
 }
 
 // backlog is the commands consumer's count of messages not yet delivered,
@@ -215,6 +236,12 @@ func (w *Worker) Handle(ctx context.Context, d events.Delivery) error {
 		w.m.commands.WithLabelValues(string(c.Verb), "refused").Observe(0)
 		return events.Permanent(fmt.Errorf("%w: %s carries a %s command for %q", errWrongSubject, clip(d.Subject), c.Verb, clip(c.User)))
 	}
+	// Every log line and audit event of the command quotes the request it
+	// is for, so one grep follows it from the edge's access line.
+	log := w.log
+	if id := trace(c); id != "" {
+		ctx, log = events.WithTrace(ctx, id), log.With("request_id", id)
+	}
 	// Handshakes talk to tenants' pods, which may answer as slowly as
 	// HANDSHAKE_TIMEOUT allows: they hold at most HandshakeWorkers, and
 	// the next goes back to the queue, so claims and wakes always find a
@@ -246,7 +273,7 @@ func (w *Worker) Handle(ctx context.Context, d events.Delivery) error {
 	running := w.m.running.WithLabelValues(string(c.Verb))
 	running.Inc()
 	defer running.Dec()
-	w.log.Debug("command received", "verb", c.Verb, "user", c.User, "seq", d.StreamSeq, "delivered", d.Delivered)
+	log.Debug("command received", "verb", c.Verb, "user", c.User, "seq", d.StreamSeq, "delivered", d.Delivered)
 
 	start := time.Now()
 	// A command whose requester already has an answer was done by an
@@ -255,7 +282,7 @@ func (w *Worker) Handle(ctx context.Context, d events.Delivery) error {
 	if c.RequestID != "" {
 		if prev, err := w.requests.Get(ctx, c.RequestID); err == nil && prev.Value.Outcome != state.OutcomeFailed {
 			w.m.commands.WithLabelValues(string(c.Verb), "duplicate").Observe(time.Since(start).Seconds())
-			w.log.Info("command already answered", "verb", c.Verb, "user", c.User, "seq", d.StreamSeq, "delivered", d.Delivered)
+			log.Info("command already answered", "verb", c.Verb, "user", c.User, "seq", d.StreamSeq, "delivered", d.Delivered)
 			return nil
 		}
 	}
@@ -269,9 +296,9 @@ func (w *Worker) Handle(ctx context.Context, d events.Delivery) error {
 	}
 	w.m.commands.WithLabelValues(string(c.Verb), outcome).Observe(time.Since(start).Seconds())
 	if err != nil {
-		w.log.Warn("command failed", "verb", c.Verb, "user", c.User, "seq", d.StreamSeq, "delivered", d.Delivered, "err", err)
+		log.Warn("command failed", "verb", c.Verb, "user", c.User, "seq", d.StreamSeq, "delivered", d.Delivered, "err", err)
 	} else {
-		w.log.Info("command done", "verb", c.Verb, "user", c.User, "outcome", outcome, "seq", d.StreamSeq, "delivered", d.Delivered, "took", time.Since(start).Round(time.Millisecond).String())
+		log.Info("command done", "verb", c.Verb, "user", c.User, "outcome", outcome, "seq", d.StreamSeq, "delivered", d.Delivered, "took", time.Since(start).Round(time.Millisecond).String())
 	}
 	return err
 }
@@ -290,6 +317,8 @@ func (w *Worker) dispatch(ctx context.Context, c events.Command) (string, error)
 		return w.recreate(ctx, c)
 	case events.VerbHandshake:
 		return w.handshake(ctx, c)
+	case events.VerbToken:
+		return w.token(ctx, c)
 	}
 	return "", events.Permanent(fmt.Errorf("unknown verb %q", c.Verb))
 }
@@ -316,13 +345,22 @@ func (w *Worker) Exhausted(d events.Delivery, err error) {
 		return
 	}
 	user, verb, req := c.User, c.Verb, c.RequestID
-	w.pub.Audit(events.AuditEvent{Kind: events.AuditCommandFailed, User: user, RequestID: req, Outcome: "exhausted",
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditCommandFailed, User: user, RequestID: trace(c), Outcome: "exhausted",
 		Detail: fmt.Sprintf("%s command (stream seq %d, %d deliveries) failed: %v", verb, d.StreamSeq, d.Delivered, err)})
 	if req != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = w.answer(ctx, c, state.OutcomeFailed, err.Error())
 	}
+}
+
+// trace is the request a command is for: the HTTP request that asked
+// for it, else (a sweeper's delete) the id its answer goes under.
+func trace(c events.Command) string {
+	if c.Trace != "" {
+		return c.Trace
+	}
+	return c.RequestID
 }
 
 // answer records the outcome of a command its requester waits for.

@@ -238,7 +238,7 @@ func TestNewerSchemaIsHandedBackNotDropped(t *testing.T) {
 	f := setup(t, nil)
 	lc := f.lifecycle("lc-a")
 	c := events.NewWake("eve", 7)
-	c.V = events.SchemaVersion + 1
+	c.V = events.CommandReadsUpTo + 1
 	data, _ := json.Marshal(c)
 	if _, err := f.JS.Publish(ctx(t), c.Subject(), data, jetstream.WithMsgID(c.ID)); err != nil {
 		t.Fatal(err)

@@ -94,6 +94,7 @@ func Start(role natsauth.Role, common config.Common) (*Process, error) {
 		p.Close()
 		return nil, fmt.Errorf("nats: %w", err)
 	}
+	p.Metrics.MustRegister(natsconn.Fill(js, streams, buckets))
 	log.Info("started", "version", telemetry.BuildVersion(), "nats", nc.ConnectedUrlRedacted())
 	return p, nil
 }

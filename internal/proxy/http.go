@@ -1,10 +1,8 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -30,9 +28,9 @@ func (p *Proxy) serveHTTP(r *request) error {
 	status, owned, err := p.forward(r)
 	p.departures.remove(r)
 	if err != nil {
-		status = p.fail(r.c, r.rid, err)
+		status, r.failed = p.fail(r.c, r.rid, err), true
 	}
-	p.m.observe(status, time.Since(r.start))
+	p.m.observe(status, sourceOf(status, r.failed), time.Since(r.start))
 	if !owned {
 		p.finish(r, status)
 	}
@@ -50,10 +48,7 @@ func (p *Proxy) finish(r *request, status int) {
 		p.tracker.end(r.user)
 	}
 	p.m.inFlight.Dec()
-	p.m.count(status)
-	if p.o.Log.Enabled(context.Background(), slog.LevelDebug) {
-		p.o.Log.Debug("proxied", "request_id", r.rid, "user", r.user, "method", r.method, "status", status, "took", time.Since(r.start).String())
-	}
+	p.m.count(status, sourceOf(status, r.failed))
 }
 
 // forward asks DSH and sets up the response. owned means a streamed body
@@ -208,10 +203,14 @@ func (p *Proxy) respond(r *request, up Upstream, a *answer) (int, bool, error) {
 	r.stream = p.tracker.promote(r.user)
 	x := &exchange{id: r.id, pod: up.PodUID, cancel: r.cancel}
 	p.live.add(x)
+	// Its access line waits for its end, with the bytes sent.
+	httpguard.DeferAccess(c)
 	c.Response().SetBodyStream(&responseBody{a: a, conn: c.Context().Conn(), write: p.o.WriteTimeout, done: func(n int64) {
 		p.live.remove(x)
 		p.m.bytesDown.Add(float64(n))
 		p.finish(r, status)
+		httpguard.Line{Method: r.method, Route: httpguard.RouteSandbox, Status: status, Bytes: n, Took: time.Since(r.start),
+			User: r.id.User, RequestID: r.rid}.Log(p.o.Log)
 	}}, int(a.Size))
 	return status, true, nil
 }

@@ -19,23 +19,47 @@ type metrics struct {
 	// Body bytes by direction, resolved once: they are counted on every
 	// request and WebSocket message.
 	bytesUp, bytesDown prometheus.Counter
-	// The requests counter and duration histogram by class, resolved once
-	// (index: classIndex).
-	byClass    [len(classes)]prometheus.Counter
-	durByClass [len(classes)]prometheus.Observer
+	// The requests counter and duration histogram by source and class,
+	// resolved once (index: source, classIndex).
+	byClass    [len(sources)][len(classes)]prometheus.Counter
+	durByClass [len(sources)][len(classes)]prometheus.Observer
 }
 
-var classes = [...]string{"1xx", "2xx", "3xx", "4xx", "5xx", "499"}
+var classes = [...]string{"1xx", "2xx", "3xx", "4xx", "5xx"}
+
+// Who decided an answer's status: the tenant's DSH (its own answer,
+// passed on: a tenant can answer 500 to every request, which must not
+// page the operator), the gateway (the edge refused or failed), or the
+// client (it left before the answer; nginx's 499, counted as 4xx).
+const (
+	sourceTenant = iota
+	sourceGateway
+	sourceClient
+)
+
+var sources = [...]string{"tenant", "gateway", "client"}
+
+// sourceOf is the source of an answer with code; failed says the edge
+// answered itself.
+func sourceOf(code int, failed bool) int {
+	switch {
+	case code == statusClientClosed:
+		return sourceClient
+	case failed:
+		return sourceGateway
+	}
+	return sourceTenant
+}
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "aaas_edge_requests_total", Help: "Proxied requests by status class (1xx for WebSockets, 499 for clients that left).",
-		}, []string{"class"}),
+			Name: "aaas_edge_requests_total", Help: "Proxied requests by status class (1xx for WebSockets) and by who decided the status: tenant (DSH's own answer), gateway (the edge's refusal or failure), client (it left: nginx's 499, class 4xx).",
+		}, []string{"class", "source"}),
 		durations: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "aaas_edge_request_duration_seconds", Help: "Time to the upstream response headers, by status class.",
+			Name: "aaas_edge_request_duration_seconds", Help: "Time to the upstream response headers, by status class and source (as aaas_edge_requests_total).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 14),
-		}, []string{"class"}),
+		}, []string{"class", "source"}),
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aaas_edge_upstream_errors_total", Help: "Failures talking to DSH, by kind.",
 		}, []string{"kind"}),
@@ -63,8 +87,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "aaas_edge_proxied_bytes_total", Help: "Body bytes proxied, by direction (up: to DSH, down: to browsers).",
 	}, []string{"direction"})
 	m.bytesUp, m.bytesDown = bytes.WithLabelValues("up"), bytes.WithLabelValues("down")
-	for i, c := range classes {
-		m.byClass[i], m.durByClass[i] = m.requests.WithLabelValues(c), m.durations.WithLabelValues(c)
+	for i, src := range sources {
+		for j, c := range classes {
+			m.byClass[i][j], m.durByClass[i][j] = m.requests.WithLabelValues(c, src), m.durations.WithLabelValues(c, src)
+		}
 	}
 	reg.MustRegister(m.requests, m.durations, m.upstreamErrors, m.wakes, m.wakeDuration, m.inFlight, m.websockets, m.revoked, m.staleRefusals, bytes)
 	return m
@@ -78,12 +104,12 @@ func registerStateAge(reg prometheus.Registerer, current func() time.Time) {
 	}, func() float64 { return time.Since(current()).Seconds() }))
 }
 
-// classIndex is code's status class in classes (499 for clients that
-// left; 1xx counts WebSockets).
+// classIndex is code's status class in classes (a client that left is
+// 4xx; 1xx counts WebSockets).
 func classIndex(code int) int {
 	switch {
 	case code == statusClientClosed:
-		return 5
+		return 3
 	case code < 200:
 		return 0
 	case code >= 500:
@@ -92,10 +118,10 @@ func classIndex(code int) int {
 	return code/100 - 1
 }
 
-// count records one request answered with code.
-func (m *metrics) count(code int) { m.byClass[classIndex(code)].Inc() }
+// count records one request answered with code, decided by source.
+func (m *metrics) count(code, source int) { m.byClass[source][classIndex(code)].Inc() }
 
 // observe records how long a request took to its response headers.
-func (m *metrics) observe(code int, d time.Duration) {
-	m.durByClass[classIndex(code)].Observe(d.Seconds())
+func (m *metrics) observe(code, source int, d time.Duration) {
+	m.durByClass[source][classIndex(code)].Observe(d.Seconds())
 }

@@ -9,13 +9,10 @@ package proxy
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"log/slog"
 	"net"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -173,7 +170,7 @@ func (p *Proxy) Origins(c *fiber.Ctx) error {
 	if raw == auth.SandboxSignInPath && p.o.SignIn != nil {
 		return p.o.SignIn(c)
 	}
-	rid := requestID(c)
+	rid := httpguard.RequestID(c)
 	ws := websocket.FastHTTPIsWebSocketUpgrade(c.Context())
 	if info.Sandbox == "" || !strings.HasPrefix(raw, "/") {
 		return p.refuse(c, rid, ws, errNoSandbox)
@@ -192,7 +189,7 @@ func (p *Proxy) Origins(c *fiber.Ctx) error {
 func (p *Proxy) toOrigin(c *fiber.Ctx) error {
 	user, rest, ok := splitUserPath(string(c.Request().URI().PathOriginal()))
 	if !ok || !p.o.ValidUser(user) {
-		return p.refuse(c, requestID(c), false, errNoSandbox)
+		return p.refuse(c, httpguard.RequestID(c), false, errNoSandbox)
 	}
 	if rest == "" {
 		rest = "/"
@@ -293,7 +290,7 @@ func readUser(path string) string {
 // serve is the /u/<user>/ route: the user and the rest of the path, and
 // the redirect of the bare prefix.
 func (p *Proxy) serve(c *fiber.Ctx) error {
-	rid := requestID(c)
+	rid := httpguard.RequestID(c)
 	user, rest, ok := splitUserPath(string(c.Request().URI().PathOriginal()))
 	if !ok || !p.o.ValidUser(user) {
 		return p.refuse(c, rid, false, errNoSandbox)
@@ -361,10 +358,11 @@ func (p *Proxy) serveUser(c *fiber.Ctx, rid, user, rest string, port int, ws boo
 // refuse counts and answers a request refused before it took a slot.
 func (p *Proxy) refuse(c *fiber.Ctx, rid string, ws bool, err *proxyError) error {
 	if ws {
-		p.m.count(fiber.StatusSwitchingProtocols)
+		p.m.count(fiber.StatusSwitchingProtocols, sourceGateway)
 		return p.closeAtOnce(c, closeCode(err), err.Detail)
 	}
-	p.m.count(p.fail(c, rid, err))
+	status := p.fail(c, rid, err)
+	p.m.count(status, sourceOf(status, true))
 	return nil
 }
 
@@ -403,22 +401,4 @@ func (p *Proxy) fail(c *fiber.Ctx, rid string, err error) int {
 	}
 	_ = web.WriteProblem(c, web.Problem{Status: pe.Status, Title: pe.Title, Detail: detail, SignIn: pe.Status == fiber.StatusUnauthorized})
 	return pe.Status
-}
-
-// requestIDs are a random per-process prefix and a counter: unique across
-// replicas without a random draw per request.
-var (
-	requestPrefix = func() string {
-		b := make([]byte, 4)
-		_, _ = rand.Read(b)
-		return hex.EncodeToString(b) + "-"
-	}()
-	requestCounter atomic.Uint64
-)
-
-// requestID names a request in logs and in the response.
-func requestID(c *fiber.Ctx) string {
-	id := requestPrefix + strconv.FormatUint(requestCounter.Add(1), 10)
-	c.Set("X-Request-Id", id)
-	return id
 }

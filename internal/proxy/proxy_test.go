@@ -240,7 +240,7 @@ func TestClientGoneCancelsTheWait(t *testing.T) {
 		t.Fatalf("the request did not wait for the sandbox: %d %s", resp.StatusCode, b)
 	}
 	left := func() error {
-		if n := testutil.ToFloat64(f.proxy.m.byClass[classIndex(statusClientClosed)]); n != 1 {
+		if n := testutil.ToFloat64(f.proxy.m.byClass[sourceClient][classIndex(statusClientClosed)]); n != 1 {
 			return fmt.Errorf("%v requests counted as 499", n)
 		}
 		if !f.proxy.o.Slots.Acquire(fixtureUser) {
@@ -396,5 +396,35 @@ func TestWebSocketBridge(t *testing.T) {
 	}
 	if handshakes.Load() != 1 {
 		t.Fatalf("%d handshakes, want 1 (the refused upgrade's refresh)", handshakes.Load())
+	}
+}
+
+// A tenant's own 5xx is counted apart from the gateway's: a sandbox that
+// answers 500 to everything must not trip the operator's 5xx alert,
+// which reads source="gateway".
+func TestTenantAnswersAreCountedApartFromTheGateways(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/away" {
+			w.Header().Set("Location", "//evil.example/") // refused by the edge: 502
+			w.WriteHeader(http.StatusFound)
+			return
+		}
+		w.WriteHeader(http.StatusInternalServerError)
+	}), func(o *Options) { o.Metrics = reg })
+	for path, want := range map[string]int{"/u/bob/boom": http.StatusInternalServerError, "/u/bob/away": http.StatusBadGateway} {
+		resp := f.do("GET", path, nil, "Authorization", fixtureToken)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Fatalf("%s: %d, want %d", path, resp.StatusCode, want)
+		}
+	}
+	for _, tc := range []struct {
+		source int
+		want   float64
+	}{{sourceTenant, 1}, {sourceGateway, 1}, {sourceClient, 0}} {
+		if n := testutil.ToFloat64(f.proxy.m.byClass[tc.source][classIndex(500)]); n != tc.want {
+			t.Errorf("5xx from %s: %v, want %v", sources[tc.source], n, tc.want)
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
 )
 
@@ -40,6 +41,8 @@ type request struct {
 	start        time.Time
 	// stream is the request's answer once it became a stream (tracker).
 	stream *stream
+	// failed: the edge answered itself (fail), not DSH.
+	failed bool
 }
 
 // departures cancels the requests whose clients have gone. One goroutine
@@ -100,7 +103,8 @@ func (d *departures) run(ctx context.Context) {
 // stream ends: from the handler's return on, a client that leaves is
 // noticed by the failing write.
 func (p *Proxy) begin(c *fiber.Ctx, rid, user, rest string, id auth.Identity) *request {
-	ctx, cancel := context.WithCancel(context.Background())
+	// Commands published for the request (a wake, a handshake) carry its id.
+	ctx, cancel := context.WithCancel(events.WithTrace(context.Background(), rid))
 	info := httpguard.Get(c)
 	r := &request{c: c, ctx: ctx, cancel: cancel, rid: rid, method: c.Method(), user: user, rest: rest, id: id,
 		host: info.Host, scheme: info.Scheme, origin: info.OnSandboxDomain, start: time.Now()}

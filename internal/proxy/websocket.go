@@ -92,7 +92,7 @@ func (p *Proxy) serveWebSocket(r *request) error {
 		r.cancel()
 		p.o.Slots.Release(r.user)
 		pe := asProxyError(err)
-		p.m.count(fiber.StatusSwitchingProtocols)
+		p.m.count(fiber.StatusSwitchingProtocols, sourceGateway)
 		if pe.Err != nil && pe.Status >= 500 {
 			p.o.Log.Warn("websocket refused", "request_id", r.rid, "user", r.user, "err", pe.Err)
 		}
@@ -109,7 +109,7 @@ func (p *Proxy) serveWebSocket(r *request) error {
 	}
 	st := p.tracker.open(r.user)
 	p.m.inFlight.Inc()
-	p.m.count(fiber.StatusSwitchingProtocols)
+	p.m.count(fiber.StatusSwitchingProtocols, sourceTenant)
 	done := func() {
 		r.cancel()
 		p.m.inFlight.Dec()

@@ -51,6 +51,9 @@ type Sweeper struct {
 	queue  *kv.Cache[state.Queued]
 	awake  *kv.Cache[state.KeepAwake]
 	synced atomic.Bool
+	// leading while this replica holds the lease: only the leader exports
+	// the inventory, so a sum over replicas is the count.
+	leading atomic.Bool
 
 	// Only the leader's loop touches them.
 	issued map[string]issue
@@ -104,22 +107,33 @@ func New(ctx context.Context, o Options) (*Sweeper, error) {
 }
 
 // inventory is aaas_users and aaas_sandboxes{phase}, counted from the
-// caches at scrape time (every sweeper replica has complete ones).
+// caches at scrape time, exported by the lease holder only (every replica
+// has complete caches, and a sum over replicas must not double the
+// count), and each replica's own aaas_sweeper_cached_sandboxes.
 func (s *Sweeper) inventory() prometheus.Collector {
 	return &inventory{s: s,
-		users: prometheus.NewDesc("aaas_users", "Accounts.", nil, nil),
-		boxes: prometheus.NewDesc("aaas_sandboxes", "Sandboxes by phase.", []string{"phase"}, nil),
+		users:  prometheus.NewDesc("aaas_users", "Accounts (exported by the active sweeper only).", nil, nil),
+		boxes:  prometheus.NewDesc("aaas_sandboxes", "Sandboxes by phase (exported by the active sweeper only).", []string{"phase"}, nil),
+		cached: prometheus.NewDesc("aaas_sweeper_cached_sandboxes", "Sandboxes in this replica's copy of the sandboxes bucket.", nil, nil),
 	}
 }
 
 type inventory struct {
-	s            *Sweeper
-	users, boxes *prometheus.Desc
+	s                    *Sweeper
+	users, boxes, cached *prometheus.Desc
 }
 
-func (i *inventory) Describe(ch chan<- *prometheus.Desc) { ch <- i.users; ch <- i.boxes }
+func (i *inventory) Describe(ch chan<- *prometheus.Desc) {
+	ch <- i.users
+	ch <- i.boxes
+	ch <- i.cached
+}
 
 func (i *inventory) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(i.cached, prometheus.GaugeValue, float64(i.s.boxes.Len()))
+	if !i.s.leading.Load() {
+		return
+	}
 	ch <- prometheus.MustNewConstMetric(i.users, prometheus.GaugeValue, float64(i.s.users.Len()))
 	phases := map[state.Phase]int{}
 	for _, p := range state.Phases {
@@ -153,7 +167,8 @@ func (s *Sweeper) Follow(ctx context.Context) error {
 // Lead sweeps until ctx ends; the lease runs it on one replica.
 func (s *Sweeper) Lead(ctx context.Context) {
 	s.m.leader.Set(1)
-	defer s.m.leader.Set(0)
+	s.leading.Store(true)
+	defer func() { s.m.leader.Set(0); s.leading.Store(false) }()
 	s.o.Log.Info("sweeping", "idle_timeout", s.o.Policy.IdleTimeout.String(), "max_runtime", s.o.Policy.MaxRuntime.String())
 	tick := time.NewTicker(s.o.Interval)
 	defer tick.Stop()

@@ -343,7 +343,7 @@ func TestSweepsForgetTheClocksOfDeletedSandboxes(t *testing.T) {
 		mfs, _ := w.reg.Gather()
 		for _, mf := range mfs {
 			for _, m := range mf.GetMetric() {
-				if mf.GetName() == "aaas_sandboxes" && len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == string(state.PhaseReady) {
+				if mf.GetName() == "aaas_sweeper_cached_sandboxes" {
 					return m.GetGauge().GetValue()
 				}
 			}
@@ -352,7 +352,7 @@ func TestSweepsForgetTheClocksOfDeletedSandboxes(t *testing.T) {
 	}
 	testutil.Eventually(t, 30*time.Second, func() error {
 		if n := ready(); n != 1 {
-			return fmt.Errorf("the sweeper's cache holds %v Ready sandboxes, want 1", n)
+			return fmt.Errorf("the sweeper's cache holds %v sandboxes, want 1", n)
 		}
 		return nil
 	})
@@ -462,4 +462,48 @@ func BenchmarkSweep100k(b *testing.B) {
 	b.ReportMetric(catchUp.Seconds(), "catchup-s")
 	b.ReportMetric(float64(int64(m1.HeapAlloc)-int64(m0.HeapAlloc))/(1<<20), "heap-MiB")
 	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "tick-ms")
+}
+
+// The inventory (aaas_users, aaas_sandboxes) comes from the active
+// sweeper only, so that a sum over replicas is the count; every replica
+// says how much of the sandboxes bucket its own copy holds.
+func TestOnlyTheLeaderExportsTheInventory(t *testing.T) {
+	w := setup(t)
+	w.sandbox("a", state.PhaseReady, true, w.now)
+	s := w.sweeper()
+	exported := func(name string) bool {
+		mfs, err := w.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == name {
+				return true
+			}
+		}
+		return false
+	}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if n := w.gauge("aaas_sweeper_cached_sandboxes"); n != 1 {
+			return fmt.Errorf("%v sandboxes cached, want 1", n)
+		}
+		return nil
+	})
+	if exported("aaas_users") || exported("aaas_sandboxes") {
+		t.Fatal("a standby exports the inventory")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Lead(ctx) }()
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if !exported("aaas_users") || !exported("aaas_sandboxes") {
+			return fmt.Errorf("the leader exports no inventory")
+		}
+		return nil
+	})
+	cancel()
+	<-done
+	if exported("aaas_users") || exported("aaas_sandboxes") {
+		t.Fatal("a sweeper that stepped down still exports the inventory")
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"io/fs"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -15,6 +17,33 @@ import (
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/testenv"
 )
+
+// ruleFile is manifests/monitoring's PrometheusRule, as far as the tests
+// read it.
+type ruleFile struct {
+	Spec struct {
+		Groups []struct {
+			Rules []struct {
+				Alert, Expr string
+				Annotations map[string]string
+			}
+		}
+	}
+}
+
+// rules reads manifests/monitoring's PrometheusRule.
+func rules(t *testing.T) ruleFile {
+	t.Helper()
+	b, err := fs.ReadFile(aaas.Manifests, "manifests/monitoring/prometheusrule.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r ruleFile
+	if err := yaml.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
 
 // TestEveryAlertMetricIsExported reads manifests/monitoring's
 // PrometheusRule and scrapes a running edge, lifecycle and sweeper: every
@@ -35,20 +64,7 @@ func TestEveryAlertMetricIsExported(t *testing.T) {
 	if r := c.Do(http.MethodGet, "/u/mon/api/files", nil); r.StatusCode != http.StatusOK {
 		t.Fatalf("request: %d", r.StatusCode)
 	}
-	b, err := fs.ReadFile(aaas.Manifests, "manifests/monitoring/prometheusrule.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rule struct {
-		Spec struct {
-			Groups []struct {
-				Rules []struct{ Alert, Expr string }
-			}
-		}
-	}
-	if err := yaml.Unmarshal(b, &rule); err != nil {
-		t.Fatal(err)
-	}
+	rule := rules(t)
 	procs := []*testenv.Proc{edge.Proc, sw}
 	for _, p := range w.Procs {
 		if p.Name == "lifecycle" {
@@ -122,5 +138,43 @@ func TestEveryAlertMetricIsExported(t *testing.T) {
 	}
 	if checked < 2 {
 		t.Fatalf("only %d nats_varz_ names found in the rules", checked)
+	}
+}
+
+// TestEveryAlertHasARunbook: each alert links a section of
+// docs/RUNBOOK.md by its anchor (GitHub's: the heading in lower case),
+// and says what it is about.
+func TestEveryAlertHasARunbook(t *testing.T) {
+	rule := rules(t)
+	runbook, err := os.ReadFile(filepath.Join(testenv.Root(), "docs", "RUNBOOK.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]bool{}
+	for _, l := range strings.Split(string(runbook), "\n") {
+		if h, ok := strings.CutPrefix(l, "### "); ok {
+			anchors[strings.ToLower(h)] = true
+		}
+	}
+	const base = "https://github.com/aaas-project/aaas/blob/main/docs/RUNBOOK.md#"
+	n := 0
+	for _, g := range rule.Spec.Groups {
+		for _, r := range g.Rules {
+			n++
+			url := r.Annotations["runbook_url"]
+			anchor, ok := strings.CutPrefix(url, base)
+			switch {
+			case !ok:
+				t.Errorf("%s: runbook_url %q is not a section of docs/RUNBOOK.md", r.Alert, url)
+			case anchor != strings.ToLower(r.Alert) || !anchors[anchor]:
+				t.Errorf("%s: runbook_url %q names no section \"### %s\" of docs/RUNBOOK.md", r.Alert, url, r.Alert)
+			}
+			if r.Annotations["summary"] == "" {
+				t.Errorf("%s has no summary", r.Alert)
+			}
+		}
+	}
+	if n < 15 {
+		t.Fatalf("only %d alerts read", n)
 	}
 }

@@ -2,7 +2,6 @@ package proxy_test
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,25 +16,27 @@ import (
 // Outcomes are read from the audit stream, metrics and state, never from
 // log lines.
 
-// metric is the value of one series of p's /metrics, named as exposed
-// (`aaas_edge_requests_total{class="2xx"}`); 0 when not exposed yet.
+// metric is the sum of p's samples of a metric whose labels include the
+// ones given (`aaas_edge_requests_total{class="2xx"}`: over every
+// source); 0 when not exposed yet.
 func metric(t *testing.T, p *testenv.Proc, series string) float64 {
 	t.Helper()
-	name, _, _ := strings.Cut(series, "{")
-	lines, err := p.Metric(name)
+	name, set, _ := strings.Cut(series, "{")
+	var labels []string
+	if set = strings.TrimSuffix(set, "}"); set != "" {
+		for _, kv := range strings.Split(set, ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				t.Fatalf("series %q: label %q", series, kv)
+			}
+			labels = append(labels, k, strings.Trim(v, `"`))
+		}
+	}
+	n, err := p.MetricSum(name, labels...)
 	if err != nil {
 		return 0
 	}
-	for _, l := range strings.Split(lines, "\n") {
-		if k, v, ok := strings.Cut(l, " "); ok && k == series {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				t.Fatalf("%s: %q", series, l)
-			}
-			return f
-		}
-	}
-	return 0
+	return n
 }
 
 // audited counts the audit events of kind about user.

@@ -1,0 +1,209 @@
+// Every request's id and its line in the access log.
+
+package httpguard
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+)
+
+// HeaderRequestID carries a request's id: from a trusted ingress, and
+// back to the browser on every answer.
+const HeaderRequestID = "X-Request-Id"
+
+// maxRequestID bounds an ingress's id (ingress-nginx sends 32 hex
+// digits, Envoy a 36-character UUID).
+const maxRequestID = 64
+
+// scope is what the edge keeps about a request for its access line.
+type scope struct {
+	id    string
+	user  string
+	start time.Time
+	// deferred: the handler writes the line itself when the answer ends
+	// (a streamed proxied answer, whose size and end come after the
+	// handler returns).
+	deferred bool
+}
+
+const scopeKey = "aaas.scope"
+
+func scopeOf(c *fiber.Ctx) *scope {
+	if s, ok := c.Locals(scopeKey).(*scope); ok {
+		return s
+	}
+	return nil
+}
+
+// requestIDs are a random per-process prefix and a counter: unique across
+// replicas without a random draw per request.
+var (
+	requestPrefix = func() string {
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		return hex.EncodeToString(b) + "-"
+	}()
+	requestCounter atomic.Uint64
+)
+
+func newRequestID() string {
+	return requestPrefix + strconv.FormatUint(requestCounter.Add(1), 10)
+}
+
+// validRequestID accepts what ingresses send (hex, UUIDs, base64url) and
+// nothing a log line or a header could be bent by: it may be a client's
+// own value that the ingress passed on.
+func validRequestID(s string) bool {
+	if s == "" || len(s) > maxRequestID {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		switch b := s[i]; {
+		case 'a' <= b && b <= 'z', 'A' <= b && b <= 'Z', '0' <= b && b <= '9', b == '-', b == '_', b == '.':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// adopt is a trusted ingress's request id if it is a valid one, else ours.
+func adopt(id string) string {
+	if validRequestID(id) {
+		return id
+	}
+	return newRequestID()
+}
+
+// RequestID is the request's id: the trusted ingress's (Policy.Access),
+// else one of ours, set on the answer as X-Request-Id. Logs, commands and
+// audit events quote it, so one grep follows a request across processes.
+// Without Access (a unit test's app) it makes one on first use.
+func RequestID(c *fiber.Ctx) string {
+	if s := scopeOf(c); s != nil {
+		return s.id
+	}
+	s := &scope{id: newRequestID(), start: time.Now()}
+	c.Locals(scopeKey, s)
+	c.Set(HeaderRequestID, s.id)
+	return s.id
+}
+
+// SetUser records whom the request was authenticated as, for its access
+// line.
+func SetUser(c *fiber.Ctx, user string) {
+	if s := scopeOf(c); s != nil {
+		s.user = user
+	}
+}
+
+// DeferAccess says the handler writes the request's access line itself
+// (Line.Log) once its answer has ended: Access then writes none.
+func DeferAccess(c *fiber.Ctx) {
+	if s := scopeOf(c); s != nil {
+		s.deferred = true
+	}
+}
+
+// Line is one request in the access log. It names the route by its
+// class, never the path or query, which may carry sign-in codes.
+type Line struct {
+	Method, Route string
+	Status        int
+	// Bytes is the answer's body length; -1 for a stream whose end the
+	// line does not wait for.
+	Bytes     int64
+	Took      time.Duration
+	User      string
+	RequestID string
+}
+
+// Log writes the line at info (debug for health probes, which would
+// drown the rest).
+func (l Line) Log(log *slog.Logger) {
+	level := slog.LevelInfo
+	if l.Route == RouteProbe {
+		level = slog.LevelDebug
+	}
+	if !log.Enabled(context.Background(), level) {
+		return
+	}
+	log.LogAttrs(context.Background(), level, "request",
+		slog.String("method", l.Method), slog.String("route", l.Route), slog.Int("status", l.Status),
+		slog.Int64("bytes", l.Bytes), slog.Float64("duration_ms", float64(l.Took.Microseconds())/1000),
+		slog.String("user", l.User), slog.String("request_id", l.RequestID))
+}
+
+// Route classes of the access log.
+const (
+	RouteProbe   = "probe"
+	RouteSandbox = "sandbox"
+	RouteAdmin   = "admin"
+	RouteStatus  = "status"
+	RouteStatic  = "static"
+	RouteAccount = "account"
+)
+
+// RouteOf classes a request by its path (and whether it came to a
+// sandbox origin, whose every path is the tenant's).
+func RouteOf(path string, onSandboxDomain bool) string {
+	switch {
+	case onSandboxDomain || strings.HasPrefix(path, "/u/"):
+		return RouteSandbox
+	case path == "/healthz" || path == "/readyz":
+		return RouteProbe
+	case path == "/_/admin" || strings.HasPrefix(path, "/_/admin/"):
+		return RouteAdmin
+	case strings.HasPrefix(path, "/_/status"):
+		return RouteStatus
+	case strings.HasPrefix(path, "/_/static/"):
+		return RouteStatic
+	}
+	return RouteAccount
+}
+
+// Access runs outermost: it gives the request its id (a trusted
+// ingress's valid X-Request-Id, else ours), runs the rest, turns an error
+// into its answer with the app's error handler (so the line has the
+// status the client gets), and writes the request's access line, unless
+// the handler deferred it.
+func (p *Policy) Access(log *slog.Logger) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		s := &scope{start: time.Now()}
+		if id := c.Request().Header.Peek(HeaderRequestID); len(id) > 0 && p.trustedPeer(addrOf(c.Context().RemoteAddr())) {
+			s.id = adopt(string(id))
+		} else {
+			s.id = newRequestID()
+		}
+		c.Locals(scopeKey, s)
+		c.Set(HeaderRequestID, s.id)
+		if err := c.Next(); err != nil {
+			if herr := c.App().ErrorHandler(c, err); herr != nil {
+				_ = c.SendStatus(fiber.StatusInternalServerError)
+			}
+		}
+		if s.deferred {
+			return nil
+		}
+		// Body would read a stream whole: its size is not known here.
+		bytes := int64(-1)
+		if !c.Response().IsBodyStream() {
+			bytes = int64(len(c.Response().Body()))
+		}
+		onSandbox := false
+		if i, ok := c.Locals(localsKey).(*Info); ok {
+			onSandbox = i.OnSandboxDomain
+		}
+		Line{Method: c.Method(), Route: RouteOf(c.Path(), onSandbox), Status: c.Response().StatusCode(), Bytes: bytes,
+			Took: time.Since(s.start), User: s.user, RequestID: s.id}.Log(log)
+		return nil
+	}
+}
