@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/testutil"
 	"github.com/fasthttp/websocket"
 )
 
@@ -36,24 +37,6 @@ var (
 	tokenLine = regexp.MustCompile(`^dsh web: http://0\.0\.0\.0:(\d+)/\?token=([A-Za-z0-9_-]+)$`)
 	setCookie = regexp.MustCompile(`^dsh-auth-([0-9a-f]+)=([A-Za-z0-9_-]+); Path=/; HttpOnly$`)
 )
-
-// syncBuffer collects the simulator's stdout while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // tokenLines returns [port, token] for every token line, oldest first,
 // ignoring ANSI colour codes around it.
@@ -92,13 +75,13 @@ type fixture struct {
 	t      *testing.T
 	srv    *Server
 	ts     *httptest.Server
-	out    *syncBuffer
+	out    *testutil.Buffer
 	client *http.Client
 }
 
 func newFixture(t *testing.T, o Options) *fixture {
 	t.Helper()
-	out := &syncBuffer{}
+	out := &testutil.Buffer{}
 	srv, err := NewServer(o, out)
 	if err != nil {
 		t.Fatalf("NewServer: %v", err)
@@ -332,7 +315,7 @@ func TestStartupRefusesLooseCredentials(t *testing.T) {
 			if err := os.Chmod(creds, mode); err != nil {
 				t.Fatal(err)
 			}
-			out := &syncBuffer{}
+			out := &testutil.Buffer{}
 			_, err := NewServer(o, out)
 			want := fmt.Sprintf("refusing to start: %s has mode %04o; it must be 0600 (no group/other access)", creds, mode)
 			if err == nil || err.Error() != want {
@@ -1120,7 +1103,7 @@ func TestLogHidesSecrets(t *testing.T) {
 }
 
 type running struct {
-	out    *syncBuffer
+	out    *testutil.Buffer
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -1128,7 +1111,7 @@ type running struct {
 func startRun(t *testing.T, o Options) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{out: &syncBuffer{}, cancel: cancel, done: make(chan error, 1)}
+	r := &running{out: &testutil.Buffer{}, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- Run(ctx, o, r.out) }()
 	t.Cleanup(func() {
 		cancel()

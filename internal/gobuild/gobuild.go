@@ -38,7 +38,15 @@ func Static(dir string, pkgs ...string) error {
 // keeps full paths (no -trimpath), so it shares compiled packages with
 // `go test -race`.
 func Race(dir string, pkgs ...string) error {
-	return build("CGO_ENABLED=1", append([]string{"-race", "-o", dir + string(filepath.Separator)}, pkgs...)...)
+	return RaceFrom("", dir, nil, pkgs...)
+}
+
+// RaceFrom is Race run in the module at src (another checkout of this
+// repository: an earlier release, for the upgrade tests), with extra
+// flags (-ldflags) before the packages, which are relative to src.
+func RaceFrom(src, dir string, flags []string, pkgs ...string) error {
+	args := append([]string{"-race", "-o", dir + string(filepath.Separator)}, flags...)
+	return buildIn(src, "CGO_ENABLED=1", append(args, pkgs...)...)
 }
 
 // RaceEnv is the GORACE setting for a race-enabled process: report every
@@ -47,8 +55,12 @@ func Race(dir string, pkgs ...string) error {
 // exit as the default does (tests stop hundreds of processes).
 const RaceEnv = "halt_on_error=0 exitcode=66 atexit_sleep_ms=0"
 
-func build(cgo string, args ...string) error {
+func build(cgo string, args ...string) error { return buildIn("", cgo, args...) }
+
+// buildIn runs go build in src ("": the current directory).
+func buildIn(src, cgo string, args ...string) error {
 	cmd := exec.Command("go", append([]string{"build"}, args...)...)
+	cmd.Dir = src
 	cmd.Env = append(os.Environ(), cgo)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build %s: %w\n%s", strings.Join(args, " "), err, b)

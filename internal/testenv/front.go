@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/aaas-project/aaas/internal/child"
+	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 // Front is nginx in front of edge replicas, configured as an ingress is:
@@ -99,7 +100,7 @@ func Nginx(t testing.TB, addr string, conf func(dir string) string) *Front {
 	if err := os.WriteFile(file, []byte(conf(dir)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out := &syncBuffer{}
+	out := &testutil.Buffer{}
 	p, err := child.Start(child.Options{Name: "nginx", Path: bin, Args: []string{"-c", file, "-p", dir, "-e", filepath.Join(dir, "error.log")}, Output: out})
 	if err != nil {
 		t.Fatal(err)
@@ -143,7 +144,7 @@ func NodeUpstream(t testing.TB) string {
 	if npmErr != nil {
 		t.Fatal(npmErr)
 	}
-	out := &syncBuffer{}
+	out := &testutil.Buffer{}
 	p, err := child.Start(child.Options{Name: "node", Path: "node", Args: []string{"server.js"}, Dir: dir, Env: append(os.Environ(), "PORT=0"), Output: out})
 	if err != nil {
 		t.Fatalf("%v (Debian's nodejs; make tools installs it)", err)

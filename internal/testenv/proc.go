@@ -7,13 +7,13 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/aaas-project/aaas/internal/child"
 	"github.com/aaas-project/aaas/internal/embednats"
 	"github.com/aaas-project/aaas/internal/gobuild"
+	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 // Proc is an aaas process started from its (race-enabled) binary, with its
@@ -25,24 +25,7 @@ type Proc struct {
 	Env         map[string]string
 	bin         string
 	p           *child.Process
-	out         *syncBuffer // every run's output
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	out         *testutil.Buffer // every run's output
 }
 
 // FreeAddr returns a free 127.0.0.1:port.
@@ -69,7 +52,7 @@ func (p *Package) Start(t testing.TB, name string, env map[string]string) *Proc 
 	for k, v := range env {
 		full[k] = v
 	}
-	pr := &Proc{Name: name, MetricsAddr: full["METRICS_ADDR"], Env: full, bin: bin, out: &syncBuffer{}}
+	pr := &Proc{Name: name, MetricsAddr: full["METRICS_ADDR"], Env: full, bin: bin, out: &testutil.Buffer{}}
 	pr.start(t)
 	t.Cleanup(func() {
 		pr.Stop()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -127,6 +128,25 @@ func (p *Package) NewStack(t testing.TB, o StackOptions) *Stack {
 func (s *Stack) Setup() {
 	s.t.Helper()
 	s.pkg.Start(s.t, "setup", s.env("setup", map[string]string{"INSTANCE_ID": "setup"})).Wait(s.t, time.Minute)
+}
+
+// LoseNATS is NATS losing everything: the server stops, its store is
+// deleted, it starts empty on the same address, and setup runs again (as
+// lifecycle's init container or an operator would). No aaas process is
+// restarted.
+func (s *Stack) LoseNATS() {
+	s.t.Helper()
+	s.NATS.Stop()
+	if err := os.RemoveAll(s.NATS.Dir()); err != nil {
+		s.t.Fatal(err)
+	}
+	n, err := s.NATS.Restart()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(n.Stop)
+	s.NATS = n
+	s.Setup()
 }
 
 // env is the environment of a process of the stack: where NATS is, the
@@ -279,6 +299,20 @@ func (s *Stack) Broker(id string, env map[string]string) *Broker {
 	return &Broker{Proc: p, URL: "http://" + addr}
 }
 
+// SandboxesCallBroker is a StackOptions.Sandbox that points every model
+// base URL the sandbox template sets (<PROVIDER>_BASE_URL) at a broker
+// listening on addr, as the manifests point them at its Service.
+func SandboxesCallBroker(addr string) func(*extv1beta1.SandboxTemplate, *extv1beta1.SandboxWarmPool) {
+	return func(tmpl *extv1beta1.SandboxTemplate, _ *extv1beta1.SandboxWarmPool) {
+		c := &tmpl.Spec.PodTemplate.Spec.Containers[0]
+		for i := range c.Env {
+			if name, ok := strings.CutSuffix(c.Env[i].Name, "_BASE_URL"); ok {
+				c.Env[i].Value = "http://" + addr + "/" + strings.ToLower(name)
+			}
+		}
+	}
+}
+
 // NoRedirects is an HTTP client that returns redirects instead of
 // following them.
 func NoRedirects() *http.Client {
@@ -315,6 +349,17 @@ func (s *Stack) watchSandboxes() {
 func (s *Stack) Box(user string) state.Sandbox {
 	e, _ := s.boxes.Get(user)
 	return e.Value
+}
+
+// WaitPhase waits until the stack's watch shows user's sandbox in phase,
+// failing t once within has passed.
+func (s *Stack) WaitPhase(t testing.TB, user string, phase state.Phase, within time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	if _, _, err := s.boxes.Wait(ctx, user, func(e kv.Entry[state.Sandbox], _ bool) bool { return e.Value.Phase == phase }); err != nil {
+		t.Fatalf("%s not %s: %+v", user, phase, s.Box(user))
+	}
 }
 
 // Suspend asks lifecycle to suspend user's sandbox, as the sweeper does,

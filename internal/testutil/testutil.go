@@ -2,6 +2,8 @@
 package testutil
 
 import (
+	"bytes"
+	"sync"
 	"testing"
 	"time"
 )
@@ -26,4 +28,24 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() error) {
 			wait *= 2
 		}
 	}
+}
+
+// Buffer is a bytes.Buffer safe for one writer (a process's output, a
+// logger) and readers at once.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String is everything written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

@@ -189,10 +189,10 @@ func TestFormSignupLoginLogoutDeleteRecreate(t *testing.T) {
 	}
 	// The secrets are absent from the audit trail and the edge's log, and
 	// both demonstrably hold this test's flow: the events above, and
-	// the edge's log line for her proxied request (made with the token).
+	// the edge's access line for her proxied request (made with the token).
 	audit, logs := w.AuditLog(), edge.Logs()
 	if !slices.ContainsFunc(strings.Split(logs, "\n"), func(l string) bool {
-		return strings.Contains(l, `"msg":"proxied"`) && strings.Contains(l, `"user":"dora"`)
+		return strings.Contains(l, `"msg":"request"`) && strings.Contains(l, `"route":"sandbox"`) && strings.Contains(l, `"user":"dora"`)
 	}) {
 		t.Fatal("the edge's log does not hold dora's proxied request: the absence below would prove nothing")
 	}

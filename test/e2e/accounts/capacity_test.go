@@ -115,7 +115,7 @@ func TestWakesQueueForAPlaceAcrossTwoEdges(t *testing.T) {
 		clients[u].Signup(u, invite)
 	}
 	for _, u := range users {
-		waitPhase(t, w, u, state.PhaseReady)
+		w.WaitPhase(t, u, state.PhaseReady, 2*time.Minute)
 		w.Suspend(u)
 	}
 	use.reset()
@@ -149,13 +149,13 @@ func TestWakesQueueForAPlaceAcrossTwoEdges(t *testing.T) {
 
 	// A place frees: the oldest waiting takes it, the other moves up.
 	w.Suspend("q1")
-	waitPhase(t, w, "q3", state.PhaseReady)
+	w.WaitPhase(t, "q3", state.PhaseReady, 2*time.Minute)
 	if p := w.Box("q4").Phase; p != state.PhaseSuspended {
 		t.Fatalf("q4 started before its turn: %s", p)
 	}
 	startingPage(t, clients["q4"], "q4", "number 1 of 1 in the queue")
 	w.Suspend("q2")
-	waitPhase(t, w, "q4", state.PhaseReady)
+	w.WaitPhase(t, "q4", state.PhaseReady, 2*time.Minute)
 
 	running, starting := use.peaks()
 	t.Logf("peaks: %d running, %d starting", running, starting)
@@ -182,7 +182,7 @@ func TestIdleEvictMakesRoomButNeverForABusySandbox(t *testing.T) {
 	busyToken := testenv.NewClient(t, edge.URL).Signup("busy", invite)
 	waiter := testenv.NewClient(t, edge.URL)
 	waiter.Signup("waiter", invite)
-	waitPhase(t, w, "waiter", state.PhaseReady)
+	w.WaitPhase(t, "waiter", state.PhaseReady, 2*time.Minute)
 	w.Suspend("waiter")
 
 	ws, _, err := websocket.DefaultDialer.Dial(strings.Replace(edge.URL, "http", "ws", 1)+"/u/busy/api/ws", http.Header{"Authorization": {"Bearer " + busyToken}})
@@ -198,8 +198,8 @@ func TestIdleEvictMakesRoomButNeverForABusySandbox(t *testing.T) {
 		t.Fatalf("the waiter started beyond the cap: %s", p)
 	}
 	ws.Close()
-	waitPhase(t, w, "busy", state.PhaseSuspended)
-	waitPhase(t, w, "waiter", state.PhaseReady)
+	w.WaitPhase(t, "busy", state.PhaseSuspended, 2*time.Minute)
+	w.WaitPhase(t, "waiter", state.PhaseReady, 2*time.Minute)
 	if a := w.AuditLog(); !strings.Contains(a, `"user":"busy"`) || !strings.Contains(a, "evicted since") {
 		t.Error("no audit event says busy was evicted")
 	}

@@ -72,7 +72,7 @@ func TestARecreateBurstIsOneRecreate(t *testing.T) {
 	if counts[http.StatusAccepted]+counts[http.StatusTooManyRequests] != 40 || counts[http.StatusAccepted] == 0 {
 		t.Fatalf("burst answers %v: want 202 (joined) or 429 (a recreate is under way) only", counts)
 	}
-	waitPhase(t, s, "ann", state.PhaseReady)
+	s.WaitPhase(t, "ann", state.PhaseReady, 2*time.Minute)
 	after, _ := account(t, s, "ann")
 	if after.ClaimUID == before.ClaimUID || !after.RecreatingSince.IsZero() {
 		t.Fatalf("ann's claim after the burst: %+v, before %+v", after, before)
@@ -101,7 +101,7 @@ func BenchmarkSignupDuringARecreateBurst(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		alone = append(alone, signup("alone"+string(rune('a'+i%26))+string(rune('a'+i/26%26))))
-		waitPhase(b, s, "ann", state.PhaseReady)
+		s.WaitPhase(b, "ann", state.PhaseReady, 2*time.Minute)
 		done := make(chan struct{})
 		go func() { defer close(done); recreateBurst(ann, token, 40) }()
 		beside = append(beside, signup("beside"+string(rune('a'+i%26))+string(rune('a'+i/26%26))))
@@ -147,7 +147,7 @@ func TestRecreatesPastTheLimitChangeNothing(t *testing.T) {
 			}
 		})
 	}
-	waitPhase(t, s, "ann", state.PhaseReady)
+	s.WaitPhase(t, "ann", state.PhaseReady, 2*time.Minute)
 	testutil.Eventually(t, time.Minute, func() error {
 		if n := recreated(); n != 2 {
 			return fmt.Errorf("lifecycle recreated ann %d times, want 2", n)

@@ -62,7 +62,7 @@ var chartVariants = []struct {
 		"--set", "hardening.egress=true", "--set", "hardening.runtimeClass.create=true", "--set", "sandbox.runtimeClassName=gvisor",
 	}},
 	{"ingress+monitoring", []string{"manifests/exposure/ingress", "manifests/monitoring"}, []string{
-		"--set", "monitoring.podMonitors=true", "--set", "monitoring.prometheusRule=true", "--set", "monitoring.natsExporter.enabled=true",
+		"--set", "monitoring.podMonitors=true", "--set", "monitoring.prometheusRule=true", "--set", "monitoring.natsExporter.enabled=true", "--set", "monitoring.dashboards=true",
 	}},
 }
 

@@ -893,8 +893,9 @@ func TestComposeNATS(t *testing.T) {
 	for _, u := range opts.Nkeys {
 		nkeyUsers[u.Nkey] = u
 	}
-	if len(nkeyUsers) != len(natsauth.Roles) {
-		t.Errorf("compose's NATS has %d users, production's process kinds are %v", len(nkeyUsers), natsauth.Roles)
+	// Each process kind's current and staged next identity.
+	if len(nkeyUsers) != 2*len(natsauth.Roles) {
+		t.Errorf("compose's NATS has %d users, production's process kinds are %v, each with two keys", len(nkeyUsers), natsauth.Roles)
 	}
 	opts.Host, opts.Port, opts.HTTPPort, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, 0, true, true
 	srv, err := server.NewServer(opts)

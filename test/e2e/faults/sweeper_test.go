@@ -128,8 +128,8 @@ func TestSweeperFailoverWithManyClocks(t *testing.T) {
 	cached := map[string]time.Time{}
 	for i, p := range sweepers {
 		eventually(t, 3*time.Minute, func() error {
-			if ready, _ := p.MetricSum("aaas_sandboxes", "phase", string(state.PhaseReady)); int(ready) < n {
-				return fmt.Errorf("%s's cache holds %d of %d Ready sandboxes", names[i], int(ready), n)
+			if cached, _ := p.MetricSum("aaas_sweeper_cached_sandboxes"); int(cached) < n {
+				return fmt.Errorf("%s's cache holds %d of %d sandboxes", names[i], int(cached), n)
 			}
 			return nil
 		})

@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/credentials"
@@ -73,14 +72,7 @@ func newWorldWith(t *testing.T, slow time.Duration, env map[string]string) *worl
 	w := &world{t: t, sim: sim, brokerAddr: testenv.FreeAddr(t)}
 	// Every base URL the template sets points at the broker, as the
 	// manifests do at its Service.
-	w.Stack = pkg.NewStack(t, testenv.StackOptions{Lifecycle: "lc-a", Sandbox: func(tmpl *extv1beta1.SandboxTemplate, _ *extv1beta1.SandboxWarmPool) {
-		c := &tmpl.Spec.PodTemplate.Spec.Containers[0]
-		for i := range c.Env {
-			if name, ok := strings.CutSuffix(c.Env[i].Name, "_BASE_URL"); ok {
-				c.Env[i].Value = "http://" + w.brokerAddr + "/" + strings.ToLower(name)
-			}
-		}
-	}})
+	w.Stack = pkg.NewStack(t, testenv.StackOptions{Lifecycle: "lc-a", Sandbox: testenv.SandboxesCallBroker(w.brokerAddr)})
 	pair, err := credentials.Generate()
 	if err != nil {
 		t.Fatal(err)
@@ -441,4 +433,57 @@ func (w *world) firstBytes() map[string]float64 {
 		out[id] = n
 	}
 	return out
+}
+
+// NATS loses everything between two of a user's chats. No process is
+// restarted: the brokers' caches notice the recreated buckets and reload
+// (their reload count proves the loss reached them), lifecycle writes the
+// account and sandbox back from the claim, and the user, signed in again
+// with her token (her sessions were in NATS), chats through the same
+// brokers: the call is attributed to her from the reloaded sandboxes and
+// metered in the new usage bucket, which holds only it. The spend before
+// the loss is gone with NATS, as README's "Losing NATS entirely" says, so
+// this chat, which the default budget would have refused, is admitted.
+func TestModelCallsAfterNATSLosesEverything(t *testing.T) {
+	w := newWorld(t)
+	token := w.client().Signup("eve", "")
+	if reply, shown := w.chat(w.browserFor("eve", token), "before", model); !strings.HasPrefix(reply, "echo: before") || shown != "" {
+		t.Fatalf("the chat before the loss: reply %q, shown %q", reply, shown)
+	}
+	testutil.Eventually(t, time.Minute, func() error {
+		if u := w.month("eve"); u.Calls != 1 {
+			return fmt.Errorf("eve's month: %+v (want the first call)", u)
+		}
+		return nil
+	})
+	reloads := map[string]float64{}
+	for id, b := range w.brokers {
+		n, err := b.MetricSum("aaas_kv_cache_reloads_total")
+		if err != nil {
+			t.Fatal(err)
+		}
+		reloads[id] = n
+	}
+
+	w.LoseNATS()
+	testutil.Eventually(t, 90*time.Second, func() error {
+		for id, b := range w.brokers {
+			if n, err := b.MetricSum("aaas_kv_cache_reloads_total"); err != nil || n <= reloads[id] {
+				return fmt.Errorf("%s's caches reloaded %v times (%v before the loss): %v", id, n, reloads[id], err)
+			}
+		}
+		if r := w.client().Do("GET", "/_/status", nil, "Accept", "application/json", "Authorization", "Bearer "+token); r.StatusCode != http.StatusOK {
+			return fmt.Errorf("eve's token after the loss: %d", r.StatusCode)
+		}
+		return nil
+	})
+	if reply, shown := w.chat(w.browserFor("eve", token), "after", model); !strings.HasPrefix(reply, "echo: after") || shown != "" {
+		t.Fatalf("the chat after the loss: reply %q, shown %q", reply, shown)
+	}
+	testutil.Eventually(t, time.Minute, func() error {
+		if u := w.month("eve"); u.Calls != 1 || u.CostMicros == 0 {
+			return fmt.Errorf("eve's month in the new bucket: %+v (want the one call since the loss)", u)
+		}
+		return nil
+	})
 }
