@@ -207,6 +207,18 @@ func TestReachability(t *testing.T) {
 		t.Fatal(err)
 	}
 	monitor := strangerPod(t, "monitoring")
+	// kube-router puts a new pod's address into the policies' sets
+	// asynchronously, and a loaded node takes its time (a clean-clone run
+	// saw this brand-new pod refused everywhere): wait until the
+	// monitoring pod's first allowed path is open before judging the rest.
+	// Only an allowed path is waited for; a denied one is judged as it is,
+	// since waiting could only hide a hole.
+	testutil.Eventually(t, 2*time.Minute, func() error {
+		if line := probe(t, monitor, edgeMetrics)[edgeMetrics]; !strings.HasPrefix(line, "open ") {
+			return fmt.Errorf("the monitoring pod does not reach the edge's metrics port yet: %s", line)
+		}
+		return nil
+	})
 	checkReach(t, []reach{
 		{&sandboxes[0], natsPod, false, "a sandbox reaches NATS (pod)"},
 		{&sandboxes[0], natsService, false, "a sandbox reaches NATS (Service)"},
