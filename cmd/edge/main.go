@@ -25,6 +25,7 @@ import (
 	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/process"
 	"github.com/aaas-project/aaas/internal/proxy"
+	"github.com/aaas-project/aaas/internal/ratelimit"
 	"github.com/aaas-project/aaas/internal/spend"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/web"
@@ -57,11 +58,11 @@ func run(p *process.Process, cfg config.Edge) error {
 	if err != nil {
 		return err
 	}
-	limiter, err := auth.NewLimiter(ctx, p.JS, cfg.AuthRateLimit, cfg.Buckets.RateWindow)
+	limiter, err := ratelimit.New(ctx, p.JS, cfg.AuthRateLimit, cfg.Buckets.RateWindow)
 	if err != nil {
 		return err
 	}
-	actions, err := auth.NewLimiter(ctx, p.JS, cfg.RecreateRateLimit, cfg.Buckets.RateWindow)
+	actions, err := ratelimit.New(ctx, p.JS, cfg.RecreateRateLimit, cfg.Buckets.RateWindow)
 	if err != nil {
 		return err
 	}
@@ -100,10 +101,9 @@ func run(p *process.Process, cfg config.Edge) error {
 		return err
 	}
 
-	validUser := func(u string) bool { return auth.ValidateUser(u) == nil }
 	clients, err := httpguard.NewPolicy(httpguard.Options{
 		TrustedProxies: cfg.TrustedProxies, PublicHosts: append(slices.Clone(cfg.PublicHosts), cfg.AdminHosts...), Unchecked: []string{"/healthz", "/readyz"},
-		SandboxDomain: cfg.SandboxDomain, ValidUser: validUser,
+		SandboxDomain: cfg.SandboxDomain,
 	})
 	if err != nil {
 		return err
@@ -168,7 +168,7 @@ func run(p *process.Process, cfg config.Edge) error {
 		Clocks: clocks, Idle: cfg.Idle, KeepAwake: awake, KeepAwakes: awakes, MaxKeepAwake: cfg.MaxKeepAwake,
 	})
 	prx := proxy.New(proxy.Options{
-		Auth: authn, ValidUser: validUser, SandboxDomain: cfg.SandboxDomain, SignIn: authn.TradeSandboxCode, Gateway: cfg.PublicHosts[0],
+		Auth: authn, SandboxDomain: cfg.SandboxDomain, SignIn: authn.TradeSandboxCode, Gateway: cfg.PublicHosts[0],
 		PreviewPorts: cfg.Preview.Ports, PreviewUsers: cfg.Preview.Users,
 		Sandboxes: boxes, Queue: queue, Handshakes: handshakes, Publisher: pub, Sealer: sealer, Edge: cfg.InstanceID, Slots: slots,
 		WakeTimeout: cfg.WakeTimeout, HandshakeTimeout: cfg.HandshakeTimeout, MaxStaleness: cfg.RouteMaxStaleness,
@@ -204,7 +204,7 @@ func run(p *process.Process, cfg config.Edge) error {
 		ReadBufferSize: 16 << 10,
 		CaseSensitive:  true,
 		StrictRouting:  true,
-		ErrorHandler:   errorPage,
+		ErrorHandler:   web.Fail,
 	})
 	health := func(ok func() bool) fiber.Handler {
 		return func(c *fiber.Ctx) error {
@@ -283,15 +283,4 @@ func cache[T any](ctx context.Context, p *process.Process, bucket string, opts .
 		return nil, err
 	}
 	return kv.NewCache(ctx, b, ">", p.Log, opts...)
-}
-
-// errorPage renders Fiber's own errors (unknown routes, bad requests,
-// 421 for a foreign host) the way the rest of the edge does.
-func errorPage(c *fiber.Ctx, err error) error {
-	code := fiber.StatusInternalServerError
-	var fe *fiber.Error
-	if errors.As(err, &fe) {
-		code = fe.Code
-	}
-	return web.WriteProblem(c, web.Problem{Status: code, Title: "Not available", Detail: err.Error()})
 }

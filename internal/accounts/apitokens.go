@@ -3,6 +3,7 @@ package accounts
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 	"strconv"
 	"time"
@@ -11,8 +12,10 @@ import (
 
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
+	"github.com/aaas-project/aaas/internal/web"
 )
 
 // APITokens are users' named API tokens: the bucket written and the
@@ -55,14 +58,14 @@ func (s *Service) userTokens(user string) []tokenView {
 // own token, never with an API token (a leaked one must not mint more).
 func (s *Service) tokenManager(c *fiber.Ctx) (auth.Identity, bool, error) {
 	if s.o.APITokens == nil {
-		return auth.Identity{}, false, s.fail(c, fiber.StatusNotFound, "API tokens are not enabled here")
+		return auth.Identity{}, false, s.refuse(c, web.Refuse(fiber.StatusNotFound, "API tokens are not enabled here"))
 	}
 	id, ok, err := s.mutation(c)
 	if !ok {
 		return id, false, err
 	}
 	if id.TokenName != "" {
-		return id, false, s.fail(c, fiber.StatusForbidden, "an API token cannot manage tokens; sign in or use the account's token")
+		return id, false, s.refuse(c, web.Refuse(fiber.StatusForbidden, "an API token cannot manage tokens; sign in or use the account's token"))
 	}
 	return id, true, nil
 }
@@ -70,11 +73,11 @@ func (s *Service) tokenManager(c *fiber.Ctx) (auth.Identity, bool, error) {
 // listTokens serves GET /_/tokens: the caller's API tokens.
 func (s *Service) listTokens(c *fiber.Ctx) error {
 	if s.o.APITokens == nil {
-		return s.fail(c, fiber.StatusNotFound, "API tokens are not enabled here")
+		return s.refuse(c, web.Refuse(fiber.StatusNotFound, "API tokens are not enabled here"))
 	}
 	id, err := s.identity(c)
 	if err != nil {
-		return s.fail(c, auth.Status(err), err.Error())
+		return s.refuse(c, err)
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	return c.JSON(fiber.Map{"user": id.User, "tokens": s.userTokens(id.User)})
@@ -87,32 +90,32 @@ func (s *Service) createToken(c *fiber.Ctx) error {
 	if !ok {
 		return err
 	}
-	f, status, msg := ReadForm(c, "name", "expires_days")
-	if status != 0 {
-		return s.fail(c, status, msg)
+	f, err := web.ReadForm(c, "name", "expires_days")
+	if err != nil {
+		return s.refuse(c, err)
 	}
 	name := f["name"]
-	if err := auth.ValidateTokenName(name); err != nil {
-		return s.fail(c, fiber.StatusBadRequest, err.Error())
+	if err := ident.ValidateTokenName(name); err != nil {
+		return s.refuse(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 	}
 	now := time.Now().UTC()
 	var ttl time.Duration
 	if d := f["expires_days"]; d != "" {
 		n, err := strconv.Atoi(d)
 		if err != nil || n < 1 || n > maxTokenDays {
-			return s.fail(c, fiber.StatusBadRequest, "expires_days is 1 to "+strconv.Itoa(maxTokenDays)+", or empty for a token that does not expire")
+			return s.refuse(c, web.Refuse(fiber.StatusBadRequest, "expires_days is 1 to "+strconv.Itoa(maxTokenDays)+", or empty for a token that does not expire"))
 		}
 		ttl = time.Duration(n) * 24 * time.Hour
 	}
 	u, found := s.o.Users.Get(id.User)
 	if !found || u.Value.ClaimUID == "" {
-		return s.fail(c, fiber.StatusServiceUnavailable, "your account is not ready yet; try again shortly")
+		return s.refuse(c, web.Refuse(fiber.StatusServiceUnavailable, "your account is not ready yet; try again shortly"))
 	}
 	if len(s.userTokens(id.User)) >= s.o.APITokens.MaxEach {
-		return s.fail(c, fiber.StatusConflict, "you hold "+strconv.Itoa(s.o.APITokens.MaxEach)+" API tokens, the most allowed; delete one first")
+		return s.refuse(c, web.Refuse(fiber.StatusConflict, "you hold "+strconv.Itoa(s.o.APITokens.MaxEach)+" API tokens, the most allowed; delete one first"))
 	}
-	token := auth.NewAPIToken(id.User, name)
-	rec := state.APIToken{User: id.User, Name: name, Hash: auth.HashHex(token), ClaimUID: u.Value.ClaimUID, Created: now}
+	token := ident.NewAPIToken(id.User, name)
+	rec := state.APIToken{User: id.User, Name: name, Hash: ident.HashHex(token), ClaimUID: u.Value.ClaimUID, Created: now}
 	var opts []kv.WriteOption
 	if ttl > 0 {
 		rec.Expires = now.Add(ttl)
@@ -125,9 +128,9 @@ func (s *Service) createToken(c *fiber.Ctx) error {
 	rev, err := s.o.APITokens.Bucket.Create(ctx, state.APITokenKey(id.User, name), rec, opts...)
 	switch {
 	case errors.Is(err, kv.ErrExists):
-		return s.fail(c, fiber.StatusConflict, "you have a token called "+name+" already; delete it first or choose another name")
+		return s.refuse(c, web.Refuse(fiber.StatusConflict, "you have a token called "+name+" already; delete it first or choose another name"))
 	case err != nil:
-		return s.unavailable(c, "API token not stored", err)
+		return s.refuse(c, web.Unavailable(fmt.Errorf("API token not stored: %w", err)))
 	}
 	s.o.APITokens.Cache.Note(state.APITokenKey(id.User, name), rec, rev)
 	detail := "name " + name + ", by " + id.Method
@@ -136,10 +139,10 @@ func (s *Service) createToken(c *fiber.Ctx) error {
 	}
 	s.audit(c, events.AuditEvent{Kind: events.AuditToken, User: id.User, Outcome: "created", Detail: detail})
 	c.Set(fiber.HeaderCacheControl, "no-store")
-	if wantsJSON(c) {
+	if !web.WantsHTML(c) {
 		return c.Status(fiber.StatusCreated).JSON(fiber.Map{"user": id.User, "name": name, "token": token, "expires": rec.Expires})
 	}
-	return ShowToken(c, id.User, token, "/")
+	return web.ShowToken(c, id.User, token, "/")
 }
 
 // deleteToken serves DELETE /_/tokens/:name (and POST …/delete from a
@@ -150,20 +153,20 @@ func (s *Service) deleteToken(c *fiber.Ctx) error {
 		return err
 	}
 	name := c.Params("name")
-	if err := auth.ValidateTokenName(name); err != nil {
-		return s.fail(c, fiber.StatusBadRequest, err.Error())
+	if err := ident.ValidateTokenName(name); err != nil {
+		return s.refuse(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 	}
 	key := state.APITokenKey(id.User, name)
 	if _, found := s.o.APITokens.Cache.Get(key); !found {
-		return s.fail(c, fiber.StatusNotFound, "you have no token called "+name)
+		return s.refuse(c, web.Refuse(fiber.StatusNotFound, "you have no token called "+name))
 	}
 	ctx, cancel := context.WithTimeout(traced(c), 10*time.Second)
 	defer cancel()
 	if err := s.o.APITokens.Bucket.Purge(ctx, key); err != nil {
-		return s.unavailable(c, "API token not deleted", err)
+		return s.refuse(c, web.Unavailable(fmt.Errorf("API token not deleted: %w", err)))
 	}
 	s.audit(c, events.AuditEvent{Kind: events.AuditToken, User: id.User, Outcome: "deleted", Detail: "name " + name + ", by " + id.Method})
-	if wantsJSON(c) || c.Method() == fiber.MethodDelete {
+	if !web.WantsHTML(c) || c.Method() == fiber.MethodDelete {
 		return c.SendStatus(fiber.StatusNoContent)
 	}
 	return c.Redirect("/", fiber.StatusSeeOther)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -15,6 +14,7 @@ import (
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/web"
@@ -26,7 +26,7 @@ import (
 // that cannot answer (503) is said above them, with its status, or the
 // refused would be asked to sign in again with no reason given.
 func (s *Service) landing(c *fiber.Ctx) error {
-	d := web.Landing{Invite: s.o.InviteCode != "", SSO: s.o.SSO, MaxUserLen: auth.MaxUserLen}
+	d := web.Landing{Invite: s.o.InviteCode != "", SSO: s.o.SSO, MaxUserLen: ident.MaxUserLen}
 	id, err := s.identity(c)
 	switch {
 	case err == nil:
@@ -44,13 +44,14 @@ func (s *Service) landing(c *fiber.Ctx) error {
 				d.APITokens = append(d.APITokens, v)
 			}
 		}
-	case auth.Status(err) != fiber.StatusUnauthorized:
-		d.Error, d.SignOut = err.Error(), s.o.SignOutURL
-		status := auth.Status(err)
-		c.Status(status)
-		if status == fiber.StatusServiceUnavailable {
-			c.Set(fiber.HeaderRetryAfter, "2")
-		}
+	case web.AsError(err).Status != fiber.StatusUnauthorized:
+		// Signed in elsewhere but refused here (SSO not allowed, the bus
+		// away): the page says why, with the status and Retry-After an
+		// error page would have.
+		e := web.AsError(err)
+		d.Error, d.SignOut = e.Detail, s.o.SignOutURL
+		c.Status(e.Status)
+		web.SetRetryAfter(c, e)
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	c.Type("html")
@@ -72,17 +73,17 @@ func (s *Service) state(user string) state.Sandbox {
 // session, and up to WAKE_TIMEOUT for the sandbox to be Ready.
 func (s *Service) signup(c *fiber.Ctx) error {
 	if s.o.SSO {
-		return s.fail(c, fiber.StatusForbidden, "accounts are created by signing in through SSO")
+		return s.refuse(c, web.Refuse(fiber.StatusForbidden, "accounts are created by signing in through SSO"))
 	}
 	if ok, err := s.limit(c, "signup"); !ok {
 		return err
 	}
 	if httpguard.ForeignOrigin(c) {
-		return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
+		return s.refuse(c, web.Refuse(fiber.StatusForbidden, "cross-origin request refused"))
 	}
-	f, status, msg := ReadForm(c, "user", "invite")
-	if status != 0 {
-		return s.fail(c, status, msg)
+	f, err := web.ReadForm(c, "user", "invite")
+	if err != nil {
+		return s.refuse(c, err)
 	}
 	if s.o.InviteCode != "" {
 		invite := f["invite"]
@@ -92,51 +93,51 @@ func (s *Service) signup(c *fiber.Ctx) error {
 		if !auth.SecretEqual(invite, s.o.InviteCode) {
 			s.o.Auth.Counter().WithLabelValues("signup", "invite_rejected").Inc()
 			s.o.Auth.Refused(c, events.AuditEvent{Kind: events.AuditInviteRejected})
-			return s.fail(c, fiber.StatusForbidden, "a valid invite code is required to sign up")
+			return s.refuse(c, web.Refuse(fiber.StatusForbidden, "a valid invite code is required to sign up"))
 		}
 	}
 	user := f["user"]
-	if err := auth.ValidateUser(user); err != nil {
-		return s.fail(c, fiber.StatusBadRequest, err.Error())
+	if err := ident.ValidateUser(user); err != nil {
+		return s.refuse(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 	}
 	if _, ok := s.o.Users.Get(user); ok {
 		s.o.Auth.Counter().WithLabelValues("signup", "conflict").Inc()
-		return s.fail(c, fiber.StatusConflict, "that user name is taken; sign in with your token instead")
+		return s.refuse(c, web.Refuse(fiber.StatusConflict, "that user name is taken; sign in with your token instead"))
 	}
 	if s.full() {
 		s.o.Auth.Counter().WithLabelValues("signup", "full").Inc()
-		return s.fail(c, fiber.StatusForbidden, errFull(s.o.MaxUsers))
+		return s.refuse(c, web.Refuse(fiber.StatusForbidden, errFull(s.o.MaxUsers)))
 	}
 
 	start := time.Now()
-	token := auth.NewToken(user)
-	req := auth.NewRequestID()
-	res, err := s.command(traced(c), events.NewClaim(user, req, auth.HashHex(token)))
+	token := ident.NewToken(user)
+	req := ident.NewAnswerID()
+	res, err := s.command(traced(c), events.NewClaim(user, req, ident.HashHex(token)))
 	switch {
-	case errors.Is(err, auth.ErrTimeout) && wantsJSON(c):
+	case errors.Is(err, auth.ErrTimeout) && !web.WantsHTML(c):
 		// The claim may still succeed: hand out the token now, as it will
 		// never be shown again.
 		s.o.Auth.Counter().WithLabelValues("signup", "accepted").Inc()
 		return c.Status(fiber.StatusAccepted).JSON(fiber.Map{"user": user, "token": token, "url": s.sites.SandboxURL(c, user), "state": "Claiming"})
 	case err != nil:
 		s.o.Auth.Counter().WithLabelValues("signup", "unavailable").Inc()
-		return s.fail(c, fiber.StatusServiceUnavailable, err.Error())
+		return s.refuse(c, web.Refuse(fiber.StatusServiceUnavailable, err.Error()))
 	case res.Outcome == state.OutcomeConflict:
 		s.o.Auth.Counter().WithLabelValues("signup", "conflict").Inc()
-		return s.fail(c, fiber.StatusConflict, "that user name is taken; sign in with your token instead")
+		return s.refuse(c, web.Refuse(fiber.StatusConflict, "that user name is taken; sign in with your token instead"))
 	case res.Outcome != state.OutcomeCreated:
 		s.o.Auth.Counter().WithLabelValues("signup", "failed").Inc()
-		return s.fail(c, fiber.StatusServiceUnavailable, "your sandbox could not be created: "+res.Error)
+		return s.refuse(c, web.Refuse(fiber.StatusServiceUnavailable, "your sandbox could not be created: "+res.Error))
 	}
 	sid, err := s.o.Auth.Store().Create(context.Background(), user, "signup")
 	if err != nil {
-		return s.unavailable(c, "signup: session not created", err)
+		return s.refuse(c, web.Unavailable(fmt.Errorf("signup: session not created: %w", err)))
 	}
 	s.setCookie(c, sid)
 	s.audit(c, events.AuditEvent{Kind: events.AuditSignup, User: user, Outcome: state.OutcomeCreated})
 	s.o.Auth.Counter().WithLabelValues("signup", "created").Inc()
 
-	if !wantsJSON(c) {
+	if web.WantsHTML(c) {
 		return c.Redirect(s.sites.SandboxURL(c, user), fiber.StatusSeeOther)
 	}
 	wctx, cancel := context.WithTimeout(context.Background(), s.o.WakeTimeout-time.Since(start))
@@ -159,15 +160,15 @@ func (s *Service) login(c *fiber.Ctx) error {
 		return err
 	}
 	if httpguard.ForeignOrigin(c) {
-		return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
+		return s.refuse(c, web.Refuse(fiber.StatusForbidden, "cross-origin request refused"))
 	}
 	var token string
 	if h := c.Get(fiber.HeaderAuthorization); h != "" {
 		token, _ = cutBearer(h)
 	} else {
-		f, status, msg := ReadForm(c, "token")
-		if status != 0 {
-			return s.fail(c, status, msg)
+		f, err := web.ReadForm(c, "token")
+		if err != nil {
+			return s.refuse(c, err)
 		}
 		token = f["token"]
 	}
@@ -175,12 +176,12 @@ func (s *Service) login(c *fiber.Ctx) error {
 	if !ok {
 		s.o.Auth.Counter().WithLabelValues("login", "rejected").Inc()
 		s.o.Auth.Refused(c, events.AuditEvent{Kind: events.AuditLogin, Outcome: "rejected"})
-		return s.fail(c, fiber.StatusUnauthorized, "that token is not valid")
+		return s.refuse(c, web.Refuse(fiber.StatusUnauthorized, "that token is not valid"))
 	}
 	user := u.Name
 	sid, err := s.o.Auth.Store().Create(context.Background(), user, "login")
 	if err != nil {
-		return s.unavailable(c, "login: session not created", err)
+		return s.refuse(c, web.Unavailable(fmt.Errorf("login: session not created: %w", err)))
 	}
 	// Signing in again replaces the browser's session: the old id, which
 	// the new cookie overwrites, must not stay usable elsewhere.
@@ -190,7 +191,7 @@ func (s *Service) login(c *fiber.Ctx) error {
 	s.setCookie(c, sid)
 	s.o.Auth.Counter().WithLabelValues("login", "ok").Inc()
 	s.audit(c, events.AuditEvent{Kind: events.AuditLogin, User: user, Outcome: "ok"})
-	if wantsJSON(c) {
+	if !web.WantsHTML(c) {
 		return c.JSON(fiber.Map{"user": user, "url": s.sites.SandboxURL(c, user)})
 	}
 	// A browser goes to its sandbox; an administrator signing in on an
@@ -219,10 +220,10 @@ func cutBearer(h string) (string, bool) {
 func (s *Service) mutation(c *fiber.Ctx) (id auth.Identity, ok bool, err error) {
 	id, aerr := s.identity(c)
 	if aerr != nil {
-		return id, false, s.fail(c, auth.Status(aerr), aerr.Error())
+		return id, false, s.refuse(c, aerr)
 	}
 	if id.Method != auth.MethodBearer && !httpguard.SameOrigin(c) {
-		return id, false, s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
+		return id, false, s.refuse(c, web.Refuse(fiber.StatusForbidden, "cross-origin request refused"))
 	}
 	return id, true, nil
 }
@@ -237,7 +238,7 @@ func (s *Service) logout(c *fiber.Ctx) error {
 	next := "/"
 	if err == nil && (id.Method == auth.MethodCookie || id.Method == auth.MethodSSO) {
 		if !httpguard.SameOrigin(c) {
-			return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
+			return s.refuse(c, web.Refuse(fiber.StatusForbidden, "cross-origin request refused"))
 		}
 		outcome := "ok"
 		if id.Method == auth.MethodSSO {
@@ -249,12 +250,12 @@ func (s *Service) logout(c *fiber.Ctx) error {
 			err = s.o.Auth.Revoke(context.Background(), id)
 		}
 		if err != nil {
-			return s.unavailable(c, "logout: session not revoked", err)
+			return s.refuse(c, web.Unavailable(fmt.Errorf("logout: session not revoked: %w", err)))
 		}
 		s.audit(c, events.AuditEvent{Kind: events.AuditLogout, User: id.User, Outcome: outcome})
 	}
 	s.clearCookie(c)
-	if wantsJSON(c) {
+	if !web.WantsHTML(c) {
 		return c.SendStatus(fiber.StatusNoContent)
 	}
 	return c.Redirect(next, fiber.StatusSeeOther)
@@ -266,21 +267,21 @@ func (s *Service) deleteAccount(c *fiber.Ctx) error {
 		return err
 	}
 	if c.Params("user") != id.User {
-		return s.fail(c, fiber.StatusForbidden, "you can only delete your own account")
+		return s.refuse(c, web.Refuse(fiber.StatusForbidden, "you can only delete your own account"))
 	}
 	res, ok, err := s.accountAction(c, id.User, events.VerbDelete)
 	if !ok {
 		return err
 	}
 	if err != nil {
-		return s.fail(c, fiber.StatusServiceUnavailable, err.Error())
+		return s.refuse(c, web.Refuse(fiber.StatusServiceUnavailable, err.Error()))
 	}
 	if res.Outcome != state.OutcomeDeleted {
-		return s.fail(c, fiber.StatusServiceUnavailable, "the account could not be deleted: "+res.Error)
+		return s.refuse(c, web.Refuse(fiber.StatusServiceUnavailable, "the account could not be deleted: "+res.Error))
 	}
 	s.clearCookie(c)
 	s.audit(c, events.AuditEvent{Kind: events.AuditDelete, User: id.User, Outcome: "requested", Detail: "by " + id.Method})
-	if c.Method() == fiber.MethodPost && !wantsJSON(c) {
+	if c.Method() == fiber.MethodPost && web.WantsHTML(c) {
 		return c.Redirect("/", fiber.StatusSeeOther) // the confirm page's form
 	}
 	return c.SendStatus(fiber.StatusNoContent)
@@ -298,10 +299,10 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 		return err
 	}
 	if err != nil {
-		return s.fail(c, fiber.StatusServiceUnavailable, err.Error())
+		return s.refuse(c, web.Refuse(fiber.StatusServiceUnavailable, err.Error()))
 	}
 	if res.Outcome != state.OutcomeRecreated {
-		return s.fail(c, fiber.StatusServiceUnavailable, "the sandbox could not be recreated: "+res.Error)
+		return s.refuse(c, web.Refuse(fiber.StatusServiceUnavailable, "the sandbox could not be recreated: "+res.Error))
 	}
 	s.audit(c, events.AuditEvent{Kind: events.AuditRecreate, User: id.User, Outcome: "requested", Detail: "by " + id.Method})
 	if id.Method == auth.MethodCookie {
@@ -309,7 +310,7 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 			s.setCookie(c, sid)
 		}
 	}
-	if wantsJSON(c) || c.Method() != fiber.MethodPost {
+	if !web.WantsHTML(c) || c.Method() != fiber.MethodPost {
 		return c.Status(fiber.StatusAccepted).JSON(fiber.Map{"user": id.User, "state": string(s.state(id.User).Phase)})
 	}
 	return c.Redirect("/", fiber.StatusSeeOther)
@@ -320,33 +321,15 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 // otherwise err is the command's failure, if any.
 func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb) (state.Result, bool, error) {
 	res, err := s.Act(traced(c), user, verb)
-	var r *Refusal
+	var r *web.Error
 	if errors.As(err, &r) {
 		return state.Result{}, false, s.refuse(c, r)
 	}
 	return res, true, err
 }
 
-// refuse answers a *Refusal: its status and message, and when to retry.
-func (s *Service) refuse(c *fiber.Ctx, r *Refusal) error {
-	if r.RetryAfter > 0 {
-		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(int(r.RetryAfter.Seconds())+1))
-	}
-	return s.fail(c, r.Status, r.Message)
-}
-
-// Refusal is an account action refused before it was asked for: no such
-// account, one already under way, the rate limit, or no bus.
-type Refusal struct {
-	Status     int
-	Message    string
-	RetryAfter time.Duration
-}
-
-func (r *Refusal) Error() string { return r.Message }
-
 // Act runs a recreate or deletion of user's account and returns its
-// answer, or a *Refusal. At most one runs per user: requests made while a
+// answer, or a *web.Error. At most one runs per user: requests made while a
 // recreate is under way are refused (429), and requests made at the same
 // moment are the same command (its id and its answer's key derive from
 // the account record's revision), so they all wait for the one answer; on
@@ -356,10 +339,10 @@ func (r *Refusal) Error() string { return r.Message }
 func (s *Service) Act(ctx context.Context, user string, verb events.Verb) (state.Result, error) {
 	acct, found := s.o.Users.Get(user)
 	if !found {
-		return state.Result{}, &Refusal{Status: fiber.StatusNotFound, Message: "no such account"}
+		return state.Result{}, &web.Error{Status: fiber.StatusNotFound, Detail: "no such account"}
 	}
 	if !acct.Value.RecreatingSince.IsZero() {
-		return state.Result{}, &Refusal{Status: fiber.StatusTooManyRequests, Message: "the sandbox is being recreated; try again when it is ready", RetryAfter: 9 * time.Second}
+		return state.Result{}, &web.Error{Status: fiber.StatusTooManyRequests, Detail: "the sandbox is being recreated; try again when it is ready", RetryAfter: 9 * time.Second}
 	}
 	requestID := fmt.Sprintf("%s-%s-%d", verb, user, acct.Revision)
 	cmd := events.NewRecreate(user, requestID)
@@ -388,9 +371,9 @@ func (s *Service) Act(ctx context.Context, user string, verb events.Verb) (state
 	o, _ := v.(outcome)
 	switch {
 	case v == nil:
-		return state.Result{}, &Refusal{Status: fiber.StatusServiceUnavailable, Message: auth.ErrUnavailable.Error()}
+		return state.Result{}, &web.Error{Status: fiber.StatusServiceUnavailable, Detail: auth.ErrUnavailable.Error()}
 	case o.limited:
-		return state.Result{}, &Refusal{Status: fiber.StatusTooManyRequests, Message: "too many recreates or deletions of this account; wait and try again", RetryAfter: o.retry}
+		return state.Result{}, &web.Error{Status: fiber.StatusTooManyRequests, Detail: "too many recreates or deletions of this account; wait and try again", RetryAfter: o.retry}
 	}
 	return o.res, err
 }
@@ -398,7 +381,7 @@ func (s *Service) Act(ctx context.Context, user string, verb events.Verb) (state
 func (s *Service) status(c *fiber.Ctx) error {
 	id, err := s.identity(c)
 	if err != nil {
-		return s.fail(c, auth.Status(err), err.Error())
+		return s.refuse(c, err)
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	return c.JSON(s.statusOf(id.User, s.sites.SandboxURL(c, id.User)))
@@ -411,11 +394,11 @@ func (s *Service) status(c *fiber.Ctx) error {
 func (s *Service) statusStream(c *fiber.Ctx) error {
 	id, err := s.identity(c)
 	if err != nil {
-		return s.fail(c, auth.Status(err), err.Error())
+		return s.refuse(c, err)
 	}
 	if !s.o.InFlight.Acquire(id.User) {
 		c.Set(fiber.HeaderRetryAfter, "1")
-		return s.fail(c, fiber.StatusServiceUnavailable, "too many requests to your sandbox are in flight; retry shortly")
+		return s.refuse(c, web.Refuse(fiber.StatusServiceUnavailable, "too many requests to your sandbox are in flight; retry shortly"))
 	}
 	c.Set(fiber.HeaderContentType, "text/event-stream")
 	c.Set(fiber.HeaderCacheControl, "no-store")

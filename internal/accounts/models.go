@@ -3,12 +3,12 @@ package accounts
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/credentials"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
@@ -101,7 +101,7 @@ func (s *Service) landingModels(user string) *web.Models {
 func (s *Service) usage(c *fiber.Ctx) error {
 	id, err := s.identity(c)
 	if err != nil {
-		return s.fail(c, auth.Status(err), err.Error())
+		return s.refuse(c, err)
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	return c.JSON(s.models(id.User))
@@ -111,11 +111,11 @@ func (s *Service) usage(c *fiber.Ctx) error {
 // refusal has been written.
 func (s *Service) provider(c *fiber.Ctx) (string, bool, error) {
 	if s.o.BYOK == nil {
-		return "", false, s.fail(c, fiber.StatusNotFound, "this gateway does not take users' own provider keys")
+		return "", false, s.refuse(c, web.Refuse(fiber.StatusNotFound, "this gateway does not take users' own provider keys"))
 	}
 	p := c.Params("provider")
 	if !slices.Contains(s.o.BYOK.Providers, p) {
-		return "", false, s.fail(c, fiber.StatusBadRequest, "no provider of that name; the providers are those the gateway lists on your page")
+		return "", false, s.refuse(c, web.Refuse(fiber.StatusBadRequest, "no provider of that name; the providers are those the gateway lists on your page"))
 	}
 	return p, true, nil
 }
@@ -132,21 +132,21 @@ func (s *Service) storeKey(c *fiber.Ctx) error {
 	if !ok {
 		return err
 	}
-	f, status, msg := ReadForm(c, "key")
-	if status != 0 {
-		return s.fail(c, status, msg)
+	f, err := web.ReadForm(c, "key")
+	if err != nil {
+		return s.refuse(c, err)
 	}
 	cred, err := credentials.Seal(s.o.BYOK.PublicKey, id.User, p, f["key"])
 	if err != nil {
-		return s.fail(c, fiber.StatusBadRequest, err.Error())
+		return s.refuse(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := s.o.BYOK.Credentials.Put(ctx, state.CredentialKey(id.User, p), cred); err != nil {
-		return s.unavailable(c, "own key not stored", err)
+		return s.refuse(c, web.Unavailable(fmt.Errorf("own key not stored: %w", err)))
 	}
 	s.audit(c, events.AuditEvent{Kind: events.AuditCredential, User: id.User, Outcome: "stored", Detail: "provider " + p + " by " + id.Method})
-	if wantsJSON(c) {
+	if !web.WantsHTML(c) {
 		return c.JSON(key{Provider: p, Hint: cred.Hint, Set: cred.Set})
 	}
 	return c.Redirect("/", fiber.StatusSeeOther)
@@ -167,15 +167,15 @@ func (s *Service) deleteKey(c *fiber.Ctx) error {
 	defer cancel()
 	k := state.CredentialKey(id.User, p)
 	if _, err := s.o.BYOK.Credentials.Get(ctx, k); errors.Is(err, kv.ErrNotFound) {
-		return s.fail(c, fiber.StatusNotFound, "you have stored no key for "+p)
+		return s.refuse(c, web.Refuse(fiber.StatusNotFound, "you have stored no key for "+p))
 	} else if err != nil {
-		return s.unavailable(c, "own key not read", err)
+		return s.refuse(c, web.Unavailable(fmt.Errorf("own key not read: %w", err)))
 	}
 	if err := s.o.BYOK.Credentials.Purge(ctx, k); err != nil {
-		return s.unavailable(c, "own key not deleted", err)
+		return s.refuse(c, web.Unavailable(fmt.Errorf("own key not deleted: %w", err)))
 	}
 	s.audit(c, events.AuditEvent{Kind: events.AuditCredential, User: id.User, Outcome: "deleted", Detail: "provider " + p + " by " + id.Method})
-	if wantsJSON(c) {
+	if !web.WantsHTML(c) {
 		return c.SendStatus(fiber.StatusNoContent)
 	}
 	return c.Redirect("/", fiber.StatusSeeOther)

@@ -24,7 +24,9 @@ import (
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/ratelimit"
 	"github.com/aaas-project/aaas/internal/spend"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testutil"
@@ -58,11 +60,11 @@ func newPage(t *testing.T) *page {
 	if err := events.EnsureStreams(ctx, js, events.DefaultStreamsConfig()); err != nil {
 		t.Fatal(err)
 	}
-	p := &page{js: js, token: auth.NewToken("ann")}
+	p := &page{js: js, token: ident.NewToken("ann")}
 	users := open[state.User](t, js, state.BucketUsers)
 	for _, u := range []state.User{
-		{Name: "ann", Managed: true, Created: time.Now(), TokenHash: auth.HashHex(p.token)},
-		{Name: "sam", Managed: true, Created: time.Now(), TokenHash: auth.HashHex("sso\x00login:sam")},
+		{Name: "ann", Managed: true, Created: time.Now(), TokenHash: ident.HashHex(p.token)},
+		{Name: "sam", Managed: true, Created: time.Now(), TokenHash: ident.HashHex("sso\x00login:sam")},
 	} {
 		if _, err := users.Put(ctx, u.Name, u); err != nil {
 			t.Fatal(err)
@@ -84,7 +86,7 @@ func newPage(t *testing.T) *page {
 		t.Fatal(err)
 	}
 	p.store = store
-	limiter, err := auth.NewLimiter(ctx, js, 1000, time.Minute)
+	limiter, err := ratelimit.New(ctx, js, 1000, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,13 +402,13 @@ func TestSSOGroupsRecordedWhenTheyChange(t *testing.T) {
 func TestSSOSignOut(t *testing.T) {
 	p := newPage(t)
 	ctx := natstest.Context(t, time.Minute)
-	sid, err := p.store.CreateSandbox(ctx, "sam", "sam.sbx.example", "", auth.HashHex("sso\x00login:sam"), time.Now().Add(time.Hour))
+	sid, err := p.store.CreateSandbox(ctx, "sam", "sam.sbx.example", "", ident.HashHex("sso\x00login:sam"), time.Now().Add(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
 	sessions := open[state.Session](t, p.js, state.BucketSessions)
 	exists := func(user, sid string) bool {
-		_, err := sessions.Get(ctx, state.SessionKey(user, auth.HashHex(sid)))
+		_, err := sessions.Get(ctx, state.SessionKey(user, ident.HashHex(sid)))
 		return err == nil
 	}
 	signOut := func(origin string) *http.Response {

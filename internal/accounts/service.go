@@ -8,14 +8,9 @@ package accounts
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"mime"
-	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -27,23 +22,21 @@ import (
 	"github.com/aaas-project/aaas/internal/capacity"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/ratelimit"
 	"github.com/aaas-project/aaas/internal/spend"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/web"
 )
-
-// formLimit bounds the body of every account endpoint; a user name, an
-// invite code and a token fit many times over.
-const formLimit = 8 << 10
 
 // Options wires a Service.
 type Options struct {
 	Auth *auth.Authenticator
 	// Actions limits recreates and deletions per user (the same sliding
 	// log as the auth rate limit, keyed by account).
-	Actions   *auth.Limiter
+	Actions   *ratelimit.Limiter
 	Publisher *events.Publisher
 	Users     *kv.Cache[state.User]
 	// APITokens are users' named API tokens; nil: not served.
@@ -188,7 +181,7 @@ func (s *Service) Register(app *fiber.App) {
 // as created, and a name already bound to another identity as a conflict.
 func (s *Service) provision(c *fiber.Ctx, missing *auth.NoAccount) error {
 	if s.full() {
-		return auth.NewError(fiber.StatusForbidden, errFull(s.o.MaxUsers))
+		return web.Refuse(fiber.StatusForbidden, errFull(s.o.MaxUsers))
 	}
 	ctx, user, bound := traced(c), missing.Name, missing.Bound
 	req := fmt.Sprintf("sso-%s-%s-%d", user, bound[:12], time.Now().Unix()/60)
@@ -199,7 +192,7 @@ func (s *Service) provision(c *fiber.Ctx, missing *auth.NoAccount) error {
 	case res.Outcome == state.OutcomeConflict:
 		return auth.ErrBoundElsewhere
 	case res.Outcome != state.OutcomeCreated:
-		return auth.NewError(fiber.StatusServiceUnavailable, "your account could not be created: "+res.Error)
+		return web.Refuse(fiber.StatusServiceUnavailable, "your account could not be created: "+res.Error)
 	}
 	s.audit(c, events.AuditEvent{Kind: events.AuditSignup, User: user, Outcome: "sso"})
 	wctx, cancel := context.WithTimeout(ctx, s.o.WakeTimeout)
@@ -237,30 +230,20 @@ func traced(c *fiber.Ctx) context.Context {
 	return events.WithTrace(context.Background(), httpguard.RequestID(c))
 }
 
-// wantsJSON is true for API clients: they send JSON, ask for it, or
-// authenticate with a token.
-func wantsJSON(c *fiber.Ctx) bool {
-	return strings.Contains(c.Get(fiber.HeaderAccept), "application/json") ||
-		strings.HasPrefix(c.Get(fiber.HeaderContentType), "application/json") ||
-		strings.HasPrefix(c.Get(fiber.HeaderAuthorization), "Bearer ")
-}
-
-// fail answers an error the edge's one way (web.WriteProblem), except
-// that a browser's refused sign-up or sign-in form gets the landing page
-// back with the error above the form.
-func (s *Service) fail(c *fiber.Ctx, status int, msg string) error {
-	// What the bus or the cluster could not do now is worth retrying
-	// shortly, and says so.
-	if status == fiber.StatusServiceUnavailable {
-		c.Set(fiber.HeaderRetryAfter, "2")
-	}
+// refuse answers err by web.Fail, except that a browser's refused sign-up
+// or sign-in form gets the landing page back with the error above the
+// form.
+func (s *Service) refuse(c *fiber.Ctx, err error) error {
 	if web.WantsHTML(c) && c.Method() == fiber.MethodPost && (c.Path() == "/users" || c.Path() == "/login") {
-		c.Status(status)
-		c.Set(fiber.HeaderCacheControl, "no-store")
-		c.Type("html")
-		return web.RenderLanding(c, web.Landing{Error: msg, Invite: s.o.InviteCode != "", MaxUserLen: auth.MaxUserLen})
+		e := web.AsError(err)
+		if e.Status < 500 {
+			c.Status(e.Status)
+			c.Set(fiber.HeaderCacheControl, "no-store")
+			c.Type("html")
+			return web.RenderLanding(c, web.Landing{Error: e.Detail, Invite: s.o.InviteCode != "", MaxUserLen: ident.MaxUserLen})
+		}
 	}
-	return web.WriteProblem(c, web.Problem{Status: status, Title: statusTitle(status), Detail: msg, SignIn: status == fiber.StatusUnauthorized})
+	return web.Fail(c, err)
 }
 
 // full reports whether the gateway has MaxUsers accounts. Edges count the
@@ -274,32 +257,13 @@ func errFull(max int) string {
 	return fmt.Sprintf("this gateway has reached its limit of %d users, so no new account can be created; ask its operators", max)
 }
 
-// unavailable answers 503 for a failure to reach the bus; the cause goes
-// to the log only.
-func (s *Service) unavailable(c *fiber.Ctx, what string, err error) error {
-	s.o.Log.Warn(what, "err", err)
-	return s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
-}
-
-func statusTitle(code int) string {
-	switch code {
-	case fiber.StatusUnauthorized:
-		return "Please sign in"
-	case fiber.StatusForbidden:
-		return "Not allowed"
-	case fiber.StatusTooManyRequests:
-		return "Too many attempts"
-	}
-	return "Something went wrong"
-}
-
 // limit applies the shared auth rate limit; false means a response was
 // written.
 func (s *Service) limit(c *fiber.Ctx, endpoint string) (bool, error) {
 	v, err := s.o.Auth.Limiter().Allow(context.Background(), httpguard.Key(c))
 	if err != nil {
 		s.o.Auth.Counter().WithLabelValues(endpoint, "unavailable").Inc()
-		return false, s.unavailable(c, endpoint+": rate limit not checked", err)
+		return false, s.refuse(c, web.Unavailable(fmt.Errorf("%s: rate limit not checked: %w", endpoint, err)))
 	}
 	if !v.Allowed {
 		s.o.Auth.Counter().WithLabelValues(endpoint, "rate_limited").Inc()
@@ -307,61 +271,9 @@ func (s *Service) limit(c *fiber.Ctx, endpoint string) (bool, error) {
 			s.o.Auth.AuditRefusal(c, events.AuditEvent{Kind: events.AuditRateLimited, Detail: endpoint})
 		}
 		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(int(v.RetryAfter.Seconds())+1))
-		return false, s.fail(c, fiber.StatusTooManyRequests, "too many attempts; wait and try again")
+		return false, s.refuse(c, web.Refuse(fiber.StatusTooManyRequests, "too many attempts; wait and try again"))
 	}
 	return true, nil
-}
-
-// ReadForm reads a small urlencoded or JSON body into fields, refusing
-// oversize bodies, other content types and unknown fields; a refusal is a
-// status and its message.
-func ReadForm(c *fiber.Ctx, fields ...string) (map[string]string, int, string) {
-	if n := c.Request().Header.ContentLength(); n > formLimit {
-		return nil, fiber.StatusRequestEntityTooLarge, "request body too large"
-	}
-	mt, _, _ := mime.ParseMediaType(c.Get(fiber.HeaderContentType))
-	if mt != fiber.MIMEApplicationForm && mt != fiber.MIMEApplicationJSON {
-		return nil, fiber.StatusUnsupportedMediaType, "send application/x-www-form-urlencoded or application/json"
-	}
-	body, err := io.ReadAll(io.LimitReader(httpguard.Body(c), formLimit+1))
-	if err != nil {
-		return nil, fiber.StatusBadRequest, "could not read the request body"
-	}
-	if len(body) > formLimit {
-		return nil, fiber.StatusRequestEntityTooLarge, "request body too large"
-	}
-	out := map[string]string{}
-	if mt == fiber.MIMEApplicationJSON {
-		raw := map[string]json.RawMessage{}
-		if err := json.Unmarshal(body, &raw); err != nil {
-			return nil, fiber.StatusBadRequest, "malformed JSON"
-		}
-		for k, v := range raw {
-			if !slices.Contains(fields, k) {
-				return nil, fiber.StatusBadRequest, fmt.Sprintf("unknown field %q", k)
-			}
-			var str string
-			if err := json.Unmarshal(v, &str); err != nil {
-				return nil, fiber.StatusBadRequest, fmt.Sprintf("field %q must be a string", k)
-			}
-			out[k] = str
-		}
-		return out, 0, ""
-	}
-	vals, err := url.ParseQuery(string(body))
-	if err != nil {
-		return nil, fiber.StatusBadRequest, "malformed form"
-	}
-	for k, v := range vals {
-		if !slices.Contains(fields, k) {
-			return nil, fiber.StatusBadRequest, fmt.Sprintf("unknown field %q", k)
-		}
-		if len(v) != 1 {
-			return nil, fiber.StatusBadRequest, fmt.Sprintf("field %q given %d times", k, len(v))
-		}
-		out[k] = v[0]
-	}
-	return out, 0, ""
 }
 
 func (s *Service) setCookie(c *fiber.Ctx, sid string) {

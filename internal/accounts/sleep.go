@@ -3,11 +3,11 @@ package accounts
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
@@ -89,19 +89,19 @@ func (s *Service) keepAwake(c *fiber.Ctx) error {
 	if !ok {
 		return err
 	}
-	f, status, msg := ReadForm(c, "for")
-	if status != 0 {
-		return s.fail(c, status, msg)
+	f, err := web.ReadForm(c, "for")
+	if err != nil {
+		return s.refuse(c, err)
 	}
 	d, err := time.ParseDuration(f["for"])
 	if f["for"] == "0" {
 		d, err = 0, nil
 	}
 	if err != nil || d < 0 || d > s.o.MaxKeepAwake || d > 0 && d < time.Second {
-		return s.fail(c, fiber.StatusBadRequest, "for: give a duration from 1s to "+s.o.MaxKeepAwake.String()+" (e.g. 2h), or 0 to end the keep-awake")
+		return s.refuse(c, web.Refuse(fiber.StatusBadRequest, "for: give a duration from 1s to "+s.o.MaxKeepAwake.String()+" (e.g. 2h), or 0 to end the keep-awake"))
 	}
 	if st := s.state(id.User); d > 0 && st.Phase != state.PhaseReady {
-		return s.fail(c, fiber.StatusConflict, "your sandbox is "+string(st.Phase)+", not running: open it first, then keep it awake")
+		return s.refuse(c, web.Refuse(fiber.StatusConflict, "your sandbox is "+string(st.Phase)+", not running: open it first, then keep it awake"))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -109,12 +109,12 @@ func (s *Service) keepAwake(c *fiber.Ctx) error {
 	detail := "ended"
 	if d == 0 {
 		if err := s.o.KeepAwake.Delete(ctx, id.User, 0); err != nil && !errors.Is(err, kv.ErrNotFound) {
-			return s.unavailable(c, "keep-awake not ended", err)
+			return s.refuse(c, web.Unavailable(fmt.Errorf("keep-awake not ended: %w", err)))
 		}
 	} else {
 		until := now.Add(d)
 		if _, err := s.o.KeepAwake.Put(ctx, id.User, state.KeepAwake{Until: until, At: now}); err != nil {
-			return s.unavailable(c, "keep-awake not stored", err)
+			return s.refuse(c, web.Unavailable(fmt.Errorf("keep-awake not stored: %w", err)))
 		}
 		detail = "until " + until.Format(time.RFC3339) + " (" + d.String() + ")"
 		// This edge shows it at once; the others when their caches hear.
@@ -133,12 +133,12 @@ func (s *Service) suspendNow(c *fiber.Ctx) error {
 	}
 	e, found := s.o.Sandboxes.Get(id.User)
 	if !found || e.Value.Phase != state.PhaseReady {
-		return s.fail(c, fiber.StatusConflict, "your sandbox is not running")
+		return s.refuse(c, web.Refuse(fiber.StatusConflict, "your sandbox is not running"))
 	}
 	ctx, cancel := context.WithTimeout(traced(c), 10*time.Second)
 	defer cancel()
 	if _, err := s.o.Publisher.Command(ctx, events.NewUserSuspend(id.User, e.Revision)); err != nil {
-		return s.unavailable(c, "suspend not published", err)
+		return s.refuse(c, web.Unavailable(fmt.Errorf("suspend not published: %w", err)))
 	}
 	s.audit(c, events.AuditEvent{Kind: events.AuditSuspend, User: id.User, Outcome: "requested", Detail: "user: by " + id.Method})
 	c.Status(fiber.StatusAccepted)
@@ -184,7 +184,7 @@ func (s *Service) dormancy(st statusBody) string {
 // page again for a form.
 func (s *Service) done(c *fiber.Ctx, user string) error {
 	c.Set(fiber.HeaderCacheControl, "no-store")
-	if wantsJSON(c) {
+	if !web.WantsHTML(c) {
 		return c.JSON(s.statusOf(user, s.sites.SandboxURL(c, user)))
 	}
 	return c.Redirect("/", fiber.StatusSeeOther)
@@ -196,7 +196,7 @@ func (s *Service) done(c *fiber.Ctx, user string) error {
 func (s *Service) confirm(c *fiber.Ctx) error {
 	id, err := s.identity(c)
 	if err != nil {
-		return s.fail(c, auth.Status(err), err.Error())
+		return s.refuse(c, err)
 	}
 	d := web.Confirm{User: id.User, Action: c.Params("action")}
 	switch d.Action {
@@ -207,7 +207,7 @@ func (s *Service) confirm(c *fiber.Ctx) error {
 	case "token":
 		d.Path = "/_/token"
 	default:
-		return s.fail(c, fiber.StatusNotFound, "no such action")
+		return s.refuse(c, web.Refuse(fiber.StatusNotFound, "no such action"))
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	c.Type("html")

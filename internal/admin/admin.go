@@ -31,10 +31,10 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/aaas-project/aaas/internal/accounts"
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/spend"
@@ -48,10 +48,20 @@ const (
 	MaxLimit     = 500
 )
 
+// Accounts is what the admin view needs of the account service
+// (accounts.Service): the actions it shares with the users themselves.
+type Accounts interface {
+	// Act recreates or deletes user's account; its errors are *web.Error.
+	Act(ctx context.Context, user string, verb events.Verb) (state.Result, error)
+	// ReplaceToken gives user a new bearer token, by whom, and returns it.
+	ReplaceToken(ctx context.Context, user, by string) (string, error)
+}
+
 // Options wires a Service.
 type Options struct {
-	Auth      *auth.Authenticator
-	Accounts  *accounts.Service
+	Auth *auth.Authenticator
+	// Accounts carries out what an administrator asks of an account.
+	Accounts  Accounts
 	Users     *kv.Cache[state.User]
 	Sandboxes *kv.Cache[state.Sandbox]
 	Activity  *idle.Clocks
@@ -172,7 +182,7 @@ func (s *Service) parseQuery(c *fiber.Ctx) (Query, error) {
 	if q.Phase != "" && q.Phase != dormantFilter && !slices.Contains(state.Phases, state.Phase(q.Phase)) {
 		return q, fmt.Errorf("phase must be one of %v or %s", state.Phases, dormantFilter)
 	}
-	if len(q.After) > auth.MaxUserLen || len(q.Prefix) > auth.MaxUserLen {
+	if len(q.After) > ident.MaxUserLen || len(q.Prefix) > ident.MaxUserLen {
 		return q, errors.New("after and q are user names or their beginnings")
 	}
 	return q, nil
@@ -281,7 +291,7 @@ func (s *Service) NoSandboxes(c *fiber.Ctx) error {
 // (web.Sites.SandboxURL); "" for a name no account can have (a sandbox
 // record's key is not necessarily one), which gets no link.
 func (s *Service) sandboxURL(c *fiber.Ctx, user string) string {
-	if auth.ValidateUser(user) != nil {
+	if ident.ValidateUser(user) != nil {
 		return ""
 	}
 	return s.sites.SandboxURL(c, user)
@@ -301,7 +311,7 @@ func (s *Service) admin(c *fiber.Ctx) (auth.Identity, bool, error) {
 	// only the gateway's own pages (and typed addresses), so a sibling
 	// sandbox origin's page gets nothing, not even an answer CORS hides.
 	if id.Ambient() && httpguard.CrossSite(c) {
-		return id, false, s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
+		return id, false, web.Fail(c, web.Refuse(fiber.StatusForbidden, "cross-origin request refused"))
 	}
 	return id, true, nil
 }
@@ -317,7 +327,7 @@ func (s *Service) list(c *fiber.Ctx) error {
 	}
 	q, err := s.parseQuery(c)
 	if err != nil {
-		return s.fail(c, fiber.StatusBadRequest, err.Error())
+		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 	}
 	p := s.Page(q, time.Now())
 	for i := range p.Users {
@@ -334,7 +344,7 @@ func (s *Service) page(c *fiber.Ctx) error {
 	}
 	q, err := s.parseQuery(c)
 	if err != nil {
-		return s.fail(c, fiber.StatusBadRequest, err.Error())
+		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 	}
 	p := s.Page(q, time.Now())
 	d := web.Admin{Admin: id.User, Query: q.Prefix, Phase: q.Phase, Phases: phaseNames(), Total: p.Total, Actions: actions,
@@ -345,10 +355,10 @@ func (s *Service) page(c *fiber.Ctx) error {
 	}
 	// The notice is rebuilt from what is valid, so a crafted link cannot
 	// put words on this page.
-	if did := c.Query("did"); slices.Contains(actions, did) && auth.ValidateUser(q.Prefix) == nil {
+	if did := c.Query("did"); slices.Contains(actions, did) && ident.ValidateUser(q.Prefix) == nil {
 		d.Notice = did + " of " + q.Prefix + " carried out or requested"
 	}
-	if scope, name, ok := strings.Cut(c.Query("budget"), " "); ok && (scope == state.BudgetUser && auth.ValidateUser(name) == nil || scope == state.BudgetGroup && state.GroupName(name) == name && name != "") {
+	if scope, name, ok := strings.Cut(c.Query("budget"), " "); ok && (scope == state.BudgetUser && ident.ValidateUser(name) == nil || scope == state.BudgetGroup && state.GroupName(name) == name && name != "") {
 		d.Notice = "budget of " + scope + " " + name + " changed"
 	}
 	for _, r := range p.Users {
@@ -420,17 +430,17 @@ func (s *Service) act(c *fiber.Ctx) error {
 	}
 	user, action := c.Params("user"), c.Params("action")
 	if !slices.Contains(actions, action) {
-		return s.fail(c, fiber.StatusNotFound, fmt.Sprintf("no action %q; actions are %s", action, strings.Join(actions, ", ")))
+		return web.Fail(c, web.Refuse(fiber.StatusNotFound, fmt.Sprintf("no action %q; actions are %s", action, strings.Join(actions, ", "))))
 	}
-	if auth.ValidateUser(user) != nil {
-		return s.fail(c, fiber.StatusNotFound, "no such user")
+	if ident.ValidateUser(user) != nil {
+		return web.Fail(c, web.Refuse(fiber.StatusNotFound, "no such user"))
 	}
 	if id.Ambient() && !httpguard.SameOrigin(c) {
-		return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
+		return web.Fail(c, web.Refuse(fiber.StatusForbidden, "cross-origin request refused"))
 	}
-	f, status, msg := accounts.ReadForm(c, "confirm")
-	if status != 0 && c.Request().Header.ContentLength() != 0 {
-		return s.fail(c, status, msg)
+	f, err := web.ReadForm(c, "confirm")
+	if err != nil && c.Request().Header.ContentLength() != 0 {
+		return web.Fail(c, err)
 	}
 	if f["confirm"] != user {
 		if web.WantsHTML(c) {
@@ -438,7 +448,7 @@ func (s *Service) act(c *fiber.Ctx) error {
 			c.Type("html")
 			return web.RenderAdminConfirm(c, web.AdminConfirm{User: user, Action: action})
 		}
-		return s.fail(c, fiber.StatusBadRequest, fmt.Sprintf(`confirm the %s by sending {"confirm": %q}`, action, user))
+		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, fmt.Sprintf(`confirm the %s by sending {"confirm": %q}`, action, user)))
 	}
 	rid := httpguard.RequestID(c)
 	var token string
@@ -447,13 +457,13 @@ func (s *Service) act(c *fiber.Ctx) error {
 	if err != nil {
 		audit.Outcome, audit.Detail = action+": refused", audit.Detail+": "+err.Error()
 		s.o.Publisher.Audit(audit)
-		return s.fail(c, status, err.Error())
+		return web.Fail(c, err)
 	}
 	s.o.Publisher.Audit(audit)
 	s.o.Log.Info("admin action", "admin", id.User, "user", user, "action", action, "outcome", outcome)
 	if token != "" {
 		// Shown to the administrator once, to hand to the user.
-		return accounts.ShowToken(c, user, token, "/_/admin?"+url.Values{"q": {user}}.Encode())
+		return web.ShowToken(c, user, token, "/_/admin?"+url.Values{"q": {user}}.Encode())
 	}
 	if web.WantsHTML(c) {
 		return c.Redirect("/_/admin?"+url.Values{"q": {user}, "did": {action}}.Encode(), fiber.StatusSeeOther)
@@ -461,25 +471,24 @@ func (s *Service) act(c *fiber.Ctx) error {
 	return c.Status(status).JSON(fiber.Map{"user": user, "action": action, "outcome": outcome})
 }
 
-// refusalStatus is the status an account action's error answers: a
-// *accounts.Refusal's own, else 503 (the command failed or went
-// unanswered).
-func refusalStatus(err error) int {
-	var r *accounts.Refusal
-	if errors.As(err, &r) {
-		return r.Status
+// refused is an account action's error as its answer: the *web.Error
+// accounts gave, else 503 (the command failed or went unanswered).
+func refused(err error) error {
+	var e *web.Error
+	if errors.As(err, &e) {
+		return e
 	}
-	return fiber.StatusServiceUnavailable
+	return web.Unavailable(err)
 }
 
 // run carries an action out; it returns what happened and the status to
-// answer with, or why it could not be done. A token reset puts the new
+// answer with, or why it could not be done (a *web.Error). A token reset puts the new
 // token in token.
 func (s *Service) run(ctx context.Context, user, action, by string, token *string) (string, int, error) {
 	box, boxed := s.o.Sandboxes.Get(user)
 	_, account := s.o.Users.Get(user)
 	if !boxed && !account {
-		return "", fiber.StatusNotFound, errors.New("no such user")
+		return "", 0, web.Refuse(fiber.StatusNotFound, "no such user")
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -491,26 +500,26 @@ func (s *Service) run(ctx context.Context, user, action, by string, token *strin
 			want, done, cmd = state.PhaseSuspended, "woken", events.NewWake(user, box.Revision)
 		}
 		if !box.Value.Managed {
-			return "", fiber.StatusConflict, errors.New("this sandbox is not managed by the gateway")
+			return "", 0, web.Refuse(fiber.StatusConflict, "this sandbox is not managed by the gateway")
 		}
 		if box.Value.Phase != want {
-			return "", fiber.StatusConflict, fmt.Errorf("the sandbox is %s; only a %s one can be %s", phaseOr(box.Value.Phase), want, done)
+			return "", 0, web.Refuse(fiber.StatusConflict, fmt.Sprintf("the sandbox is %s; only a %s one can be %s", phaseOr(box.Value.Phase), want, done))
 		}
 		if _, err := s.o.Publisher.Command(ctx, cmd); err != nil {
-			return "", fiber.StatusServiceUnavailable, auth.ErrUnavailable
+			return "", 0, web.Unavailable(err)
 		}
 		return "requested", fiber.StatusAccepted, nil
 	case "token":
 		t, err := s.o.Accounts.ReplaceToken(ctx, user, "admin:"+by)
 		if err != nil {
-			return "", refusalStatus(err), err
+			return "", 0, refused(err)
 		}
 		*token = t
 		return "token replaced; the old one no longer works, sessions are kept", fiber.StatusOK, nil
 	case "revoke":
 		n := s.o.Auth.Store().Count(user)
 		if err := s.o.Auth.Store().RevokeAll(ctx, user); err != nil {
-			return "", fiber.StatusServiceUnavailable, auth.ErrUnavailable
+			return "", 0, web.Unavailable(err)
 		}
 		// What revoke does not end, said where the administrator reads
 		// the outcome: the bearer token signs in again.
@@ -523,9 +532,9 @@ func (s *Service) run(ctx context.Context, user, action, by string, token *strin
 	res, err := s.o.Accounts.Act(ctx, user, verb)
 	switch {
 	case err != nil:
-		return "", refusalStatus(err), err
+		return "", 0, refused(err)
 	case res.Outcome != want:
-		return "", fiber.StatusConflict, fmt.Errorf("lifecycle answered %s: %s", res.Outcome, res.Error)
+		return "", 0, web.Refuse(fiber.StatusConflict, fmt.Sprintf("lifecycle answered %s: %s", res.Outcome, res.Error))
 	}
 	return res.Outcome, fiber.StatusOK, nil
 }
@@ -535,15 +544,4 @@ func phaseOr(p state.Phase) string {
 		return "unknown"
 	}
 	return string(p)
-}
-
-func (s *Service) fail(c *fiber.Ctx, status int, msg string) error {
-	if status == fiber.StatusServiceUnavailable {
-		c.Set(fiber.HeaderRetryAfter, "2")
-	}
-	title := "Not possible"
-	if status == fiber.StatusServiceUnavailable {
-		title = "Try again shortly"
-	}
-	return web.WriteProblem(c, web.Problem{Status: status, Title: title, Detail: msg})
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/spend"
@@ -44,7 +45,7 @@ func fixture(t testing.TB, n int, where Options) (*Service, string) {
 // budgets, groups; a default budget of $20) and the audit stream.
 func fixtureJS(t testing.TB, n int, where Options) (*Service, string, jetstream.JetStream) {
 	t.Helper()
-	token := auth.NewToken("u00001")
+	token := ident.NewToken("u00001")
 	s := natstest.Start(t)
 	_, js := natstest.Connect(t, s.URL())
 	ctx := natstest.Context(t, 5*time.Minute)
@@ -64,7 +65,7 @@ func fixtureJS(t testing.TB, n int, where Options) (*Service, string, jetstream.
 		}
 		u := state.User{Name: name, Managed: true, Created: time.Now()}
 		if name == "u00001" {
-			u.TokenHash = auth.HashHex(token)
+			u.TokenHash = ident.HashHex(token)
 		}
 		if _, err := users.Put(ctx, name, u); err != nil {
 			t.Fatal(err)
@@ -88,7 +89,7 @@ func fixtureJS(t testing.TB, n int, where Options) (*Service, string, jetstream.
 		}
 		return nil
 	})
-	a := auth.New(auth.Options{Store: store, Users: uc, Admins: []auth.Admin{{Name: "u00001", Identity: auth.HashHex(token)}}, Metrics: prometheus.NewRegistry()})
+	a := auth.New(auth.Options{Store: store, Users: uc, Admins: []ident.Admin{{Name: "u00001", Identity: ident.HashHex(token)}}, Metrics: prometheus.NewRegistry()})
 	budgets := open[state.Budget](t, js, state.BucketBudgets)
 	book := &spend.Book{Usage: cache(t, open[state.Usage](t, js, state.BucketUsage)), Budgets: cache(t, budgets),
 		Groups: cache(t, open[state.UserGroups](t, js, state.BucketUserGroups)), DefaultMicros: 20_000_000}

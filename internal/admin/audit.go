@@ -15,6 +15,7 @@ import (
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/web"
 )
 
@@ -59,7 +60,7 @@ func parseAuditQuery(c *fiber.Ctx, now time.Time) (auditQuery, error) {
 	}
 	var err error
 	switch {
-	case q.user != "" && auth.ValidateUser(q.user) != nil:
+	case q.user != "" && ident.ValidateUser(q.user) != nil:
 		return q, errors.New("user is a user name")
 	case q.kind != "" && !slices.Contains(events.AuditKinds, q.kind):
 		return q, errors.New("kind is one of " + kinds())
@@ -123,7 +124,7 @@ func (s *Service) audit(c *fiber.Ctx) error {
 	}
 	q, err := parseAuditQuery(c, time.Now())
 	if err != nil {
-		return s.fail(c, fiber.StatusBadRequest, err.Error())
+		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -131,7 +132,7 @@ func (s *Service) audit(c *fiber.Ctx) error {
 		func(events.AuditEvent) bool { return true })
 	if err != nil {
 		s.o.Log.Warn("audit stream not read", "request_id", httpguard.RequestID(c), "err", err)
-		return s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
+		return web.Fail(c, web.Refuse(fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error()))
 	}
 	if q.format == "html" {
 		d := web.AdminAudit{User: q.user, Kind: string(q.kind), Since: q.since.UTC().Format(time.RFC3339), Until: q.until.UTC().Format(time.RFC3339),

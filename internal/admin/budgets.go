@@ -18,10 +18,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/aaas-project/aaas/internal/accounts"
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/spend"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/web"
@@ -43,7 +43,7 @@ func target(scope, escaped string) (string, string, error) {
 	case uerr != nil:
 		return "", "", errors.New("the name is not a valid path segment")
 	case scope == state.BudgetUser:
-		if auth.ValidateUser(raw) != nil {
+		if ident.ValidateUser(raw) != nil {
 			return "", "", errors.New("no such user name")
 		}
 		return scope, raw, nil
@@ -81,7 +81,7 @@ func (s *Service) getBudget(c *fiber.Ctx) error {
 	}
 	scope, name, err := budgetTarget(c)
 	if err != nil {
-		return s.fail(c, fiber.StatusBadRequest, err.Error())
+		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 	}
 	e, ok := s.o.Spend.Budgets.Get(state.BudgetKey(scope, name))
 	c.Set(fiber.HeaderCacheControl, "no-store")
@@ -108,11 +108,11 @@ func (s *Service) budget(c *fiber.Ctx) error {
 		return err
 	}
 	if id.Ambient() && !httpguard.SameOrigin(c) {
-		return s.fail(c, fiber.StatusForbidden, "cross-origin request refused")
+		return web.Fail(c, web.Refuse(fiber.StatusForbidden, "cross-origin request refused"))
 	}
-	f, status, msg := accounts.ReadForm(c, "usd", "unlimited", "clear", "confirm", "group")
-	if status != 0 && c.Request().Header.ContentLength() != 0 {
-		return s.fail(c, status, msg)
+	f, err := web.ReadForm(c, "usd", "unlimited", "clear", "confirm", "group")
+	if err != nil && c.Request().Header.ContentLength() != 0 {
+		return web.Fail(c, err)
 	}
 	// The page's group form names the group in a field (a form cannot
 	// put it in its own path).
@@ -123,21 +123,21 @@ func (s *Service) budget(c *fiber.Ctx) error {
 		err = errors.New("the group is named in the path")
 	}
 	if err != nil {
-		return s.fail(c, fiber.StatusBadRequest, err.Error())
+		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 	}
 	clear := c.Method() == fiber.MethodDelete || f["clear"] == "true"
 	var b state.Budget
 	switch {
 	case clear && (f["usd"] != "" || f["unlimited"] != ""):
-		return s.fail(c, fiber.StatusBadRequest, "clear an override or set one, not both")
+		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, "clear an override or set one, not both"))
 	case clear:
 	case f["unlimited"] == "true" && f["usd"] == "":
 		b.Unlimited = true
 	case f["unlimited"] != "" && f["unlimited"] != "false":
-		return s.fail(c, fiber.StatusBadRequest, `unlimited is "true" (without usd) or absent`)
+		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, `unlimited is "true" (without usd) or absent`))
 	default:
 		if b.MonthlyMicros, err = parseUSD(f["usd"]); err != nil {
-			return s.fail(c, fiber.StatusBadRequest, err.Error())
+			return web.Fail(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 		}
 	}
 	what := "clear the budget of"
@@ -151,7 +151,7 @@ func (s *Service) budget(c *fiber.Ctx) error {
 			return web.RenderAdminBudgetConfirm(c, web.AdminBudgetConfirm{Scope: scope, Name: name, Path: "/_/admin/budgets/" + scope + "/" + url.PathEscape(name),
 				USD: f["usd"], Unlimited: b.Unlimited, Clear: clear, What: what + " " + scope + " " + name})
 		}
-		return s.fail(c, fiber.StatusBadRequest, fmt.Sprintf(`confirm: %s %s %s by sending {"confirm": %q} with it`, what, scope, name, name))
+		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, fmt.Sprintf(`confirm: %s %s %s by sending {"confirm": %q} with it`, what, scope, name, name)))
 	}
 	key := state.BudgetKey(scope, name)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -175,7 +175,7 @@ func (s *Service) budget(c *fiber.Ctx) error {
 		audit.Outcome = "budget: refused"
 		s.o.Publisher.Audit(audit)
 		s.o.Log.Warn("admin budget not written", "err", err)
-		return s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
+		return web.Fail(c, web.Refuse(fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error()))
 	}
 	s.o.Publisher.Audit(audit)
 	s.o.Log.Info("admin action", "admin", id.User, "scope", scope, "name", name, "outcome", outcome)
@@ -230,16 +230,16 @@ func (s *Service) usage(c *fiber.Ctx) error {
 	month, user, format := c.Query("month", state.Month(time.Now())), c.Query("user"), c.Query("format", "json")
 	switch {
 	case !monthRE.MatchString(month):
-		return s.fail(c, fiber.StatusBadRequest, "month is YYYY-MM, e.g. "+state.Month(time.Now()))
-	case user != "" && auth.ValidateUser(user) != nil:
-		return s.fail(c, fiber.StatusBadRequest, "user is a user name")
+		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, "month is YYYY-MM, e.g. "+state.Month(time.Now())))
+	case user != "" && ident.ValidateUser(user) != nil:
+		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, "user is a user name"))
 	case format != "csv" && format != "json":
-		return s.fail(c, fiber.StatusBadRequest, "format is csv or json")
+		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, "format is csv or json"))
 	}
 	if rows := c.Query("rows"); rows == "calls" {
 		return s.exportCalls(c, month, user, format)
 	} else if rows != "" && rows != "totals" {
-		return s.fail(c, fiber.StatusBadRequest, "rows is totals (the default) or calls")
+		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, "rows is totals (the default) or calls"))
 	}
 	rows := []usageRow{}
 	for _, u := range s.o.Spend.Month(month) {
@@ -266,10 +266,10 @@ func (s *Service) exportCalls(c *fiber.Ctx, month, user, format string) error {
 	calls, err := s.calls(month, user)
 	switch {
 	case errors.Is(err, errTooManyCalls):
-		return s.fail(c, fiber.StatusRequestEntityTooLarge, err.Error())
+		return web.Fail(c, web.Refuse(fiber.StatusRequestEntityTooLarge, err.Error()))
 	case err != nil:
 		s.o.Log.Warn("usage stream not read", "err", err)
-		return s.fail(c, fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error())
+		return web.Fail(c, web.Refuse(fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error()))
 	}
 	records := make([][]string, len(calls))
 	for i, e := range calls {

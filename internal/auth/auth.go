@@ -14,7 +14,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
-	"errors"
 	"slices"
 	"strings"
 	"time"
@@ -24,14 +23,17 @@ import (
 
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/ratelimit"
 	"github.com/aaas-project/aaas/internal/state"
+	"github.com/aaas-project/aaas/internal/web"
 )
 
 // Options wires an Authenticator.
 type Options struct {
 	Store   *Store
-	Limiter *Limiter
+	Limiter *ratelimit.Limiter
 	Users   *kv.Cache[state.User]
 	// APITokens are users' named API tokens; nil: none are accepted.
 	APITokens *kv.Cache[state.APIToken]
@@ -46,7 +48,7 @@ type Options struct {
 	// Admins (ADMIN_USERS) are the accounts that may administer the
 	// gateway, each bound to its identity; AdminGroups (ADMIN_GROUPS) the
 	// SSO groups whose members may.
-	Admins      []Admin
+	Admins      []ident.Admin
 	AdminGroups []string
 	Metrics     prometheus.Registerer
 	// Origins is sign-in on sandbox origins (subdomain mode); its zero
@@ -90,7 +92,7 @@ func (a *Authenticator) Synced() bool { return a.o.Store.Synced() && a.o.Users.I
 func (a *Authenticator) Store() *Store { return a.o.Store }
 
 // Limiter is the shared auth rate limit.
-func (a *Authenticator) Limiter() *Limiter { return a.o.Limiter }
+func (a *Authenticator) Limiter() *ratelimit.Limiter { return a.o.Limiter }
 
 // NoAccount is an SSO user admitted by AUTH_PROXY_ALLOW whose account does
 // not exist yet: Name is the account to create, bound to Bound.
@@ -102,8 +104,9 @@ func (e *NoAccount) Error() string {
 	return "your account " + e.Name + " is created on the gateway's home page; open it first"
 }
 
-// HTTPStatus is 401: the page asks the browser to sign in at the home page.
-func (e *NoAccount) HTTPStatus() int { return fiber.StatusUnauthorized }
+// Unwrap is the answer a request failing with e gets: 401, as the page
+// asks the browser to sign in at the home page.
+func (e *NoAccount) Unwrap() error { return web.Refuse(fiber.StatusUnauthorized, e.Error()) }
 
 // Ambient reports whether the credentials are ones a browser attaches by
 // itself (the session cookie, an SSO header), which need same-origin
@@ -166,47 +169,23 @@ type Identity struct {
 	TokenName string
 }
 
-// authError is an authentication failure with the status it answers.
-type authError struct {
-	status int
-	msg    string
-}
-
-func (e *authError) Error() string { return e.msg }
-
-// HTTPStatus is the status a request failing with e gets.
-func (e *authError) HTTPStatus() int { return e.status }
-
 // Authentication failures.
 var (
-	ErrNoCredentials  error = &authError{fiber.StatusUnauthorized, "sign in first"}
-	ErrBadCredentials error = &authError{fiber.StatusUnauthorized, "invalid or expired credentials"}
+	ErrNoCredentials  error = web.Refuse(fiber.StatusUnauthorized, "sign in first")
+	ErrBadCredentials error = web.Refuse(fiber.StatusUnauthorized, "invalid or expired credentials")
 	// ErrNotAllowed: SSO knows the user, AUTH_PROXY_ALLOW does not.
-	ErrNotAllowed error = &authError{fiber.StatusForbidden, "your sign-in is not allowed on this gateway; ask its operators to add you to AUTH_PROXY_ALLOW"}
+	ErrNotAllowed error = web.Refuse(fiber.StatusForbidden, "your sign-in is not allowed on this gateway; ask its operators to add you to AUTH_PROXY_ALLOW")
 	// ErrBoundElsewhere: the account belongs to another identity (a login
 	// renamed and registered again by someone else).
-	ErrBoundElsewhere error = &authError{fiber.StatusForbidden, "this account belongs to another identity at your sign-in provider; ask the gateway's operators"}
+	ErrBoundElsewhere error = web.Refuse(fiber.StatusForbidden, "this account belongs to another identity at your sign-in provider; ask the gateway's operators")
 	// ErrUnavailable and ErrTimeout are the account endpoints' answers
 	// when the bus or lifecycle does not answer.
-	ErrUnavailable error = &authError{fiber.StatusServiceUnavailable, "the gateway cannot reach its message bus; try again shortly"}
-	ErrTimeout     error = &authError{fiber.StatusServiceUnavailable, "your request is taking longer than expected; try again in a moment"}
+	ErrUnavailable error = web.Unavailable(nil)
+	ErrTimeout     error = web.Refuse(fiber.StatusServiceUnavailable, "your request is taking longer than expected; try again in a moment")
 	// ErrSessionUnavailable: the cookie is not known here yet and the
 	// session bucket could not be asked.
-	ErrSessionUnavailable error = &authError{fiber.StatusServiceUnavailable, "your session cannot be checked right now; try again in a moment"}
+	ErrSessionUnavailable error = web.Refuse(fiber.StatusServiceUnavailable, "your session cannot be checked right now; try again in a moment")
 )
-
-// NewError is an error that answers with status.
-func NewError(status int, msg string) error { return &authError{status, msg} }
-
-// Status is the HTTP status for an authentication error: 401 unless the
-// error says otherwise.
-func Status(err error) int {
-	var e *authError
-	if errors.As(err, &e) {
-		return e.status
-	}
-	return fiber.StatusUnauthorized
-}
 
 // Authenticate resolves the request's identity: the SSO header when SSO
 // is on, else a bearer token, else the session cookie. Explicit
@@ -285,7 +264,7 @@ func (a *Authenticator) session(c *fiber.Ctx, name, user string) (state.Session,
 	if len(sid) == 0 {
 		return state.Session{}, [32]byte{}, ErrNoCredentials
 	}
-	if !validSID(sid) {
+	if !ident.ValidSecret(sid) {
 		return state.Session{}, [32]byte{}, ErrBadCredentials
 	}
 	sum := sha256.Sum256(sid)
@@ -321,7 +300,7 @@ func (a *Authenticator) Valid(id Identity) bool {
 
 // CheckToken returns the account a bearer token belongs to.
 func (a *Authenticator) CheckToken(token string) (state.User, bool) {
-	user, ok := TokenUser(token)
+	user, ok := ident.TokenUser(token)
 	if !ok {
 		return state.User{}, false
 	}
@@ -329,7 +308,7 @@ func (a *Authenticator) CheckToken(token string) (state.User, bool) {
 	if !ok || !u.Value.DeletingSince.IsZero() {
 		return state.User{}, false
 	}
-	return u.Value, TokenMatches(token, u.Value.TokenHash)
+	return u.Value, ident.TokenMatches(token, u.Value.TokenHash)
 }
 
 // ssoIdentity admits an SSO user: allowed by AUTH_PROXY_ALLOW, mapped to
@@ -344,14 +323,14 @@ func (a *Authenticator) ssoIdentity(c *fiber.Ctx, login string) (Identity, error
 		a.Refused(c, events.AuditEvent{Kind: events.AuditSSORefused, Outcome: "not_allowed"})
 		return Identity{}, ErrNotAllowed
 	}
-	name := SSOName(login)
+	name := ident.SSOName(login)
 	subject := "login:" + strings.ToLower(strings.TrimSpace(login))
 	if a.o.SSO.IDHeader != "" {
 		if id := strings.TrimSpace(c.Get(a.o.SSO.IDHeader)); id != "" {
 			subject = "id:" + strings.ToLower(id)
 		}
 	}
-	bound := HashHex("sso\x00" + subject)
+	bound := ident.HashHex("sso\x00" + subject)
 	if u, ok := a.o.Users.Get(name); ok {
 		if !u.Value.DeletingSince.IsZero() {
 			return Identity{}, ErrBadCredentials
@@ -415,13 +394,13 @@ func (a *Authenticator) admin(id Identity) bool {
 		}
 		identity = u.Value.TokenHash
 	}
-	return identity != "" && slices.ContainsFunc(a.o.Admins, func(ad Admin) bool {
+	return identity != "" && slices.ContainsFunc(a.o.Admins, func(ad ident.Admin) bool {
 		return ad.Name == id.User && SecretEqual(ad.Identity, identity)
 	})
 }
 
 // ClientTag names the client in audit events without its address.
-func ClientTag(c *fiber.Ctx) string { return HashHex(httpguard.Key(c))[:16] }
+func ClientTag(c *fiber.Ctx) string { return ident.HashHex(httpguard.Key(c))[:16] }
 
 // Refused audits a refused request, at most once per client per window
 // and within the refusal audit budget all edges share: a flood of

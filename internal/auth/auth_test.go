@@ -15,57 +15,19 @@ import (
 
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/ratelimit"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
 
-func TestValidateUser(t *testing.T) {
-	good := []string{"bob", "al", "x9", "a-b", "carol-2", strings.Repeat("a", 32)}
-	bad := []string{
-		"", "a", strings.Repeat("a", 33), "Bob", "BOB", "..", "a..b", "a.b", "a/b", "a b", "-ab", "ab-", "a--b", "9ab",
-		"bоb",       // Cyrillic о
-		"bob\u200b", // zero-width space
-		"dsh-bob", "dsh", "dshbob", "admin", "pool", "bob\n",
-	}
-	for _, n := range good {
-		if err := auth.ValidateUser(n); err != nil {
-			t.Errorf("%q refused: %v", n, err)
-		}
-	}
-	for _, n := range bad {
-		if auth.ValidateUser(n) == nil {
-			t.Errorf("%q accepted", n)
-		}
-	}
-}
+func setup(t testing.TB) (*auth.Store, *ratelimit.Limiter) { return setupCap(t, 10_000) }
 
-func TestTokens(t *testing.T) {
-	tok := auth.NewToken("bob")
-	if u, ok := auth.TokenUser(tok); !ok || u != "bob" {
-		t.Fatalf("TokenUser(%q) = %q %v", tok, u, ok)
-	}
-	h := auth.HashHex(tok)
-	if !auth.TokenMatches(tok, h) || auth.TokenMatches(auth.NewToken("bob"), h) || auth.TokenMatches(tok, "") {
-		t.Fatal("token matching is wrong")
-	}
-	sid := auth.NewSessionID()
-	if _, ok := auth.TokenUser(sid); ok {
-		t.Fatal("a session id passes as a token")
-	}
-	for _, bad := range []string{"", "bob", "bob.", "Bob." + strings.Repeat("a", 43), "bob.short"} {
-		if _, ok := auth.TokenUser(bad); ok {
-			t.Errorf("%q parsed as a token", bad)
-		}
-	}
-}
-
-func setup(t testing.TB) (*auth.Store, *auth.Limiter) { return setupCap(t, 10_000) }
-
-func setupCap(t testing.TB, maxPerUser int) (*auth.Store, *auth.Limiter) {
+func setupCap(t testing.TB, maxPerUser int) (*auth.Store, *ratelimit.Limiter) {
 	t.Helper()
 	js := bus(t)
-	lim, err := auth.NewLimiter(natstest.Context(t, time.Minute), js, 3, time.Minute)
+	lim, err := ratelimit.New(natstest.Context(t, time.Minute), js, 3, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +109,7 @@ func TestFetchWithoutAUserCatchesUp(t *testing.T) {
 			t.Fatalf("session %d from the other edge: %+v %v %v", i, sess, ok, err)
 		}
 	}
-	if _, ok, err := there.Fetch(ctx, "10.0.0.1", "", sha256.Sum256([]byte(auth.NewSessionID()))); ok || err != nil {
+	if _, ok, err := there.Fetch(ctx, "10.0.0.1", "", sha256.Sum256([]byte(ident.NewSecret()))); ok || err != nil {
 		t.Fatalf("an unknown id: %v %v", ok, err)
 	}
 
@@ -202,7 +164,7 @@ func TestFetchReadsWhatTheWatchHasNotBrought(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	late := sha256.Sum256([]byte(auth.NewSessionID()))
+	late := sha256.Sum256([]byte(ident.NewSecret()))
 	if _, ok, err := lagging.Fetch(ctx, "10.0.0.1", "bob", late); ok || err != nil {
 		t.Fatalf("fetch of an unknown id: %v %v", ok, err)
 	}
@@ -225,7 +187,7 @@ func TestFetchReadsWhatTheWatchHasNotBrought(t *testing.T) {
 	clock.Add(time.Hour) // every budget full again
 	spam := func(n int) (read, refused int) {
 		for range n {
-			switch _, ok, err := lagging.Fetch(ctx, "203.0.113.7", "bob", sha256.Sum256([]byte(auth.NewSessionID()))); {
+			switch _, ok, err := lagging.Fetch(ctx, "203.0.113.7", "bob", sha256.Sum256([]byte(ident.NewSecret()))); {
 			case ok:
 				t.Fatal("a random id was found")
 			case err != nil:
@@ -322,71 +284,6 @@ func TestSessionCapEndsTheOldest(t *testing.T) {
 	}
 }
 
-func TestLimiter(t *testing.T) {
-	_, lim := setup(t)
-	ctx := natstest.Context(t, time.Minute)
-	for i := 0; i < 3; i++ {
-		if v, err := lim.Allow(ctx, "10.0.0.1"); !v.Allowed || err != nil {
-			t.Fatalf("attempt %d refused: %v", i+1, err)
-		}
-	}
-	v, err := lim.Allow(ctx, "10.0.0.1")
-	if v.Allowed || !v.Audit || err != nil || v.RetryAfter <= 0 || v.RetryAfter > time.Minute {
-		t.Fatalf("4th attempt: %+v err=%v", v, err)
-	}
-	// Only the first refusal in the window is the one to audit, whichever
-	// way it was refused.
-	if v, _ := lim.Allow(ctx, "10.0.0.1"); v.Allowed || v.Audit {
-		t.Fatalf("5th attempt: %+v", v)
-	}
-	if first, err := lim.Refused(ctx, "10.0.0.1"); first || err != nil {
-		t.Fatalf("a refusal after the audited one is audited again: %v %v", first, err)
-	}
-	if v, _ := lim.Allow(ctx, "10.0.0.2"); !v.Allowed {
-		t.Fatal("another client was limited")
-	}
-	if first, _ := lim.Refused(ctx, "10.0.0.2"); !first {
-		t.Fatal("another client's first refusal is not audited")
-	}
-	if first, _ := lim.Refused(ctx, "10.0.0.2"); first {
-		t.Fatal("its second is")
-	}
-}
-
-// The window slides: once the oldest attempt leaves it, exactly one more
-// attempt fits, wherever a fixed window's boundary would have fallen.
-func TestLimiterWindowSlides(t *testing.T) {
-	_, js := natstest.Connect(t, natstest.Start(t).URL())
-	ctx := natstest.Context(t, time.Minute)
-	if err := state.EnsureBuckets(ctx, js, state.DefaultBucketsConfig()); err != nil {
-		t.Fatal(err)
-	}
-	const window = 2 * time.Second
-	lim, err := auth.NewLimiter(ctx, js, 3, window)
-	if err != nil {
-		t.Fatal(err)
-	}
-	allow := func(what string, want bool) time.Duration {
-		t.Helper()
-		v, err := lim.Allow(ctx, "10.0.0.3")
-		if err != nil || v.Allowed != want {
-			t.Fatalf("%s: allowed=%v err=%v, want allowed=%v", what, v.Allowed, err, want)
-		}
-		return v.RetryAfter
-	}
-	allow("first", true)
-	time.Sleep(window / 2)
-	allow("second", true)
-	allow("third", true)
-	retry := allow("fourth", false)
-	if retry <= 0 || retry > window/2+100*time.Millisecond {
-		t.Fatalf("retry after %s, want about %s (when the first attempt leaves)", retry, window/2)
-	}
-	time.Sleep(retry + 50*time.Millisecond)
-	allow("after the first left", true)
-	allow("while the second and third are in the window", false)
-}
-
 // BenchmarkSessionLookup is the per-request cost of authenticating a
 // cookie: validation, SHA-256 and a cache read.
 func BenchmarkSessionLookup(b *testing.B) {
@@ -408,54 +305,6 @@ func BenchmarkSessionLookup(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		if _, ok := store.Lookup(sids[i%len(sids)]); !ok {
 			b.Fatal("miss")
-		}
-	}
-}
-
-func TestSSOName(t *testing.T) {
-	for _, tt := range []struct{ login, want string }{
-		{"alice", "alice"},
-		{"AliceSmith", "alicesmith"},
-		{" Bob ", "bob"},
-		{"alice.smith", "alice-smith-"},
-		{"alice_smith", "alice-smith-"},
-		{"admin", "admin-"},
-		{"dshuser", "u-dshuser-"},
-		{"9lives", "u-9lives-"},
-		{"x", "x-"},
-		{"ünïcode", "n-code-"},
-		{"---", "u-"},
-		{strings.Repeat("long", 20), "longlonglonglonglonglongl-"},
-	} {
-		got := auth.SSOName(tt.login)
-		if err := auth.ValidateUser(got); err != nil {
-			t.Errorf("SSOName(%q) = %q, not an account name: %v", tt.login, got, err)
-		}
-		if got != tt.want && !(strings.HasSuffix(tt.want, "-") && strings.HasPrefix(got, tt.want) && len(got) == len(tt.want)+6) {
-			t.Errorf("SSOName(%q) = %q, want %q", tt.login, got, tt.want)
-		}
-		if again := auth.SSOName(tt.login); again != got {
-			t.Errorf("SSOName(%q) is not deterministic: %q then %q", tt.login, got, again)
-		}
-	}
-	if auth.SSOName("alice.smith") == auth.SSOName("alice_smith") {
-		t.Error("two logins that differ in a dropped character share an account name")
-	}
-	if auth.SSOName("AliceSmith") != auth.SSOName("alicesmith") {
-		t.Error("logins that differ only in case got different accounts")
-	}
-}
-
-// An ADMIN_USERS entry names an account and the identity it is bound to;
-// a name alone, or an identity that is not a SHA-256, is refused.
-func TestParseAdmin(t *testing.T) {
-	h := auth.HashHex(auth.NewToken("ops"))
-	if a, err := auth.ParseAdmin(" ops:" + strings.ToUpper(h) + " "); err != nil || a.Name != "ops" || a.Identity != h {
-		t.Fatalf("ParseAdmin = %+v %v", a, err)
-	}
-	for _, bad := range []string{"ops", "ops:", ":" + h, "ops:" + h[:63], "ops:" + h + "0", "ops:" + strings.Repeat("g", 64), "Ops:" + h, "root:" + h, "ops:" + h + ":x"} {
-		if a, err := auth.ParseAdmin(bad); err == nil {
-			t.Errorf("%q accepted as %+v", bad, a)
 		}
 	}
 }

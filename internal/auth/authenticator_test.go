@@ -20,9 +20,12 @@ import (
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/ratelimit"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testutil"
+	"github.com/aaas-project/aaas/internal/web"
 )
 
 // people is the fixture's accounts: tokens, sessions and SSO bindings.
@@ -37,7 +40,7 @@ type people struct {
 // ssoBinding is what an SSO account is bound to: the provider's stable id
 // (the id header), as README's Administration section tells operators to
 // compute it for ADMIN_USERS.
-func ssoBinding(id string) string { return auth.HashHex("sso\x00id:" + strings.ToLower(id)) }
+func ssoBinding(id string) string { return ident.HashHex("sso\x00id:" + strings.ToLower(id)) }
 
 // README's shell formula for an SSO account's identity gives what the
 // edge binds the account to.
@@ -75,8 +78,8 @@ func newPeople(t *testing.T) *people {
 		}
 	}
 	for _, name := range []string{"bob", "ops", "ann", "del"} {
-		p.tokens[name] = auth.NewToken(name)
-		u := state.User{Name: name, TokenHash: auth.HashHex(p.tokens[name]), Managed: true, Created: time.Now()}
+		p.tokens[name] = ident.NewToken(name)
+		u := state.User{Name: name, TokenHash: ident.HashHex(p.tokens[name]), Managed: true, Created: time.Now()}
 		if name == "del" {
 			u.DeletingSince = time.Now()
 		}
@@ -97,13 +100,13 @@ func newPeople(t *testing.T) *people {
 		}
 		return nil
 	})
-	lim, err := auth.NewLimiter(ctx, js, 30, time.Minute)
+	lim, err := ratelimit.New(ctx, js, 30, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	admins := []auth.Admin{
-		{Name: "ops", Identity: auth.HashHex(p.tokens["ops"])},
-		{Name: "ann", Identity: auth.HashHex(auth.NewToken("ann"))},
+	admins := []ident.Admin{
+		{Name: "ops", Identity: ident.HashHex(p.tokens["ops"])},
+		{Name: "ann", Identity: ident.HashHex(ident.NewToken("ann"))},
 		{Name: "gus", Identity: ssoBinding("gus@old.example")},
 	}
 	edge := func(sso auth.SSO, groups []string) (*fiber.App, *auth.Authenticator) {
@@ -120,9 +123,9 @@ func newPeople(t *testing.T) *people {
 			var missing *auth.NoAccount
 			switch {
 			case errors.As(err, &missing):
-				return c.Status(missing.HTTPStatus()).JSON(fiber.Map{"no_account": missing.Name, "bound": missing.Bound})
+				return c.Status(web.AsError(err).Status).JSON(fiber.Map{"no_account": missing.Name, "bound": missing.Bound})
 			case err != nil:
-				return c.Status(auth.Status(err)).JSON(fiber.Map{"error": err.Error()})
+				return c.Status(web.AsError(err).Status).JSON(fiber.Map{"error": err.Error()})
 			}
 			return c.JSON(fiber.Map{"user": id.User, "method": id.Method, "admin": id.Admin, "bound": id.Bound(), "ambient": id.Ambient()})
 		})
@@ -177,7 +180,7 @@ func TestAuthenticate(t *testing.T) {
 		want map[string]any
 	}{
 		{"no credentials", p.plain, nil, 401, map[string]any{"error": "sign in first"}},
-		{"a bearer token", p.plain, []string{"Authorization", bearer("bob")}, 200, map[string]any{"user": "bob", "method": "bearer", "admin": false, "bound": auth.HashHex(p.tokens["bob"]), "ambient": false}},
+		{"a bearer token", p.plain, []string{"Authorization", bearer("bob")}, 200, map[string]any{"user": "bob", "method": "bearer", "admin": false, "bound": ident.HashHex(p.tokens["bob"]), "ambient": false}},
 		{"another scheme", p.plain, []string{"Authorization", "Basic Ym9iOmJvYg=="}, 401, map[string]any{"error": "invalid or expired credentials"}},
 		{"a wrong secret", p.plain, []string{"Authorization", "Bearer " + other}, 401, nil},
 		{"a token relabelled to another account", p.plain, []string{"Authorization", "Bearer " + strings.Replace(p.tokens["bob"], "bob.", "ann.", 1)}, 401, nil},
@@ -204,7 +207,7 @@ func TestAuthenticate(t *testing.T) {
 		{"a member of other groups", p.sso, []string{"X-Forwarded-User", "hal", "X-Forwarded-Email", "hal@acme.example", "X-Forwarded-Groups", "acme:opsx,ops"}, 200, map[string]any{"user": "hal", "admin": false}},
 		{"a login AUTH_PROXY_ALLOW does not name", p.sso, []string{"X-Forwarded-User", "mallory", "X-Forwarded-Email", "m@evil.example", "X-Forwarded-Groups", "acme,evil:devs"}, 403, map[string]any{"error": auth.ErrNotAllowed.Error()}},
 		{"an allowed login in another case, without an account yet", p.sso, []string{"X-Forwarded-User", "ALICESMITH", "X-Forwarded-Email", "alice@acme.example"}, 401, map[string]any{"no_account": "alicesmith", "bound": ssoBinding("alice@acme.example")}},
-		{"a group member whose login is no account name", p.sso, []string{"X-Forwarded-User", "Carol.Jones", "X-Forwarded-Groups", "other, acme:devs"}, 401, map[string]any{"no_account": auth.SSOName("Carol.Jones"), "bound": auth.HashHex("sso\x00login:carol.jones")}},
+		{"a group member whose login is no account name", p.sso, []string{"X-Forwarded-User", "Carol.Jones", "X-Forwarded-Groups", "other, acme:devs"}, 401, map[string]any{"no_account": ident.SSOName("Carol.Jones"), "bound": ident.HashHex("sso\x00login:carol.jones")}},
 		{"everyone, with AUTH_PROXY_ALLOW=*", p.ssoAny, []string{"X-Forwarded-User", "mallory", "X-Forwarded-Email", "m@evil.example"}, 401, map[string]any{"no_account": "mallory"}},
 		{"ADMIN_GROUPS unset: groups confer nothing", p.ssoAny, []string{"X-Forwarded-User", "hal", "X-Forwarded-Email", "hal@acme.example", "X-Forwarded-Groups", "acme:ops"}, 200, map[string]any{"user": "hal", "admin": false}},
 		{"an empty SSO header: the next credentials", p.sso, []string{"X-Forwarded-User", "", "Authorization", bearer("ops")}, 200, map[string]any{"user": "ops", "method": "bearer", "admin": true}},
@@ -241,8 +244,8 @@ func TestAdminRightsStayWithTheAccount(t *testing.T) {
 	if err := p.store.RevokeAll(ctx, "ops"); err != nil {
 		t.Fatal(err)
 	}
-	squatter := auth.NewToken("ops")
-	if _, err := p.users.Put(ctx, "ops", state.User{Name: "ops", TokenHash: auth.HashHex(squatter), Managed: true, Created: time.Now()}); err != nil {
+	squatter := ident.NewToken("ops")
+	if _, err := p.users.Put(ctx, "ops", state.User{Name: "ops", TokenHash: ident.HashHex(squatter), Managed: true, Created: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	sid, err := p.store.Create(ctx, "ops", "signup")
@@ -276,7 +279,7 @@ func TestCheckToken(t *testing.T) {
 		{"a wrong secret", "bob." + strings.Repeat("x", 43), ""},
 		{"bob's secret under ann", strings.Replace(p.tokens["bob"], "bob.", "ann.", 1), ""},
 		{"an account being deleted", p.tokens["del"], ""},
-		{"no such account", auth.NewToken("zed"), ""},
+		{"no such account", ident.NewToken("zed"), ""},
 		{"no secret", "bob.", ""},
 		{"a session id", p.sessions["bob"], ""},
 		{"an SSO account's binding as a secret", "gus." + ssoBinding("gus@old.example")[:43], ""},
@@ -330,7 +333,7 @@ func TestValid(t *testing.T) {
 	if !p.a.Valid(byToken) {
 		t.Fatal("revoking a session ended the token's identity")
 	}
-	if _, err := p.users.Put(ctx, "bob", state.User{Name: "bob", TokenHash: auth.HashHex(auth.NewToken("bob")), Managed: true}); err != nil {
+	if _, err := p.users.Put(ctx, "bob", state.User{Name: "bob", TokenHash: ident.HashHex(ident.NewToken("bob")), Managed: true}); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 10*time.Second, func() error {

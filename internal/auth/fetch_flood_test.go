@@ -23,6 +23,7 @@ import (
 	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
+	"github.com/aaas-project/aaas/internal/web"
 )
 
 // The session-fetch budget is per client (security review S12): one
@@ -126,7 +127,7 @@ func flooded(t *testing.T, a *auth.Authenticator) *fiber.App {
 	app.Use(clients.Middleware)
 	app.Get("/u/:user/", func(c *fiber.Ctx) error {
 		if _, err := a.AuthenticateFor(c, c.Params("user")); err != nil {
-			return c.SendStatus(auth.Status(err))
+			return c.SendStatus(web.AsError(err).Status)
 		}
 		return c.SendStatus(http.StatusOK)
 	})

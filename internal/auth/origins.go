@@ -20,6 +20,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/web"
@@ -118,28 +119,30 @@ func (a *Authenticator) MintSandboxCode(c *fiber.Ctx) error {
 	c.Set(fiber.HeaderReferrerPolicy, "no-referrer")
 	id, err := a.Authenticate(c)
 	switch {
-	case err != nil && Status(err) == fiber.StatusUnauthorized:
+	case err != nil && web.AsError(err).Status == fiber.StatusUnauthorized:
 		return c.Redirect("/", fiber.StatusSeeOther)
 	case err != nil:
-		return a.signinProblem(c, "mint", Status(err), "Cannot sign you in", err.Error())
+		e := *web.AsError(err)
+		e.Title = "Cannot sign you in"
+		return a.signinProblem(c, "mint", &e)
 	case id.Method == MethodBearer:
-		return a.signinProblem(c, "mint", fiber.StatusForbidden, "Use your token there", "A bearer token works on the sandbox origin itself; this link is for browsers.")
+		return a.signinProblem(c, "mint", &web.Error{Status: fiber.StatusForbidden, Title: "Use your token there", Detail: "A bearer token works on the sandbox origin itself; this link is for browsers."})
 	}
 	scheme := httpguard.Scheme(c)
 	host, user, port, path, ok := a.sandboxURL(c.Query("next"), scheme)
 	if !ok {
-		return a.signinProblem(c, "mint", fiber.StatusBadRequest, "Not a sandbox address", "The address to sign in to is not a sandbox of this gateway.")
+		return a.signinProblem(c, "mint", &web.Error{Status: fiber.StatusBadRequest, Title: "Not a sandbox address", Detail: "The address to sign in to is not a sandbox of this gateway."})
 	}
 	// Each code is a record in a bounded bucket: a client mints at most
 	// AUTH_RATE_LIMIT of them per window, however many sessions it holds.
 	if v, err := a.o.Limiter.Allow(c.UserContext(), httpguard.Key(c)); err != nil {
-		return a.signinProblem(c, "mint", fiber.StatusServiceUnavailable, "Try again", "The gateway cannot reach its message bus; try again shortly.")
+		return a.signinProblem(c, "mint", &web.Error{Status: fiber.StatusServiceUnavailable, Title: "Try again", Detail: "The gateway cannot reach its message bus; try again shortly."})
 	} else if !v.Allowed {
 		c.Set(fiber.HeaderRetryAfter, retryAfter(v.RetryAfter))
-		return a.signinProblem(c, "mint", fiber.StatusTooManyRequests, "Too many attempts", "Too many sign-in attempts; try again shortly.")
+		return a.signinProblem(c, "mint", &web.Error{Status: fiber.StatusTooManyRequests, Title: "Too many attempts", Detail: "Too many sign-in attempts; try again shortly."})
 	}
 	if !a.mayOpen(id, user, port) {
-		return a.signinProblem(c, "mint", fiber.StatusForbidden, "Not your sandbox", "You are signed in as "+id.User+"; that sandbox is not yours.")
+		return a.signinProblem(c, "mint", &web.Error{Status: fiber.StatusForbidden, Title: "Not your sandbox", Detail: "You are signed in as " + id.User + "; that sandbox is not yours."})
 	}
 	sc := state.SigninCode{User: id.User, Host: host, Expires: time.Now().Add(a.o.Origins.CodeTTL).UTC()}
 	if id.Method == MethodCookie {
@@ -147,9 +150,9 @@ func (a *Authenticator) MintSandboxCode(c *fiber.Ctx) error {
 	} else {
 		sc.Bound = id.bound
 	}
-	code := random32()
-	if _, err := a.o.Origins.Codes.Create(c.UserContext(), HashHex(code), sc); err != nil {
-		return a.signinProblem(c, "mint", fiber.StatusServiceUnavailable, "Try again", "The gateway cannot reach its message bus; try again shortly.")
+	code := ident.NewSecret()
+	if _, err := a.o.Origins.Codes.Create(c.UserContext(), ident.HashHex(code), sc); err != nil {
+		return a.signinProblem(c, "mint", &web.Error{Status: fiber.StatusServiceUnavailable, Title: "Try again", Detail: "The gateway cannot reach its message bus; try again shortly."})
 	}
 	a.counter.WithLabelValues("sandbox_mint", "ok").Inc()
 	return c.Redirect(scheme+"://"+host+SandboxSignInPath+"?code="+code+"&next="+url.QueryEscape(path), fiber.StatusSeeOther)
@@ -171,11 +174,11 @@ func (a *Authenticator) sandboxURL(next, scheme string) (host, user string, port
 	if err != nil || u.Scheme != scheme || u.User != nil || u.Opaque != "" || u.Host == "" || a.o.Origins.Domain == "" {
 		return "", "", 0, "", false
 	}
-	host, ok = httpguard.CanonicalHost(u.Host, scheme)
+	host, ok = ident.CanonicalHost(u.Host, scheme)
 	if !ok {
 		return "", "", 0, "", false
 	}
-	user, port, ok = httpguard.ParseSandboxHost(host, a.o.Origins.Domain, func(u string) bool { return ValidateUser(u) == nil })
+	user, port, ok = httpguard.ParseSandboxHost(host, a.o.Origins.Domain)
 	if !ok {
 		return "", "", 0, "", false
 	}
@@ -220,30 +223,30 @@ func (a *Authenticator) TradeSandboxCode(c *fiber.Ctx) error {
 	info := httpguard.Get(c)
 	switch {
 	case !info.OnSandboxDomain || info.Sandbox == "" || a.o.Origins.Codes == nil:
-		return a.signinProblem(c, "trade", fiber.StatusNotFound, "No such sandbox", "There is no sandbox at this address.")
+		return a.signinProblem(c, "trade", &web.Error{Status: fiber.StatusNotFound, Title: "No such sandbox", Detail: "There is no sandbox at this address."})
 	// GET only: a HEAD (a link checker's) must not spend the code.
 	case c.Method() != fiber.MethodGet:
 		c.Set(fiber.HeaderAllow, "GET")
-		return a.signinProblem(c, "trade", fiber.StatusMethodNotAllowed, "Not here", "Sign-in links are opened, not posted.")
+		return a.signinProblem(c, "trade", &web.Error{Status: fiber.StatusMethodNotAllowed, Title: "Not here", Detail: "Sign-in links are opened, not posted."})
 	}
 	code := c.Query("code")
-	if !validSID([]byte(code)) {
-		return a.signinProblem(c, "trade", fiber.StatusBadRequest, "Sign-in link not valid", "This sign-in link is not valid. Open your sandbox from the gateway again.")
+	if !ident.ValidSecret([]byte(code)) {
+		return a.signinProblem(c, "trade", &web.Error{Status: fiber.StatusBadRequest, Title: "Sign-in link not valid", Detail: "This sign-in link is not valid. Open your sandbox from the gateway again."})
 	}
 	ctx := c.UserContext()
 	if v, err := a.o.Limiter.Allow(ctx, httpguard.Key(c)); err != nil {
-		return a.signinProblem(c, "trade", fiber.StatusServiceUnavailable, "Try again", "The gateway cannot reach its message bus; try again shortly.")
+		return a.signinProblem(c, "trade", &web.Error{Status: fiber.StatusServiceUnavailable, Title: "Try again", Detail: "The gateway cannot reach its message bus; try again shortly."})
 	} else if !v.Allowed {
 		c.Set(fiber.HeaderRetryAfter, retryAfter(v.RetryAfter))
-		return a.signinProblem(c, "trade", fiber.StatusTooManyRequests, "Too many attempts", "Too many sign-in attempts; try again shortly.")
+		return a.signinProblem(c, "trade", &web.Error{Status: fiber.StatusTooManyRequests, Title: "Too many attempts", Detail: "Too many sign-in attempts; try again shortly."})
 	}
-	key := HashHex(code)
+	key := ident.HashHex(code)
 	e, err := a.o.Origins.Codes.Get(ctx, key)
 	switch {
 	case errors.Is(err, kv.ErrNotFound):
 		return a.codeRefused(c, fiber.StatusBadRequest, "used_or_expired")
 	case err != nil:
-		return a.signinProblem(c, "trade", fiber.StatusServiceUnavailable, "Try again", "The gateway cannot reach its message bus; try again shortly.")
+		return a.signinProblem(c, "trade", &web.Error{Status: fiber.StatusServiceUnavailable, Title: "Try again", Detail: "The gateway cannot reach its message bus; try again shortly."})
 	}
 	sc, now := e.Value, time.Now()
 	switch {
@@ -256,20 +259,20 @@ func (a *Authenticator) TradeSandboxCode(c *fiber.Ctx) error {
 	if sc.Parent != "" {
 		p, ok := a.gatewaySession(c, sc.User, sc.Parent)
 		if !ok {
-			return a.signinProblem(c, "trade", fiber.StatusUnauthorized, "Signed out", "Your gateway session has ended; sign in on the gateway again.")
+			return a.signinProblem(c, "trade", &web.Error{Status: fiber.StatusUnauthorized, Title: "Signed out", Detail: "Your gateway session has ended; sign in on the gateway again."})
 		}
 		expires = p.Expires
 	} else if !a.parentHolds(c, state.Session{User: sc.User, Bound: sc.Bound}) {
-		return a.signinProblem(c, "trade", fiber.StatusUnauthorized, "Signed out", "Your sign-in no longer holds; sign in on the gateway again.")
+		return a.signinProblem(c, "trade", &web.Error{Status: fiber.StatusUnauthorized, Title: "Signed out", Detail: "Your sign-in no longer holds; sign in on the gateway again."})
 	}
 	if err := a.o.Origins.Codes.Delete(ctx, key, e.Revision); errors.Is(err, kv.ErrConflict) {
 		return a.codeRefused(c, fiber.StatusBadRequest, "used_or_expired")
 	} else if err != nil {
-		return a.signinProblem(c, "trade", fiber.StatusServiceUnavailable, "Try again", "The gateway cannot reach its message bus; try again shortly.")
+		return a.signinProblem(c, "trade", &web.Error{Status: fiber.StatusServiceUnavailable, Title: "Try again", Detail: "The gateway cannot reach its message bus; try again shortly."})
 	}
 	sid, err := a.o.Store.CreateSandbox(ctx, sc.User, sc.Host, sc.Parent, sc.Bound, expires)
 	if err != nil {
-		return a.signinProblem(c, "trade", fiber.StatusServiceUnavailable, "Try again", "Your session could not be started; try again shortly.")
+		return a.signinProblem(c, "trade", &web.Error{Status: fiber.StatusServiceUnavailable, Title: "Try again", Detail: "Your session could not be started; try again shortly."})
 	}
 	a.o.Publisher.Audit(events.AuditEvent{Kind: events.AuditLogin, User: sc.User, Outcome: "ok", Detail: "sandbox origin " + sc.Host, Client: ClientTag(c), RequestID: httpguard.RequestID(c)})
 	c.Cookie(&fiber.Cookie{Name: a.o.Origins.CookieName, Value: sid, Path: "/", Expires: expires, HTTPOnly: true, Secure: a.o.Origins.Secure, SameSite: fiber.CookieSameSiteLaxMode})
@@ -287,16 +290,16 @@ func (a *Authenticator) TradeSandboxCode(c *fiber.Ctx) error {
 func (a *Authenticator) codeRefused(c *fiber.Ctx, status int, outcome string) error {
 	a.Refused(c, events.AuditEvent{Kind: events.AuditLogin, User: httpguard.Get(c).Sandbox, Outcome: outcome, Detail: "sandbox origin " + httpguard.Host(c)})
 	if status == fiber.StatusForbidden {
-		return a.signinProblem(c, "trade", status, "Sign-in link for another sandbox", "This sign-in link is for another sandbox.")
+		return a.signinProblem(c, "trade", &web.Error{Status: status, Title: "Sign-in link for another sandbox", Detail: "This sign-in link is for another sandbox."})
 	}
-	return a.signinProblem(c, "trade", status, "Sign-in link used or expired", "This sign-in link was already used or has expired. Open your sandbox from the gateway again.")
+	return a.signinProblem(c, "trade", &web.Error{Status: status, Title: "Sign-in link used or expired", Detail: "This sign-in link was already used or has expired. Open your sandbox from the gateway again."})
 }
 
 // signinProblem answers a sign-in endpoint's refusal with a readable page
 // (or problem JSON), counted by endpoint and status.
-func (a *Authenticator) signinProblem(c *fiber.Ctx, endpoint string, status int, title, detail string) error {
-	a.counter.WithLabelValues("sandbox_"+endpoint, strconv.Itoa(status)).Inc()
-	return web.WriteProblem(c, web.Problem{Status: status, Title: title, Detail: detail})
+func (a *Authenticator) signinProblem(c *fiber.Ctx, endpoint string, e *web.Error) error {
+	a.counter.WithLabelValues("sandbox_"+endpoint, strconv.Itoa(e.Status)).Inc()
+	return web.Fail(c, e)
 }
 
 func retryAfter(d time.Duration) string {

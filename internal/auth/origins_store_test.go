@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testutil"
@@ -25,7 +25,7 @@ func TestSandboxSessionsAreNotCountedTowardTheCap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	parent := auth.HashHex(gw1)
+	parent := ident.HashHex(gw1)
 	var keys []string
 	for range 2 {
 		time.Sleep(5 * time.Millisecond) // distinct creation times
@@ -33,7 +33,7 @@ func TestSandboxSessionsAreNotCountedTowardTheCap(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		keys = append(keys, state.SessionKey("bob", auth.HashHex(sid)))
+		keys = append(keys, state.SessionKey("bob", ident.HashHex(sid)))
 	}
 	testutil.Eventually(t, 10*time.Second, func() error {
 		if store.Len() != 3 {

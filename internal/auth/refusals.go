@@ -3,58 +3,28 @@ package auth
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aaas-project/aaas/internal/events"
-	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/ratelimit"
 )
 
-// Refusals are audited once per client per window (Limiter), but clients
+// Refusals are audited once per client per window (ratelimit.Limiter), but clients
 // are cheap: an IPv6 /48 is 65,536 of them. So the refusal audits of all
 // edges together also share a budget per window (REFUSAL_AUDIT_LIMIT), a
 // counter in the ratelimit bucket; no address space can then write faster
 // than the audit trail can keep. What an edge does not write it counts
 // (a metric) and reports in one summary event when the window ends.
 
-// auditWindow is the shared count of refusal audits in one window, under
-// auditKeyPrefix and the window's number. (Client keys are 32 hex digits,
-// which this prefix is not.)
-type auditWindow struct {
-	Audited int `json:"audited"`
-}
-
-// SchemaVersion is the count's record version (kv.Versioned).
-func (auditWindow) SchemaVersion() int { return 1 }
-
-const auditKeyPrefix = "audits."
-
 // auditTimeout bounds one read-and-write of the shared count.
 const auditTimeout = 5 * time.Second
 
-// spendAudit takes one of the limit audits all edges share in window w;
-// false once they are spent.
-func (l *Limiter) spendAudit(ctx context.Context, w int64, limit int) (bool, error) {
-	spent := false
-	_, err := l.audits.Mutate(ctx, auditKeyPrefix+strconv.FormatInt(w, 10), func(a auditWindow, _ bool) (auditWindow, bool, error) {
-		if spent = a.Audited < limit; !spent {
-			return a, false, nil
-		}
-		a.Audited++
-		return a, true, nil
-	}, kv.WithTTL(l.window))
-	if err != nil {
-		return false, fmt.Errorf("refusal audit budget: %w", err)
-	}
-	return spent, nil
-}
-
 // refusalAudits writes refusal audit events within the shared budget.
 type refusalAudits struct {
-	limiter    *Limiter
+	limiter    *ratelimit.Limiter
 	limit      int
 	pub        *events.Publisher
 	suppressed prometheus.Counter
@@ -70,7 +40,7 @@ type refusalAudits struct {
 	summarised int64
 }
 
-func newRefusalAudits(l *Limiter, limit int, pub *events.Publisher, reg prometheus.Registerer) *refusalAudits {
+func newRefusalAudits(l *ratelimit.Limiter, limit int, pub *events.Publisher, reg prometheus.Registerer) *refusalAudits {
 	r := &refusalAudits{limiter: l, limit: limit, pub: pub, full: -1, summarised: -1, pending: map[int64]int{},
 		suppressed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "aaas_edge_refusal_audits_suppressed_total",
@@ -85,7 +55,7 @@ func (r *refusalAudits) audit(e events.AuditEvent) {
 	if r == nil || r.limiter == nil {
 		return
 	}
-	window := r.limiter.window
+	window := r.limiter.Window()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	// The window is read under mu: a refusal that waited for mu past its
@@ -93,7 +63,7 @@ func (r *refusalAudits) audit(e events.AuditEvent) {
 	w := time.Now().UnixMilli() / window.Milliseconds()
 	if r.full != w {
 		ctx, cancel := context.WithTimeout(context.Background(), auditTimeout)
-		ok, err := r.limiter.spendAudit(ctx, w, r.limit)
+		ok, err := r.limiter.SpendAudit(ctx, w, r.limit)
 		cancel()
 		if err == nil && ok {
 			r.pub.Audit(e)
@@ -121,7 +91,7 @@ func (r *refusalAudits) summarise(w int64) {
 	delete(r.pending, w)
 	r.summarised = max(r.summarised, w)
 	r.mu.Unlock()
-	window := r.limiter.window
+	window := r.limiter.Window()
 	start := time.UnixMilli(w * window.Milliseconds()).UTC()
 	r.pub.Audit(events.AuditEvent{Kind: events.AuditRateLimited, Outcome: "audits_suppressed",
 		Detail: fmt.Sprintf("%d refusals not audited: more than %d in the %s from %s (REFUSAL_AUDIT_LIMIT)", n, r.limit, window, start.Format(time.RFC3339))})

@@ -20,7 +20,9 @@ import (
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/ratelimit"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
@@ -36,7 +38,7 @@ type refusingEdge struct {
 func newRefusingEdge(t *testing.T, js jetstream.JetStream, name string, window time.Duration, limit int) *refusingEdge {
 	t.Helper()
 	ctx := natstest.Context(t, time.Minute)
-	lim, err := auth.NewLimiter(ctx, js, 30, window)
+	lim, err := ratelimit.New(ctx, js, 30, window)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +210,7 @@ func TestRefusalAuditsShareOneBudget(t *testing.T) {
 	}
 	for i := range 3 {
 		p, _ := netip.MustParseAddr(client(0, i)).Prefix(64)
-		if tag := auth.HashHex(p.String())[:16]; !firsts[tag] {
+		if tag := ident.HashHex(p.String())[:16]; !firsts[tag] {
 			t.Errorf("refusal %d, among the first, was not audited", i+1)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
 
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
 )
@@ -145,9 +146,9 @@ func (s *Store) Synced() bool { return s.cache.IsSynced() }
 // follows) is already authenticated here. Sessions of user beyond the cap
 // are ended, oldest first.
 func (s *Store) Create(ctx context.Context, user, via string) (string, error) {
-	sid := NewSessionID()
+	sid := ident.NewSecret()
 	now := time.Now().UTC()
-	key := state.SessionKey(user, HashHex(sid))
+	key := state.SessionKey(user, ident.HashHex(sid))
 	sess := state.Session{User: user, Created: now, Expires: now.Add(s.ttl), Via: via}
 	rev, err := s.bucket.Create(ctx, key, sess, kv.WithTTL(s.ttl))
 	if err != nil {
@@ -166,13 +167,13 @@ func (s *Store) Create(ctx context.Context, user, via string) (string, error) {
 // binding (bound), ending when its parent does at the latest (expires).
 // Like Create, it returns once this edge's cache holds it.
 func (s *Store) CreateSandbox(ctx context.Context, user, host, parent, bound string, expires time.Time) (string, error) {
-	sid := NewSessionID()
+	sid := ident.NewSecret()
 	now := time.Now().UTC()
 	ttl := min(expires.Sub(now), s.ttl)
 	if ttl <= 0 {
 		return "", errors.New("create sandbox session: its parent has expired")
 	}
-	key := state.SessionKey(user, HashHex(sid))
+	key := state.SessionKey(user, ident.HashHex(sid))
 	sess := state.Session{User: user, Created: now, Expires: now.Add(ttl), Via: "sandbox", Host: host, Parent: parent, Bound: bound}
 	rev, err := s.bucket.Create(ctx, key, sess, kv.WithTTL(ttl))
 	if err != nil {
@@ -218,7 +219,7 @@ func (s *Store) Count(user string) int {
 // for ids of the right shape and refuses expired sessions even before
 // their key expires on the server.
 func (s *Store) Lookup(sid []byte) (state.Session, bool) {
-	if !validSID(sid) {
+	if !ident.ValidSecret(sid) {
 		return state.Session{}, false
 	}
 	return s.LookupSum(sha256.Sum256(sid))
@@ -256,7 +257,7 @@ func (s *Store) Fetch(ctx context.Context, client, user string, sum [32]byte) (s
 	switch {
 	case user == "":
 		key = state.SessionKey("*", hex.EncodeToString(sum[:]))
-	case ValidateUser(user) != nil:
+	case ident.ValidateUser(user) != nil:
 		return state.Session{}, false, nil
 	}
 	if s.missed(key) {
@@ -398,87 +399,3 @@ func (s *Store) RevokeAll(ctx context.Context, user string) error {
 
 // Len is the number of cached sessions.
 func (s *Store) Len() int { return s.cache.Len() }
-
-// Limiter is the auth rate limit shared by every edge: a sliding log of
-// attempt times per client in the ratelimit bucket, so a client gets
-// AUTH_RATE_LIMIT attempts in any AUTH_RATE_WINDOW, however many edges it
-// spreads them over and wherever the window starts. (Fixed windows would let
-// a client spend two budgets back to back across a boundary.)
-type Limiter struct {
-	bucket *kv.Bucket[state.Attempts]
-	// audits is the same bucket's count of refusal audits per window
-	// (refusals.go).
-	audits *kv.Bucket[auditWindow]
-	limit  int
-	window time.Duration
-}
-
-// NewLimiter opens the ratelimit bucket.
-func NewLimiter(ctx context.Context, js jetstream.JetStream, limit int, window time.Duration) (*Limiter, error) {
-	b, err := kv.Open[state.Attempts](ctx, js, state.BucketRateLimit)
-	if err != nil {
-		return nil, err
-	}
-	audits, err := kv.Open[auditWindow](ctx, js, state.BucketRateLimit)
-	if err != nil {
-		return nil, err
-	}
-	return &Limiter{bucket: b, audits: audits, limit: limit, window: window}, nil
-}
-
-// Verdict is the Limiter's answer.
-type Verdict struct {
-	// Allowed is false when the client is over its limit.
-	Allowed bool
-	// RetryAfter says when the attempt that blocks it leaves the window.
-	RetryAfter time.Duration
-	// Audit is true for the first refusal of the client in a window: the
-	// one refusal that is written to the audit trail (a flood of refused
-	// requests must not become a flood of audit events).
-	Audit bool
-}
-
-// Allow records an attempt by client if it is within the limit. A refused
-// attempt is not recorded, so a client that waits RetryAfter gets in.
-func (l *Limiter) Allow(ctx context.Context, client string) (Verdict, error) {
-	now := time.Now()
-	since := now.Add(-l.window).UnixMilli()
-	var v Verdict
-	_, err := l.bucket.Mutate(ctx, HashHex(client)[:32], func(a state.Attempts, _ bool) (state.Attempts, bool, error) {
-		recent := slices.DeleteFunc(a.At, func(at int64) bool { return at <= since })
-		// Edges' clocks differ a little, so the log is not assumed sorted.
-		slices.Sort(recent)
-		if v.Allowed = len(recent) < l.limit; !v.Allowed {
-			v.RetryAfter = time.UnixMilli(recent[len(recent)-l.limit]).Add(l.window).Sub(now)
-			if v.Audit = a.Refused <= since; !v.Audit {
-				return state.Attempts{}, false, nil
-			}
-			return state.Attempts{At: recent, Refused: now.UnixMilli()}, true, nil
-		}
-		return state.Attempts{At: append(recent, now.UnixMilli()), Refused: a.Refused}, true, nil
-	}, kv.WithTTL(l.window))
-	if err != nil {
-		return Verdict{}, fmt.Errorf("rate limit: %w", err)
-	}
-	return v, nil
-}
-
-// Refused notes that client's attempt failed (a wrong token, a wrong
-// invite) and reports whether it is the first refusal of the client in
-// the window, the one to audit.
-func (l *Limiter) Refused(ctx context.Context, client string) (bool, error) {
-	now := time.Now()
-	since := now.Add(-l.window).UnixMilli()
-	first := false
-	_, err := l.bucket.Mutate(ctx, HashHex(client)[:32], func(a state.Attempts, _ bool) (state.Attempts, bool, error) {
-		if first = a.Refused <= since; !first {
-			return state.Attempts{}, false, nil
-		}
-		a.Refused = now.UnixMilli()
-		return a, true, nil
-	}, kv.WithTTL(l.window))
-	if err != nil {
-		return false, fmt.Errorf("rate limit: %w", err)
-	}
-	return first, nil
-}

@@ -17,9 +17,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/spend"
 	"github.com/aaas-project/aaas/internal/state"
@@ -184,7 +184,7 @@ func NewLedger(ctx context.Context, o LedgerOptions) (*NATSLedger, error) {
 func (l *NATSLedger) Admit(ctx context.Context, user string, charged bool) (Call, error) {
 	// The user comes from attribution, not from the call; still, it
 	// becomes KV keys and subjects, so nothing else is let through.
-	if err := auth.ValidateUser(user); err != nil {
+	if err := ident.ValidateUser(user); err != nil {
 		return nil, &Refusal{Status: http.StatusForbidden, Reason: "unattributed", Message: "this address is not a running sandbox"}
 	}
 	now := time.Now()

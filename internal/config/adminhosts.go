@@ -4,7 +4,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/ident"
 )
 
 // AdminPlacement is where the edge serves the admin view and API
@@ -35,7 +35,7 @@ func loadAdminPlacement(e *Env, c *Edge) AdminPlacement {
 	p := AdminPlacement{AdminOnSandboxHosts: e.Bool("ADMIN_ON_SANDBOX_HOSTS", false)}
 	domain := e.String("SANDBOX_DOMAIN", "")
 	domainName, domainPort := "", ""
-	if d, ok := httpguard.CanonicalHost(domain, ""); ok {
+	if d, ok := ident.CanonicalHost(domain, ""); ok {
 		domainName, domainPort = splitPort(d)
 	}
 	for _, h := range e.List("ADMIN_HOSTS", nil) {
@@ -43,7 +43,7 @@ func loadAdminPlacement(e *Env, c *Edge) AdminPlacement {
 			e.Fail("ADMIN_HOSTS", "* is not a host: name the hosts that serve the admin view (and no sandbox)")
 			continue
 		}
-		a, err := httpguard.ParsePublicHost(h)
+		a, err := ident.ParsePublicHost(h)
 		if err != nil {
 			e.Fail("ADMIN_HOSTS", "%v", err)
 			continue

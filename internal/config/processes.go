@@ -8,10 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
-	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/idle"
 )
 
@@ -107,9 +106,9 @@ type Edge struct {
 	// limit); signups beyond it answer 403.
 	MaxUsers int
 	// AdminUsers is ADMIN_USERS: the accounts that may use /_/admin, each
-	// "<name>:<identity>" (auth.ParseAdmin), so the rights stay with the
+	// "<name>:<identity>" (ident.ParseAdmin), so the rights stay with the
 	// account and never pass to whoever takes its name.
-	AdminUsers []auth.Admin
+	AdminUsers []ident.Admin
 	// AdminGroups is ADMIN_GROUPS: with SSO, the groups (from
 	// AUTH_PROXY_GROUPS_HEADER) whose members may use /_/admin.
 	AdminGroups []string
@@ -245,7 +244,7 @@ func LoadEdge(e *Env) (Edge, error) {
 		e.Fail("AUTH_PROXY_ALLOW", "required with AUTH_PROXY_HEADER: the logins and group:<name> entries SSO admits (or * for everyone the SSO proxy admits)")
 	}
 	for _, entry := range e.List("ADMIN_USERS", nil) {
-		a, err := auth.ParseAdmin(entry)
+		a, err := ident.ParseAdmin(entry)
 		if err != nil {
 			e.Fail("ADMIN_USERS", "%q: %v", entry, err)
 			continue
@@ -261,7 +260,7 @@ func LoadEdge(e *Env) (Edge, error) {
 		e.Fail("PREVIEW_PORTS", "needs SANDBOX_DOMAIN: each preview is an origin of its own, <port>-<user>.<SANDBOX_DOMAIN>")
 	}
 	for _, s := range e.List("TRUSTED_PROXIES", nil) {
-		p, err := httpguard.ParseTrustedProxy(s)
+		p, err := ident.ParseTrustedProxy(s)
 		if err != nil {
 			e.Fail("TRUSTED_PROXIES", "%v", err)
 			continue
@@ -283,7 +282,7 @@ func publicHosts(e *Env) []string {
 			out = append(out, h)
 			continue
 		}
-		c, err := httpguard.ParsePublicHost(h)
+		c, err := ident.ParsePublicHost(h)
 		if err != nil {
 			e.Fail("PUBLIC_HOSTS", "%v", err)
 			continue
@@ -304,7 +303,7 @@ func sandboxDomain(e *Env, public []string) string {
 	if raw == "" {
 		return ""
 	}
-	d, err := httpguard.ParsePublicHost(raw)
+	d, err := ident.ParsePublicHost(raw)
 	if err != nil {
 		e.Fail("SANDBOX_DOMAIN", "%v (give the domain only, e.g. sandboxes.example.com or localhost:8080)", err)
 		return ""

@@ -4,30 +4,20 @@ package httpguard
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"log/slog"
-	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/gofiber/fiber/v2"
 )
-
-// HeaderRequestID carries a request's id: from a trusted ingress, and
-// back to the browser on every answer.
-const HeaderRequestID = "X-Request-Id"
-
-// maxRequestID bounds an ingress's id (ingress-nginx sends 32 hex
-// digits, Envoy a 36-character UUID).
-const maxRequestID = 64
 
 // scope is what the edge keeps about a request for its access line.
 type scope struct {
 	id    string
 	user  string
 	start time.Time
+	log   *slog.Logger
 	// deferred: the handler writes the line itself when the answer ends
 	// (a streamed proxied answer, whose size and end come after the
 	// handler returns).
@@ -43,46 +33,6 @@ func scopeOf(c *fiber.Ctx) *scope {
 	return nil
 }
 
-// requestIDs are a random per-process prefix and a counter: unique across
-// replicas without a random draw per request.
-var (
-	requestPrefix = func() string {
-		b := make([]byte, 4)
-		_, _ = rand.Read(b)
-		return hex.EncodeToString(b) + "-"
-	}()
-	requestCounter atomic.Uint64
-)
-
-func newRequestID() string {
-	return requestPrefix + strconv.FormatUint(requestCounter.Add(1), 10)
-}
-
-// validRequestID accepts what ingresses send (hex, UUIDs, base64url) and
-// nothing a log line or a header could be bent by: it may be a client's
-// own value that the ingress passed on.
-func validRequestID(s string) bool {
-	if s == "" || len(s) > maxRequestID {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		switch b := s[i]; {
-		case 'a' <= b && b <= 'z', 'A' <= b && b <= 'Z', '0' <= b && b <= '9', b == '-', b == '_', b == '.':
-		default:
-			return false
-		}
-	}
-	return true
-}
-
-// adopt is a trusted ingress's request id if it is a valid one, else ours.
-func adopt(id string) string {
-	if validRequestID(id) {
-		return id
-	}
-	return newRequestID()
-}
-
 // RequestID is the request's id: the trusted ingress's (Policy.Access),
 // else one of ours, set on the answer as X-Request-Id. Logs, commands and
 // audit events quote it, so one grep follows a request across processes.
@@ -91,10 +41,20 @@ func RequestID(c *fiber.Ctx) string {
 	if s := scopeOf(c); s != nil {
 		return s.id
 	}
-	s := &scope{id: newRequestID(), start: time.Now()}
+	s := &scope{id: ident.NewRequestID(), start: time.Now()}
 	c.Locals(scopeKey, s)
-	c.Set(HeaderRequestID, s.id)
+	c.Set(ident.HeaderRequestID, s.id)
 	return s.id
+}
+
+// Logger is the edge's logger for c's handler (the one Access was given;
+// the default one without Access). Lines about the request name its
+// request_id.
+func Logger(c *fiber.Ctx) *slog.Logger {
+	if s := scopeOf(c); s != nil && s.log != nil {
+		return s.log
+	}
+	return slog.Default()
 }
 
 // SetUser records whom the request was authenticated as, for its access
@@ -177,14 +137,14 @@ func RouteOf(path string, onSandboxDomain bool) string {
 // the handler deferred it.
 func (p *Policy) Access(log *slog.Logger) fiber.Handler {
 	return func(c *fiber.Ctx) error {
-		s := &scope{start: time.Now()}
-		if id := c.Request().Header.Peek(HeaderRequestID); len(id) > 0 && p.trustedPeer(addrOf(c.Context().RemoteAddr())) {
-			s.id = adopt(string(id))
+		s := &scope{start: time.Now(), log: log}
+		if id := c.Request().Header.Peek(ident.HeaderRequestID); len(id) > 0 && p.trustedPeer(addrOf(c.Context().RemoteAddr())) {
+			s.id = ident.AdoptRequestID(string(id))
 		} else {
-			s.id = newRequestID()
+			s.id = ident.NewRequestID()
 		}
 		c.Locals(scopeKey, s)
-		c.Set(HeaderRequestID, s.id)
+		c.Set(ident.HeaderRequestID, s.id)
 		if err := c.Next(); err != nil {
 			if herr := c.App().ErrorHandler(c, err); herr != nil {
 				_ = c.SendStatus(fiber.StatusInternalServerError)

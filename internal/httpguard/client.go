@@ -5,13 +5,13 @@ package httpguard
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
 
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/gofiber/fiber/v2"
 )
 
@@ -54,10 +54,8 @@ type Options struct {
 	// the host check.
 	Unchecked []string
 	// SandboxDomain is SANDBOX_DOMAIN (canonical, "" in path mode): every
-	// host one label below it is accepted and parsed by ParseSandboxHost
-	// with ValidUser.
+	// host one label below it is accepted and parsed by ParseSandboxHost.
 	SandboxDomain string
-	ValidUser     func(string) bool
 }
 
 // Policy applies Options to requests.
@@ -68,19 +66,15 @@ type Policy struct {
 	unchecked map[string]bool
 	domain    string
 	gateway   string
-	validUser func(string) bool
 }
 
 // New validates o and returns its Policy.
 func NewPolicy(o Options) (*Policy, error) {
-	p := &Policy{trusted: o.TrustedProxies, hosts: map[string]bool{}, unchecked: map[string]bool{}, validUser: o.ValidUser}
+	p := &Policy{trusted: o.TrustedProxies, hosts: map[string]bool{}, unchecked: map[string]bool{}}
 	if o.SandboxDomain != "" {
-		d, err := ParsePublicHost(o.SandboxDomain)
+		d, err := ident.ParsePublicHost(o.SandboxDomain)
 		if err != nil {
 			return nil, err
-		}
-		if o.ValidUser == nil {
-			return nil, errors.New("a sandbox domain needs a user name check")
 		}
 		p.domain = d
 	}
@@ -89,7 +83,7 @@ func NewPolicy(o Options) (*Policy, error) {
 			p.anyHost = true
 			continue
 		}
-		c, err := ParsePublicHost(h)
+		c, err := ident.ParsePublicHost(h)
 		if err != nil {
 			return nil, err
 		}
@@ -102,35 +96,12 @@ func NewPolicy(o Options) (*Policy, error) {
 		if o.PublicHosts[0] == "*" {
 			return nil, errors.New("a sandbox domain needs the gateway's own host first in the public hosts, not *")
 		}
-		p.gateway, _ = ParsePublicHost(o.PublicHosts[0])
+		p.gateway, _ = ident.ParsePublicHost(o.PublicHosts[0])
 	}
 	for _, u := range o.Unchecked {
 		p.unchecked[u] = true
 	}
 	return p, nil
-}
-
-// ParsePublicHost checks a PUBLIC_HOSTS entry and returns its canonical
-// form: an entry may name port 80 or 443, which browsers leave out.
-func ParsePublicHost(h string) (string, error) {
-	c, ok := canonical(h, "")
-	if !ok {
-		return "", fmt.Errorf("%q is not a host name or host:port", h)
-	}
-	return c, nil
-}
-
-// ParseTrustedProxy reads a TRUSTED_PROXIES entry: a CIDR or one address.
-func ParseTrustedProxy(s string) (netip.Prefix, error) {
-	if p, err := netip.ParsePrefix(s); err == nil {
-		return p.Masked(), nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("%q is neither a CIDR nor an address", s)
-	}
-	a = a.Unmap()
-	return netip.PrefixFrom(a, a.BitLen()), nil
 }
 
 const localsKey = "aaas.client"
@@ -178,7 +149,7 @@ func (p *Policy) Resolve(peer netip.Addr, xff, xfp []string, host string, tls bo
 		}
 	}
 	info.Key = keyOf(info.IP)
-	h, valid := canonical(host, info.Scheme)
+	h, valid := ident.CanonicalHost(host, info.Scheme)
 	info.Host = h
 	if !valid {
 		return info, false
@@ -186,7 +157,7 @@ func (p *Policy) Resolve(peer netip.Addr, xff, xfp []string, host string, tls bo
 	if p.domain != "" {
 		if label, ok := strings.CutSuffix(h, "."+p.domain); ok && label != "" && !strings.Contains(label, ".") {
 			info.OnSandboxDomain, info.Gateway = true, p.gateway
-			info.Sandbox, info.PreviewPort, _ = ParseSandboxHost(h, p.domain, p.validUser)
+			info.Sandbox, info.PreviewPort, _ = ParseSandboxHost(h, p.domain)
 			return info, true
 		}
 	}
@@ -197,11 +168,10 @@ func (p *Policy) Resolve(peer netip.Addr, xff, xfp []string, host string, tls bo
 // origin's under the canonical domain: "<user>.<domain>" is that user's
 // DSH (port 0), "<port>-<user>.<domain>" a preview of that port. One label
 // below the domain, so one wildcard certificate covers every origin.
-// Account names start with a letter (validUser says which names are
-// accounts'), so a label starting with a digit is never a user's. ok is
+// Account names start with a letter (ident.ValidateUser), so a label starting with a digit is never a user's. ok is
 // false for anything else: another depth, another domain, a port out of
 // range or written with a leading zero, a name no account can have.
-func ParseSandboxHost(host, domain string, validUser func(string) bool) (user string, port int, ok bool) {
+func ParseSandboxHost(host, domain string) (user string, port int, ok bool) {
 	label, found := strings.CutSuffix(host, "."+domain)
 	if !found || domain == "" || label == "" || strings.Contains(label, ".") {
 		return "", 0, false
@@ -214,7 +184,7 @@ func ParseSandboxHost(host, domain string, validUser func(string) bool) (user st
 		}
 		port, label = n, name
 	}
-	if !validUser(label) {
+	if !ident.ValidUser(label) {
 		return "", 0, false
 	}
 	return label, port, true
@@ -311,68 +281,6 @@ func keyOf(a netip.Addr) string {
 	return a.String()
 }
 
-// canonical lowercases a Host, drops a trailing dot and the scheme's
-// default port, and checks what is left is a DNS name or an IP literal
-// with an optional port. With scheme "", both 80 and 443 are dropped (for
-// configured entries).
-func canonical(host, scheme string) (string, bool) {
-	h := strings.ToLower(host)
-	name, port := h, ""
-	if strings.HasPrefix(h, "[") {
-		end := strings.IndexByte(h, ']')
-		if end < 0 {
-			return "", false
-		}
-		name, port = h[:end+1], h[end+1:]
-		if a, err := netip.ParseAddr(name[1 : len(name)-1]); err != nil || !a.Is6() {
-			return "", false
-		}
-		if port != "" && port[0] != ':' {
-			return "", false
-		}
-		port = strings.TrimPrefix(port, ":")
-	} else if i := strings.LastIndexByte(h, ':'); i >= 0 {
-		name, port = h[:i], h[i+1:]
-	}
-	name = strings.TrimSuffix(name, ".")
-	if !strings.HasPrefix(name, "[") && !validName(name) {
-		return "", false
-	}
-	if port != "" {
-		n, err := strconv.Atoi(port)
-		if err != nil || n < 1 || n > 65535 || port[0] == '0' {
-			return "", false
-		}
-		if (port == "80" && scheme != "https") || (port == "443" && scheme != "http") {
-			port = ""
-		}
-	}
-	if port == "" {
-		return name, true
-	}
-	return name + ":" + port, true
-}
-
-// validName: DNS labels of letters, digits and hyphens, or a dotted IPv4
-// address (which is made of the same characters).
-func validName(s string) bool {
-	if s == "" || len(s) > 253 {
-		return false
-	}
-	for _, label := range strings.Split(s, ".") {
-		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
-			return false
-		}
-		for i := 0; i < len(label); i++ {
-			c := label[i]
-			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-				return false
-			}
-		}
-	}
-	return true
-}
-
 // Get is the request's Info; without the middleware (unit tests of other
 // packages) it is the untrusted view: the peer, plain http, the raw Host.
 func Get(c *fiber.Ctx) *Info {
@@ -380,7 +288,7 @@ func Get(c *fiber.Ctx) *Info {
 		return i
 	}
 	peer := addrOf(c.Context().RemoteAddr())
-	h, _ := canonical(string(c.Request().Host()), "http")
+	h, _ := ident.CanonicalHost(string(c.Request().Host()), "http")
 	return &Info{IP: peer, Key: keyOf(peer), Scheme: "http", Host: h}
 }
 
@@ -423,7 +331,7 @@ func SameOrigin(c *fiber.Ctx) bool {
 	}
 	info := Get(c)
 	scheme := strings.ToLower(u.Scheme)
-	h, ok := canonical(u.Host, scheme)
+	h, ok := ident.CanonicalHost(u.Host, scheme)
 	return ok && scheme == info.Scheme && h == info.Host
 }
 

@@ -11,7 +11,3 @@ import (
 func ConsumeBodyWithin(maxBytes int64, d time.Duration) fiber.Handler {
 	return func(c *fiber.Ctx) error { return consumeBody(c, limits{bytes: maxBytes, time: d}) }
 }
-
-// AdoptRequestID is the id the edge uses for an X-Request-Id a trusted
-// ingress sent.
-func AdoptRequestID(id string) string { return adopt(id) }

@@ -224,9 +224,3 @@ func HSTS(maxAge time.Duration) fiber.Handler {
 		return c.Next()
 	}
 }
-
-// CanonicalHost is host (a Host header or a URL's host[:port]) the way
-// the edge compares hosts: lowercase, without a trailing dot or scheme's
-// default port; false when it is not a DNS name or IP literal with an
-// optional port.
-func CanonicalHost(host, scheme string) (string, bool) { return canonical(host, scheme) }

@@ -7,11 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/ident"
 )
-
-func validUser(u string) bool { return auth.ValidateUser(u) == nil }
 
 // Sandbox origins are one label below SANDBOX_DOMAIN: <user> is the user's
 // DSH, <port>-<user> a preview. Everything else is no sandbox's host.
@@ -51,7 +49,7 @@ func TestParseSandboxHost(t *testing.T) {
 		{"ann_x.sbx.example", "sbx.example", "", 0, false},
 		{"ann.sbx.example", "", "", 0, false}, // path mode: no sandbox hosts
 	} {
-		user, port, ok := httpguard.ParseSandboxHost(tt.host, tt.domain, validUser)
+		user, port, ok := httpguard.ParseSandboxHost(tt.host, tt.domain)
 		if user != tt.user || port != tt.port || ok != tt.ok {
 			t.Errorf("ParseSandboxHost(%q, %q) = %q, %d, %v; want %q, %d, %v", tt.host, tt.domain, user, port, ok, tt.user, tt.port, tt.ok)
 		}
@@ -64,7 +62,7 @@ func TestParseSandboxHost(t *testing.T) {
 // one); anything else is 421. Host case and the default port do not
 // matter, as for PUBLIC_HOSTS.
 func TestSandboxHostPolicy(t *testing.T) {
-	p, err := httpguard.NewPolicy(httpguard.Options{PublicHosts: []string{"GW.example", "gw2.example"}, SandboxDomain: "SBX.example:443", ValidUser: validUser})
+	p, err := httpguard.NewPolicy(httpguard.Options{PublicHosts: []string{"GW.example", "gw2.example"}, SandboxDomain: "SBX.example:443"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +97,7 @@ func TestSandboxHostPolicy(t *testing.T) {
 			t.Errorf("%q: gateway %q, want %q", tt.host, info.Gateway, want)
 		}
 	}
-	if _, err := httpguard.NewPolicy(httpguard.Options{PublicHosts: []string{"*"}, SandboxDomain: "sbx.example", ValidUser: validUser}); err == nil {
+	if _, err := httpguard.NewPolicy(httpguard.Options{PublicHosts: []string{"*"}, SandboxDomain: "sbx.example"}); err == nil {
 		t.Error("a sandbox domain with no gateway host was accepted")
 	}
 	// Path mode knows no sandbox hosts.
@@ -109,9 +107,6 @@ func TestSandboxHostPolicy(t *testing.T) {
 	}
 	if info, ok := pm.Resolve(peer, nil, nil, "ann.sbx.example", false); ok || info.OnSandboxDomain || info.Sandbox != "" {
 		t.Errorf("path mode accepted a sandbox host: %+v", info)
-	}
-	if _, err := httpguard.NewPolicy(httpguard.Options{PublicHosts: []string{"gw.example"}, SandboxDomain: "sbx.example"}); err == nil {
-		t.Error("a sandbox domain without a user name check was accepted")
 	}
 }
 
@@ -123,7 +118,7 @@ var userLabel = regexp.MustCompile(`^(?:([1-9][0-9]{0,4})-)?([a-z][a-z0-9-]*)$`)
 // FuzzSandboxHost holds ParseSandboxHost to the reference grammar and to
 // SandboxHost: whatever it accepts is exactly one label (port and account
 // name) below the domain, reads back to the same host, and names an
-// account auth.ValidateUser accepts; whatever the grammar accepts it
+// account ident.ValidateUser accepts; whatever the grammar accepts it
 // accepts. The policy agrees: a host it maps to a sandbox is one the
 // parser accepts, and no sandbox host is taken for a gateway host.
 func FuzzSandboxHost(f *testing.F) {
@@ -140,10 +135,10 @@ func FuzzSandboxHost(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, host string, d uint8) {
 		domain := domains[int(d)%len(domains)]
-		user, port, ok := httpguard.ParseSandboxHost(host, domain, validUser)
+		user, port, ok := httpguard.ParseSandboxHost(host, domain)
 		label, below := strings.CutSuffix(host, "."+domain)
 		m := userLabel.FindStringSubmatch(label)
-		want := below && m != nil && validUser(m[2])
+		want := below && m != nil && ident.ValidUser(m[2])
 		if want && m[1] != "" {
 			n, _ := strconv.Atoi(m[1])
 			want = n <= 65535
@@ -159,17 +154,17 @@ func FuzzSandboxHost(f *testing.F) {
 			if back := httpguard.SandboxHost(user, port, domain); back != host {
 				t.Fatalf("%q parsed to %q, %d, which is the host %q", host, user, port, back)
 			}
-			if auth.ValidateUser(user) != nil || port < 0 || port > 65535 {
+			if ident.ValidateUser(user) != nil || port < 0 || port > 65535 {
 				t.Fatalf("%q parsed to %q, %d", host, user, port)
 			}
 		}
-		p, err := httpguard.NewPolicy(httpguard.Options{PublicHosts: []string{"gw.example"}, SandboxDomain: domain, ValidUser: validUser})
+		p, err := httpguard.NewPolicy(httpguard.Options{PublicHosts: []string{"gw.example"}, SandboxDomain: domain})
 		if err != nil {
 			t.Fatal(err)
 		}
 		info, served := p.Resolve(netip.MustParseAddr("203.0.113.5"), nil, nil, host, false)
 		if info.Sandbox != "" {
-			if u, pt, ok := httpguard.ParseSandboxHost(info.Host, domain, validUser); !ok || u != info.Sandbox || pt != info.PreviewPort || !served || !info.OnSandboxDomain {
+			if u, pt, ok := httpguard.ParseSandboxHost(info.Host, domain); !ok || u != info.Sandbox || pt != info.PreviewPort || !served || !info.OnSandboxDomain {
 				t.Fatalf("the policy read %q as %+v (served %v); the parser reads %q as %q, %d, %v", host, info, served, info.Host, u, pt, ok)
 			}
 		}

@@ -27,7 +27,7 @@ import (
 	claimsv1beta1 "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned/typed/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
-	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/sandbox"
 )
 
@@ -68,8 +68,8 @@ func (o AdoptOptions) Validate() error {
 		errs = append(errs, fmt.Errorf("--token-annotation %q is not an annotation key: %s", o.TokenAnnotation, strings.Join(msgs, "; ")))
 	}
 	for _, u := range o.Users {
-		if err := auth.ValidateUser(u); err != nil {
-			if name, ok := sandbox.UserOf(u); ok && auth.ValidateUser(name) == nil {
+		if err := ident.ValidateUser(u); err != nil {
+			if name, ok := sandbox.UserOf(u); ok && ident.ValidateUser(name) == nil {
 				errs = append(errs, fmt.Errorf("--user %q is a claim name: give the user, %q", u, name))
 				continue
 			}
@@ -138,7 +138,7 @@ func PlanAdoption(claims []extv1beta1.SandboxClaim, o AdoptOptions) []AdoptDecis
 func decide(c *extv1beta1.SandboxClaim, o AdoptOptions, ownerKey, ownerValue string) AdoptDecision {
 	d := AdoptDecision{Claim: c.Name, Action: ActionSkipped}
 	user, ok := sandbox.UserOf(c.Name)
-	if !ok || auth.ValidateUser(user) != nil {
+	if !ok || ident.ValidateUser(user) != nil {
 		d.Reason = "not a user's claim (not named dsh-<user>)"
 		return d
 	}

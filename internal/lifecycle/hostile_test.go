@@ -14,10 +14,10 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/sandbox"
@@ -229,8 +229,8 @@ func deliveries(p *testenv.Proc, verb events.Verb) int {
 // returns the token.
 func (f *fixture) bearer(user string) string {
 	f.t.Helper()
-	token := auth.NewToken(user)
-	if res := f.command(events.NewClaim(user, "req-"+user, auth.HashHex(token))); res.Outcome != state.OutcomeCreated {
+	token := ident.NewToken(user)
+	if res := f.command(events.NewClaim(user, "req-"+user, ident.HashHex(token))); res.Outcome != state.OutcomeCreated {
 		f.t.Fatalf("claim %s: %+v", user, res)
 	}
 	f.waitPhase(user, state.PhaseReady)

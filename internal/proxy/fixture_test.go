@@ -25,6 +25,7 @@ import (
 	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
+	"github.com/aaas-project/aaas/internal/web"
 )
 
 // fixture is the proxy on a real NATS server (a fresh one per test, as
@@ -113,7 +114,6 @@ func newFixture(t testing.TB, upstream http.Handler, mutate func(*Options)) *fix
 
 	o := Options{
 		Auth:      bearerOnly{},
-		ValidUser: func(u string) bool { return u != "" && !strings.ContainsAny(u, "./") },
 		Sandboxes: boxes, Handshakes: handshakes, Publisher: events.NewPublisher(js, "edge-test", log),
 		Sealer: f.sealer, Edge: "edge-test", Slots: NewSlots(64),
 		WakeTimeout: 5 * time.Second, HandshakeTimeout: 5 * time.Second,
@@ -133,7 +133,7 @@ func newFixture(t testing.TB, upstream http.Handler, mutate func(*Options)) *fix
 	if o.SandboxDomain != "" {
 		public = []string{fixtureGateway}
 	}
-	clients, err := httpguard.NewPolicy(httpguard.Options{PublicHosts: public, SandboxDomain: o.SandboxDomain, ValidUser: o.ValidUser})
+	clients, err := httpguard.NewPolicy(httpguard.Options{PublicHosts: public, SandboxDomain: o.SandboxDomain})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func newFixture(t testing.TB, upstream http.Handler, mutate func(*Options)) *fix
 	return f
 }
 
-var errUnauthorized = &statusError{http.StatusUnauthorized, "sign in first"}
+var errUnauthorized = web.Refuse(http.StatusUnauthorized, "sign in first")
 
 // bearerOnly admits fixtureToken as bob, for good.
 type bearerOnly struct{}
@@ -170,14 +170,6 @@ func (bearerOnly) AuthenticateFor(c *fiber.Ctx, _ string) (auth.Identity, error)
 }
 
 func (bearerOnly) Valid(auth.Identity) bool { return true }
-
-type statusError struct {
-	status int
-	msg    string
-}
-
-func (e *statusError) Error() string   { return e.msg }
-func (e *statusError) HTTPStatus() int { return e.status }
 
 func open[T any](t testing.TB, js jetstream.JetStream, name string) *kv.Bucket[T] {
 	b, err := kv.Open[T](context.Background(), js, name)

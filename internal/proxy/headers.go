@@ -8,7 +8,7 @@ import (
 	"net/netip"
 	"strings"
 
-	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/ident"
 )
 
 // hopByHop are the headers that describe one connection, not the message
@@ -496,7 +496,7 @@ func browserHost(authority, scheme string) (string, bool) {
 			return "", false
 		}
 	}
-	h, ok := httpguard.CanonicalHost(authority, scheme)
+	h, ok := ident.CanonicalHost(authority, scheme)
 	if !ok {
 		return "", false
 	}
@@ -533,7 +533,7 @@ func numeric(label string) bool {
 
 // canonicalUpstream is DSH's address as browserHost would write it.
 func canonicalUpstream(addr string) string {
-	h, _ := httpguard.CanonicalHost(addr, "http")
+	h, _ := ident.CanonicalHost(addr, "http")
 	return h
 }
 

@@ -28,7 +28,7 @@ func (p *Proxy) serveHTTP(r *request) error {
 	status, owned, err := p.forward(r)
 	p.departures.remove(r)
 	if err != nil {
-		status, r.failed = p.fail(r.c, r.rid, err), true
+		status, r.failed = p.fail(r.c, err), true
 	}
 	p.m.observe(status, sourceOf(status, r.failed), time.Since(r.start))
 	if !owned {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"time"
 
+	"github.com/aaas-project/aaas/internal/web"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -43,7 +44,7 @@ var sources = [...]string{"tenant", "gateway", "client"}
 // answered itself.
 func sourceOf(code int, failed bool) int {
 	switch {
-	case code == statusClientClosed:
+	case code == web.StatusClientClosed:
 		return sourceClient
 	case failed:
 		return sourceGateway
@@ -108,7 +109,7 @@ func registerStateAge(reg prometheus.Registerer, current func() time.Time) {
 // 4xx; 1xx counts WebSockets).
 func classIndex(code int) int {
 	switch {
-	case code == statusClientClosed:
+	case code == web.StatusClientClosed:
 		return 3
 	case code < 200:
 		return 0

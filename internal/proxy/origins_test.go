@@ -24,7 +24,6 @@ import (
 // subdomain is the fixture's mutate for subdomain mode.
 func subdomain(o *Options) {
 	o.SandboxDomain = fixtureDomain
-	o.ValidUser = func(u string) bool { return auth.ValidateUser(u) == nil }
 }
 
 // bobOrigin is bob's sandbox origin's host.

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/aaas-project/aaas/internal/web"
 	"github.com/gofiber/fiber/v2"
 )
 
@@ -34,7 +35,7 @@ func (p *Proxy) servePreview(c *fiber.Ctx, rid, user, raw string, port int, ws b
 }
 
 // unlistedPort is the 404 for a preview of a port that is not listed.
-func (p *Proxy) unlistedPort(port int) *proxyError {
+func (p *Proxy) unlistedPort(port int) *web.Error {
 	detail := "Previews are off on this gateway (PREVIEW_PORTS is empty)."
 	if len(p.o.PreviewPorts) > 0 {
 		ports := make([]string, len(p.o.PreviewPorts))
@@ -43,7 +44,7 @@ func (p *Proxy) unlistedPort(port int) *proxyError {
 		}
 		detail = "Port " + strconv.Itoa(port) + " is not a preview port of this gateway; apps are previewed on port " + strings.Join(ports, ", ") + "."
 	}
-	return &proxyError{Status: http.StatusNotFound, Title: "No preview on port " + strconv.Itoa(port), Detail: detail}
+	return &web.Error{Status: http.StatusNotFound, Title: "No preview on port " + strconv.Itoa(port), Detail: detail}
 }
 
 // resolve is where r goes: DSH, with its cookie, or the preview's port on
@@ -86,17 +87,17 @@ func (r *Resolver) Exists(user string) bool {
 // user: nothing listening on the port (a refused or unanswered connect),
 // or an app that did not answer properly. DSH's failures pass as they are.
 func (r *request) unreachable(err error) error {
-	var pe *proxyError
+	var pe *web.Error
 	if r.port == 0 || r.ctx.Err() != nil || errors.As(err, &pe) {
 		return err
 	}
 	port := strconv.Itoa(r.port)
 	var oe *net.OpError
 	if errors.As(err, &oe) && oe.Op == "dial" {
-		return &proxyError{Status: http.StatusBadGateway, Title: "Nothing listening on port " + port,
+		return &web.Error{Status: http.StatusBadGateway, Title: "Nothing listening on port " + port,
 			Detail: "Nothing is listening on port " + port + " in your sandbox. Start your app on port " + port +
-				", listening on all addresses (0.0.0.0, e.g. vite --host), not only localhost, then reload.", Err: err}
+				", listening on all addresses (0.0.0.0, e.g. vite --host), not only localhost, then reload.", Cause: err}
 	}
-	return &proxyError{Status: http.StatusBadGateway, Title: "Preview unreachable",
-		Detail: "The app on port " + port + " in your sandbox did not answer properly. Try again in a moment.", Err: err}
+	return &web.Error{Status: http.StatusBadGateway, Title: "Preview unreachable",
+		Detail: "The app on port " + port + " in your sandbox did not answer properly. Try again in a moment.", Cause: err}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/web"
@@ -33,20 +34,15 @@ import (
 
 // Authenticator is what the proxy needs of authentication
 // (auth.Authenticator): who a request for a user's sandbox is, and
-// whether that still holds. An error with an HTTPStatus() int method
-// answers with that status, any other with 401.
+// whether that still holds. Its errors are *web.Error (401, 403, 503).
 type Authenticator interface {
 	AuthenticateFor(c *fiber.Ctx, user string) (auth.Identity, error)
 	Valid(id auth.Identity) bool
 }
 
-// ValidUser reports whether a path segment can be an account name.
-type ValidUser func(string) bool
-
 // Options wires a Proxy.
 type Options struct {
-	Auth      Authenticator
-	ValidUser ValidUser
+	Auth Authenticator
 	// SandboxDomain is SANDBOX_DOMAIN (canonical): set, sandboxes are
 	// served on their own origins only (Origins) and the gateway's /u/
 	// paths redirect there; empty, they are served under /u/<user>/.
@@ -188,7 +184,7 @@ func (p *Proxy) Origins(c *fiber.Ctx) error {
 // browser reads under another user's prefix is refused, not redirected.
 func (p *Proxy) toOrigin(c *fiber.Ctx) error {
 	user, rest, ok := splitUserPath(string(c.Request().URI().PathOriginal()))
-	if !ok || !p.o.ValidUser(user) {
+	if !ok || !ident.ValidUser(user) {
 		return p.refuse(c, httpguard.RequestID(c), false, errNoSandbox)
 	}
 	if rest == "" {
@@ -204,7 +200,7 @@ func (p *Proxy) toOrigin(c *fiber.Ctx) error {
 // signInFirst: a top-level navigation (GET or HEAD of a page) to a
 // sandbox origin refused for want of credentials is sent to sign in
 // rather than shown a 401; everything else gets the 401 as it would.
-func (p *Proxy) signInFirst(c *fiber.Ctx, pe *proxyError) bool {
+func (p *Proxy) signInFirst(c *fiber.Ctx, pe *web.Error) bool {
 	return pe.Status == fiber.StatusUnauthorized && p.o.Gateway != "" && httpguard.Get(c).OnSandboxDomain &&
 		(c.Method() == fiber.MethodGet || c.Method() == fiber.MethodHead) && web.WantsHTML(c)
 }
@@ -292,7 +288,7 @@ func readUser(path string) string {
 func (p *Proxy) serve(c *fiber.Ctx) error {
 	rid := httpguard.RequestID(c)
 	user, rest, ok := splitUserPath(string(c.Request().URI().PathOriginal()))
-	if !ok || !p.o.ValidUser(user) {
+	if !ok || !ident.ValidUser(user) {
 		return p.refuse(c, rid, false, errNoSandbox)
 	}
 	if rest == "" {
@@ -324,10 +320,10 @@ func (p *Proxy) serveUser(c *fiber.Ctx, rid, user, rest string, port int, ws boo
 	}
 	id, err := p.o.Auth.AuthenticateFor(c, user)
 	switch {
-	case err != nil && !ws && p.signInFirst(c, authFailed(err)):
+	case err != nil && !ws && p.signInFirst(c, web.AsError(err)):
 		return p.toSignIn(c)
 	case err != nil:
-		return p.refuse(c, rid, ws, authFailed(err))
+		return p.refuse(c, rid, ws, web.AsError(err))
 	case id.User != user && port != 0 && !p.o.PreviewUsers:
 		return p.refuse(c, rid, ws, errNotYourPreview)
 	case id.User != user && port != 0 && !p.resolver.Exists(user):
@@ -356,12 +352,12 @@ func (p *Proxy) serveUser(c *fiber.Ctx, rid, user, rest string, port int, ws boo
 }
 
 // refuse counts and answers a request refused before it took a slot.
-func (p *Proxy) refuse(c *fiber.Ctx, rid string, ws bool, err *proxyError) error {
+func (p *Proxy) refuse(c *fiber.Ctx, rid string, ws bool, err *web.Error) error {
 	if ws {
 		p.m.count(fiber.StatusSwitchingProtocols, sourceGateway)
 		return p.closeAtOnce(c, closeCode(err), err.Detail)
 	}
-	status := p.fail(c, rid, err)
+	status := p.fail(c, err)
 	p.m.count(status, sourceOf(status, true))
 	return nil
 }
@@ -370,7 +366,7 @@ func (p *Proxy) refuse(c *fiber.Ctx, rid string, ws bool, err *proxyError) error
 // status and the page or problem document the browser gets; causes the
 // browser must not see are logged with the request id it does see. It
 // returns the status.
-func (p *Proxy) fail(c *fiber.Ctx, rid string, err error) int {
+func (p *Proxy) fail(c *fiber.Ctx, err error) int {
 	var starting *sandboxStarting
 	if errors.As(err, &starting) {
 		c.Status(fiber.StatusServiceUnavailable)
@@ -382,23 +378,6 @@ func (p *Proxy) fail(c *fiber.Ctx, rid string, err error) int {
 		return fiber.StatusServiceUnavailable
 	}
 	pe := asProxyError(err)
-	switch {
-	case pe.Status == statusClientClosed:
-		p.o.Log.Info("client closed request", "request_id", rid, "method", c.Method(), "status", statusClientClosed)
-		c.Status(statusClientClosed)
-		return statusClientClosed
-	case pe.Err != nil && pe.Status >= 500:
-		p.o.Log.Warn("proxy error", "request_id", rid, "status", pe.Status, "err", pe.Err)
-	}
-	// Every refusal for want of a sandbox or a control plane is worth
-	// retrying shortly, and says so.
-	if pe.Status == fiber.StatusServiceUnavailable && len(c.Response().Header.Peek(fiber.HeaderRetryAfter)) == 0 {
-		c.Set(fiber.HeaderRetryAfter, "2")
-	}
-	detail := pe.Detail
-	if pe.Status >= 500 {
-		detail += " (request " + rid + ")"
-	}
-	_ = web.WriteProblem(c, web.Problem{Status: pe.Status, Title: pe.Title, Detail: detail, SignIn: pe.Status == fiber.StatusUnauthorized})
+	_ = web.Fail(c, pe)
 	return pe.Status
 }

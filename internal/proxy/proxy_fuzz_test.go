@@ -9,9 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/valyala/fasthttp"
-
-	"github.com/aaas-project/aaas/internal/auth"
 )
 
 // FuzzSplitUserPath takes a request target through fasthttp's request
@@ -35,7 +34,7 @@ func FuzzSplitUserPath(f *testing.F) {
 		}
 		raw := string(req.URI().PathOriginal())
 		user, rest, ok := splitUserPath(raw)
-		if !ok || auth.ValidateUser(user) != nil {
+		if !ok || ident.ValidateUser(user) != nil {
 			return // refused: no user's pod gets it
 		}
 		if "/u/"+user+rest != raw {

@@ -22,6 +22,7 @@ import (
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/state"
 	tu "github.com/aaas-project/aaas/internal/testutil"
+	"github.com/aaas-project/aaas/internal/web"
 )
 
 // echoHandler answers with what it was sent: method, path, headers, body.
@@ -240,7 +241,7 @@ func TestClientGoneCancelsTheWait(t *testing.T) {
 		t.Fatalf("the request did not wait for the sandbox: %d %s", resp.StatusCode, b)
 	}
 	left := func() error {
-		if n := testutil.ToFloat64(f.proxy.m.byClass[sourceClient][classIndex(statusClientClosed)]); n != 1 {
+		if n := testutil.ToFloat64(f.proxy.m.byClass[sourceClient][classIndex(web.StatusClientClosed)]); n != 1 {
 			return fmt.Errorf("%v requests counted as 499", n)
 		}
 		if !f.proxy.o.Slots.Acquire(fixtureUser) {
@@ -313,13 +314,13 @@ func TestEventStream(t *testing.T) {
 
 func TestCloseCodes(t *testing.T) {
 	for _, tt := range []struct {
-		err  *proxyError
+		err  *web.Error
 		want int
 	}{
-		{authFailed(errUnauthorized), closeUnauthorized},
+		{errUnauthorized, closeUnauthorized},
 		{errNotYours, closeUnauthorized},
 		{errCrossSite, closeForbidden},
-		{authFailed(&statusError{http.StatusForbidden, "not allowed"}), closeForbidden},
+		{web.Refuse(http.StatusForbidden, "not allowed"), closeForbidden},
 		{errBusy, 1011},
 		{errDraining, 1001},
 		{asProxyError(io.ErrUnexpectedEOF), 1011},

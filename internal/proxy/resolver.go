@@ -15,6 +15,7 @@ import (
 	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
+	"github.com/aaas-project/aaas/internal/web"
 )
 
 // Commander publishes lifecycle commands (events.Publisher).
@@ -173,7 +174,7 @@ func (r *Resolver) ready(ctx context.Context, user string, wait, background bool
 			}
 		case state.PhaseFailed:
 			r.m.wakes.WithLabelValues("failed").Inc()
-			return state.Sandbox{}, &proxyError{Status: http.StatusServiceUnavailable, Title: "Sandbox failed", Detail: "Your sandbox failed to start: " + e.Value.Reason}
+			return state.Sandbox{}, &web.Error{Status: http.StatusServiceUnavailable, Title: "Sandbox failed", Detail: "Your sandbox failed to start: " + e.Value.Reason}
 		case state.PhaseDeleting:
 			return state.Sandbox{}, errDeleting
 		case state.PhaseSuspended, state.PhaseSuspending:
@@ -202,7 +203,7 @@ func (r *Resolver) ready(ctx context.Context, user string, wait, background bool
 		case errors.Is(err, context.DeadlineExceeded):
 			r.m.wakes.WithLabelValues("timeout").Inc()
 			shown := r.Queue.Describe(e.Value)
-			return state.Sandbox{}, &proxyError{Status: http.StatusGatewayTimeout, Title: "Sandbox not ready",
+			return state.Sandbox{}, &web.Error{Status: http.StatusGatewayTimeout, Title: "Sandbox not ready",
 				Detail: strings.TrimSpace("Your sandbox did not become ready within "+r.WakeTimeout.String()+" (it is "+string(shown.Phase)+"). "+shown.Reason) + " Try again in a moment."}
 		case err != nil:
 			r.m.wakes.WithLabelValues("abandoned").Inc()

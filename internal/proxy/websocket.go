@@ -15,6 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/web"
 )
 
 // Close codes sent to browsers: 4401 asks the page to sign in again, 4403
@@ -43,7 +44,7 @@ var wsWriteBuffers = &sync.Pool{}
 // closeCode is the close code a browser gets for a refusal: 4401 asks the
 // page to sign in again (also when it is signed in as another user), 4403
 // says it may not, 1001 sends it to another edge, 1011 covers the rest.
-func closeCode(pe *proxyError) int {
+func closeCode(pe *web.Error) int {
 	switch pe {
 	case errNotYours: // signed in as someone else: sign in again
 		return closeUnauthorized
@@ -79,11 +80,11 @@ func (p *Proxy) serveWebSocket(r *request) error {
 		// A refresh that failed says why itself (a handshake that timed
 		// out or was refused); only the dial's own failures are the
 		// sandbox not accepting.
-		var pe *proxyError
+		var pe *web.Error
 		if err != nil && r.ctx.Err() == nil && !errors.As(err, &pe) {
 			p.m.upstreamErrors.WithLabelValues("websocket_dial").Inc()
 			if err = r.unreachable(err); !errors.As(err, &pe) {
-				err = &proxyError{Status: http.StatusBadGateway, Detail: "your sandbox did not accept the connection", Err: err}
+				err = &web.Error{Status: http.StatusBadGateway, Detail: "your sandbox did not accept the connection", Cause: err}
 			}
 		}
 	}
@@ -93,8 +94,8 @@ func (p *Proxy) serveWebSocket(r *request) error {
 		p.o.Slots.Release(r.user)
 		pe := asProxyError(err)
 		p.m.count(fiber.StatusSwitchingProtocols, sourceGateway)
-		if pe.Err != nil && pe.Status >= 500 {
-			p.o.Log.Warn("websocket refused", "request_id", r.rid, "user", r.user, "err", pe.Err)
+		if pe.Cause != nil && pe.Status >= 500 {
+			p.o.Log.Warn("websocket refused", "request_id", r.rid, "user", r.user, "err", pe.Cause)
 		}
 		return p.closeAtOnce(r.c, closeCode(pe), pe.Detail)
 	}

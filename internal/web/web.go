@@ -303,11 +303,33 @@ func RenderStarting(c *fiber.Ctx, d Starting) error {
 	return pages.ExecuteTemplate(c, "starting.html", onOrigin[Starting]{d, gatewayBase(c)})
 }
 
-// WantsHTML is the edge's one negotiation rule for answers it writes
-// itself: a page for requests that accept text/html (browser navigations
-// and form posts), JSON for everything else (fetch, XHR, API clients).
+// WantsHTML is the edge's one negotiation rule for every answer it writes
+// itself, pages, JSON and errors alike: a request whose Accept names
+// text/html gets a page; an API client's (a bearer token, a JSON body, an
+// Accept naming JSON) JSON; a posted form a page (browsers post forms);
+// anything else JSON.
 func WantsHTML(c *fiber.Ctx) bool {
-	return strings.Contains(c.Get(fiber.HeaderAccept), "text/html")
+	accept, ct := c.Get(fiber.HeaderAccept), c.Get(fiber.HeaderContentType)
+	switch {
+	case strings.Contains(accept, fiber.MIMETextHTML):
+		return true
+	case strings.HasPrefix(c.Get(fiber.HeaderAuthorization), "Bearer "),
+		strings.HasPrefix(ct, fiber.MIMEApplicationJSON),
+		strings.Contains(accept, fiber.MIMEApplicationJSON):
+		return false
+	}
+	return strings.HasPrefix(ct, fiber.MIMEApplicationForm)
+}
+
+// ShowToken answers with a token shown once: JSON for API clients, a page
+// for browsers (back links where to go next). Never cached.
+func ShowToken(c *fiber.Ctx, user, token, back string) error {
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	if !WantsHTML(c) {
+		return c.JSON(fiber.Map{"user": user, "token": token})
+	}
+	c.Type("html")
+	return RenderToken(c, Token{User: user, Token: token, Back: back})
 }
 
 // problemJSON is an RFC 9457 problem document.

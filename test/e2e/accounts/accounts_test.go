@@ -21,9 +21,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
-	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testenv"
@@ -370,7 +370,7 @@ func TestRefusedLoginsAddOneAuditEventPerClient(t *testing.T) {
 	// One audit event per client per window begun.
 	evs := auditEvents(t, w)
 	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
-		tag := auth.HashHex(ip)[:16]
+		tag := ident.HashHex(ip)[:16]
 		n := count(evs, func(e events.AuditEvent) bool { return refusal(e) && e.Client == tag })
 		if n < 1 || n > windows {
 			t.Errorf("client %s: %d audit events for %d refusals in %s, want 1..%d", ip, n, perClient, elapsed.Round(time.Millisecond), windows)
@@ -404,7 +404,7 @@ func TestSSOAdmitsOnlyWhomItShould(t *testing.T) {
 
 	r = status("X-Forwarded-User", "Carol.Jones", "X-Forwarded-Email", "carol@acme.example", "X-Forwarded-Groups", "other, acme:devs")
 	expect(t, r, http.StatusOK, "a group member whose login is not an account name")
-	if name := r.JSON()["user"]; name != auth.SSOName("Carol.Jones") || !strings.HasPrefix(auth.SSOName("Carol.Jones"), "carol-jones-") {
+	if name := r.JSON()["user"]; name != ident.SSOName("Carol.Jones") || !strings.HasPrefix(ident.SSOName("Carol.Jones"), "carol-jones-") {
 		t.Fatalf("Carol.Jones got account %v", name)
 	}
 

@@ -10,8 +10,8 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/fasthttp/websocket"
 
-	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
@@ -19,7 +19,7 @@ import (
 
 // adminEntry is the ADMIN_USERS entry binding name to the account whose
 // token this is, as README's Administration section computes it.
-func adminEntry(name, token string) string { return name + ":" + auth.HashHex(token) }
+func adminEntry(name, token string) string { return name + ":" + ident.HashHex(token) }
 
 // makeAdmin restarts edges with ADMIN_USERS binding name to the account of
 // token, as an operator does once the account exists; edges started later

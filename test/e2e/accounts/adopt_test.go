@@ -20,8 +20,8 @@ import (
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
-	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/gobuild"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/sandbox"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
@@ -48,8 +48,8 @@ func TestAdoptSeedGatewayClaims(t *testing.T) {
 	claims := ext.ExtensionsV1beta1().SandboxClaims(w.NS.Name)
 	ctx := testenv.Context(t, 5*time.Minute)
 
-	token := auth.NewToken("ursula") // what the seed handed ursula at signup
-	hash := auth.HashHex(token)
+	token := ident.NewToken("ursula") // what the seed handed ursula at signup
+	hash := ident.HashHex(token)
 	seed := func(name string, annotations map[string]string) *extv1beta1.SandboxClaim {
 		t.Helper()
 		c, err := claims.Create(ctx, &extv1beta1.SandboxClaim{
@@ -66,7 +66,7 @@ func TestAdoptSeedGatewayClaims(t *testing.T) {
 		// The seed's, but nobody could ever sign in to it.
 		"dsh-vera": seed("dsh-vera", map[string]string{seedMarker: "dsh-gateway"}),
 		// Applied by hand, without the marker: adopted only when named.
-		"dsh-walt": seed("dsh-walt", map[string]string{sandbox.TokenHashAnnotation: auth.HashHex(auth.NewToken("walt"))}),
+		"dsh-walt": seed("dsh-walt", map[string]string{sandbox.TokenHashAnnotation: ident.HashHex(ident.NewToken("walt"))}),
 		// Marked, but not a user's claim.
 		"scratch": seed("scratch", map[string]string{seedMarker: "dsh-gateway", sandbox.TokenHashAnnotation: hash}),
 	}

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/testenv"
 	"github.com/aaas-project/aaas/internal/testutil"
 )
@@ -63,7 +63,7 @@ func TestRefusalsFromAnAddressSpaceKeepTheAuditTrail(t *testing.T) {
 	client := func(i int) string { return fmt.Sprintf("2001:db8:%x:%x::1", i>>16, i&0xffff) }
 	tag := func(i int) string {
 		p, _ := netip.MustParseAddr(client(i)).Prefix(64)
-		return auth.HashHex(p.String())[:16]
+		return ident.HashHex(p.String())[:16]
 	}
 	login := func(c *testenv.Client, i int) int {
 		return c.Do(http.MethodPost, "/login", strings.NewReader("token=nobody.aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"),

@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/sandbox"
 	"github.com/aaas-project/aaas/internal/state"
@@ -50,7 +50,7 @@ func TestTokensAreReplacedByTheUserOrReset(t *testing.T) {
 	r := ann.Do(http.MethodPost, "/_/token", nil, "Accept", "application/json")
 	expect(t, r, http.StatusOK, "replace own token")
 	second, _ := r.JSON()["token"].(string)
-	if u, ok := auth.TokenUser(second); !ok || u != "ann" || second == first {
+	if u, ok := ident.TokenUser(second); !ok || u != "ann" || second == first {
 		t.Fatalf("new token %q", second)
 	}
 	if cc := r.Header.Get("Cache-Control"); cc != "no-store" {
@@ -73,7 +73,7 @@ func TestTokensAreReplacedByTheUserOrReset(t *testing.T) {
 	r = adm.Do(http.MethodPost, "/_/admin/users/ann/token", strings.NewReader(`{"confirm":"ann"}`), "Authorization", "Bearer "+bossToken, "Content-Type", "application/json", "Accept", "application/json")
 	expect(t, r, http.StatusOK, "reset")
 	third, _ := r.JSON()["token"].(string)
-	if u, ok := auth.TokenUser(third); !ok || u != "ann" || third == second {
+	if u, ok := ident.TokenUser(third); !ok || u != "ann" || third == second {
 		t.Fatalf("reset token %q", third)
 	}
 	works(second, http.StatusUnauthorized)
@@ -85,7 +85,7 @@ func TestTokensAreReplacedByTheUserOrReset(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := claim.Annotations[sandbox.TokenHashAnnotation]; got != auth.HashHex(third) {
+	if got := claim.Annotations[sandbox.TokenHashAnnotation]; got != ident.HashHex(third) {
 		t.Errorf("the claim's token hash %q, want the reset token's", got)
 	}
 
@@ -180,7 +180,7 @@ func TestNamedAPITokens(t *testing.T) {
 	r := create(ann, "ci", "")
 	expect(t, r, http.StatusCreated, "make ci")
 	ci, _ := r.JSON()["token"].(string)
-	if u, name, ok := auth.ParseAPIToken(ci); !ok || u != "ann" || name != "ci" {
+	if u, name, ok := ident.ParseAPIToken(ci); !ok || u != "ann" || name != "ci" {
 		t.Fatalf("API token %q", ci)
 	}
 	bearer(ci, "/_/status", http.StatusOK)
@@ -213,7 +213,7 @@ func TestNamedAPITokens(t *testing.T) {
 	}
 	for _, tok := range []string{ci, nightly} {
 		secret := tok[strings.LastIndex(tok, ".")+1:]
-		if strings.Contains(string(r.Body), secret) || strings.Contains(string(r.Body), auth.HashHex(tok)) {
+		if strings.Contains(string(r.Body), secret) || strings.Contains(string(r.Body), ident.HashHex(tok)) {
 			t.Errorf("the list shows a token or its hash: %s", r.Body)
 		}
 	}
@@ -244,8 +244,8 @@ func TestNamedAPITokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lapsed := auth.NewAPIToken("ann", "third")
-	e.Value.Hash, e.Value.Expires = auth.HashHex(lapsed), time.Now().Add(-time.Minute)
+	lapsed := ident.NewAPIToken("ann", "third")
+	e.Value.Hash, e.Value.Expires = ident.HashHex(lapsed), time.Now().Add(-time.Minute)
 	if _, err := tokens.Put(ctx, state.APITokenKey("ann", "third"), e.Value); err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
-	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testenv"
 )
@@ -121,7 +121,7 @@ func (w *world) dialWS(url string, h http.Header) (*websocket.Conn, *http.Respon
 // Administration).
 func (w *world) makeAdmin(name, token string) {
 	w.t.Helper()
-	w.Env["ADMIN_USERS"] = name + ":" + auth.HashHex(token)
+	w.Env["ADMIN_USERS"] = name + ":" + ident.HashHex(token)
 	for _, e := range w.edges {
 		e.Stop()
 		e.Env["ADMIN_USERS"] = w.Env["ADMIN_USERS"]

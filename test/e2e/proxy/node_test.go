@@ -18,8 +18,8 @@ import (
 
 	"github.com/fasthttp/websocket"
 
-	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/handshake"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/testenv"
@@ -33,12 +33,12 @@ import (
 func nodeSandbox(t *testing.T, s *testenv.Stack, user, addr string, hosts ...string) string {
 	t.Helper()
 	ctx := testenv.Context(t, time.Minute)
-	token := auth.NewToken(user)
+	token := ident.NewToken(user)
 	users, err := kv.Open[state.User](ctx, s.JS, state.BucketUsers)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := users.Put(ctx, user, state.User{Name: user, TokenHash: auth.HashHex(token), Claim: "dsh-" + user, Managed: true, Created: time.Now()}); err != nil {
+	if _, err := users.Put(ctx, user, state.User{Name: user, TokenHash: ident.HashHex(token), Claim: "dsh-" + user, Managed: true, Created: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	boxes, err := kv.Open[state.Sandbox](ctx, s.JS, state.BucketSandboxes)

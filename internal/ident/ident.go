@@ -1,75 +1,17 @@
-package auth
+// Package ident holds the formats every process agrees on: account names,
+// API token names, ADMIN_USERS entries, the shape of secrets (session ids,
+// bearer tokens, sign-in codes) and their hashes, request ids, and the
+// host names and proxy addresses of the edge's configuration. It is a
+// leaf: it imports nothing of ours and no HTTP framework, so lifecycle,
+// the broker, the sweeper and config check names without linking the
+// edge's server.
+package ident
 
 import (
-	"crypto/rand"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"regexp"
 	"strings"
 )
-
-// sidLen is the encoded length of a session id: 32 random bytes, base64url.
-const sidLen = 43
-
-// NewSessionID returns a fresh session id: 256 random bits, URL-safe.
-func NewSessionID() string { return random32() }
-
-func random32() string {
-	b := make([]byte, 32)
-	if _, err := rand.Read(b); err != nil {
-		panic("crypto/rand failed: " + err.Error())
-	}
-	return base64.RawURLEncoding.EncodeToString(b)
-}
-
-// validSID reports whether v has the shape of a session id, so garbage is
-// refused before any hashing.
-func validSID(v []byte) bool {
-	if len(v) != sidLen {
-		return false
-	}
-	for _, c := range v {
-		if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
-
-// HashHex is the hex SHA-256 of s: what the buckets store instead of a
-// session id or a token.
-func HashHex(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(sum[:])
-}
-
-// NewToken mints a bearer token for user. The user name is part of the
-// token ("<user>.<secret>") so a token alone identifies its account; the
-// secret is 256 random bits.
-func NewToken(user string) string { return user + "." + random32() }
-
-// NewRequestID names one request for its command's answer.
-func NewRequestID() string { return random32()[:22] }
-
-// TokenUser returns the account a token claims to belong to.
-func TokenUser(token string) (string, bool) {
-	user, secret, ok := strings.Cut(token, ".")
-	if !ok || len(secret) != sidLen || ValidateUser(user) != nil {
-		return "", false
-	}
-	return user, true
-}
-
-// TokenMatches compares a token with a stored hash in constant time.
-func TokenMatches(token, storedHash string) bool {
-	if storedHash == "" {
-		return false
-	}
-	return subtle.ConstantTimeCompare([]byte(HashHex(token)), []byte(storedHash)) == 1
-}
 
 var (
 	nameRE   = regexp.MustCompile(`^[a-z][a-z0-9-]*[a-z0-9]$`)
@@ -100,6 +42,9 @@ func ValidateUser(name string) error {
 	}
 	return nil
 }
+
+// ValidUser is ValidateUser as a predicate.
+func ValidUser(name string) bool { return ValidateUser(name) == nil }
 
 // SSOName maps a sign-in provider's login to an account name. Logins are
 // case-insensitive at the providers we front (GitHub, OIDC usernames), so
@@ -137,6 +82,22 @@ func SSOName(login string) string {
 		base = strings.TrimRight(base[:max], "-")
 	}
 	return base + "-" + HashHex(l)[:6]
+}
+
+// MaxTokenNameLen bounds an API token's name.
+const MaxTokenNameLen = 32
+
+var tokenNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]*$`)
+
+// ErrBadTokenName says what an API token's name may be.
+var ErrBadTokenName = errors.New("a token name is 1 to 32 lowercase letters, digits and hyphens, starting with a letter or digit")
+
+// ValidateTokenName checks an API token's name.
+func ValidateTokenName(name string) error {
+	if len(name) < 1 || len(name) > MaxTokenNameLen || !tokenNameRE.MatchString(name) {
+		return ErrBadTokenName
+	}
+	return nil
 }
 
 // Admin is an ADMIN_USERS entry: an account name and the identity its

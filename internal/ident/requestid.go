@@ -1,0 +1,58 @@
+package ident
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"strconv"
+	"sync/atomic"
+)
+
+// HeaderRequestID carries a request's id: from a trusted ingress, and
+// back to the browser on every answer.
+const HeaderRequestID = "X-Request-Id"
+
+// maxRequestID bounds an ingress's id (ingress-nginx sends 32 hex
+// digits, Envoy a 36-character UUID).
+const maxRequestID = 64
+
+// Request ids are a random per-process prefix and a counter: unique across
+// replicas without a random draw per request.
+var (
+	requestPrefix = func() string {
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		return hex.EncodeToString(b) + "-"
+	}()
+	requestCounter atomic.Uint64
+)
+
+// NewRequestID is a fresh id for a request no trusted ingress named.
+func NewRequestID() string {
+	return requestPrefix + strconv.FormatUint(requestCounter.Add(1), 10)
+}
+
+// ValidRequestID accepts what ingresses send (hex, UUIDs, base64url) and
+// nothing a log line or a header could be bent by: it may be a client's
+// own value that the ingress passed on.
+func ValidRequestID(s string) bool {
+	if s == "" || len(s) > maxRequestID {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		switch b := s[i]; {
+		case 'a' <= b && b <= 'z', 'A' <= b && b <= 'Z', '0' <= b && b <= '9', b == '-', b == '_', b == '.':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// AdoptRequestID is a trusted ingress's request id if it is a valid one,
+// else a fresh one.
+func AdoptRequestID(id string) string {
+	if ValidRequestID(id) {
+		return id
+	}
+	return NewRequestID()
+}
