@@ -7,7 +7,7 @@ TOOLS_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/aaas/tools
 STATICCHECK := $(TOOLS_CACHE)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 BIN := bin
 CMDS := edge lifecycle sweeper broker setup dshsim providersim devstack
-# The race-enabled processes of the integration tests (internal/testenv).
+# The race-enabled processes of the integration tests (internal/dev/testenv).
 RACE_BIN := $(BIN)/race
 RACE_CMDS := edge lifecycle sweeper broker setup
 GOTEST_FLAGS ?=

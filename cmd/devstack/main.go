@@ -16,8 +16,8 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/aaas-project/aaas/internal/devcluster"
-	"github.com/aaas-project/aaas/internal/devstack"
+	"github.com/aaas-project/aaas/internal/dev/devcluster"
+	"github.com/aaas-project/aaas/internal/dev/devstack"
 )
 
 func main() {

@@ -1,5 +1,5 @@
 // Command dshsim is the DSH Web stand-in used by tests and demos; see
-// internal/dshsim and /work/shared/UPSTREAM.md. SIGHUP rotates the launch
+// internal/dev/dshsim and /work/shared/UPSTREAM.md. SIGHUP rotates the launch
 // token, SIGINT and SIGTERM shut it down.
 package main
 
@@ -11,7 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/aaas-project/aaas/internal/dshsim"
+	"github.com/aaas-project/aaas/internal/dev/dshsim"
 )
 
 func main() { os.Exit(run()) }

@@ -1,6 +1,6 @@
 // Command providersim is the model provider stand-in (OpenAI- and
 // Anthropic-compatible) that tests use as the far end of
-// model calls; see internal/providersim. SIGINT and SIGTERM shut it down.
+// model calls; see internal/dev/providersim. SIGINT and SIGTERM shut it down.
 package main
 
 import (
@@ -11,7 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/aaas-project/aaas/internal/providersim"
+	"github.com/aaas-project/aaas/internal/dev/providersim"
 )
 
 func main() { os.Exit(run()) }

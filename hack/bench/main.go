@@ -37,8 +37,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/aaas-project/aaas/internal/auth"
-	"github.com/aaas-project/aaas/internal/devstack"
-	"github.com/aaas-project/aaas/internal/embednats"
+	"github.com/aaas-project/aaas/internal/dev/devstack"
+	"github.com/aaas-project/aaas/internal/dev/embednats"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aaas-project/aaas/internal/devstack"
+	"github.com/aaas-project/aaas/internal/dev/devstack"
 	"github.com/aaas-project/aaas/internal/state"
 )
 

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/aaas-project/aaas"
-	"github.com/aaas-project/aaas/internal/embednats"
+	"github.com/aaas-project/aaas/internal/dev/embednats"
 )
 
 // target is one way to reach the dshsim pod. Every load generator sends

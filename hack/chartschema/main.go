@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/aaas-project/aaas/internal/chartschema"
+	"github.com/aaas-project/aaas/internal/dev/chartschema"
 )
 
 func main() {

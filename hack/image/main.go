@@ -13,8 +13,8 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/aaas-project/aaas/internal/devcluster"
-	"github.com/aaas-project/aaas/internal/image"
+	"github.com/aaas-project/aaas/internal/dev/devcluster"
+	"github.com/aaas-project/aaas/internal/dev/image"
 )
 
 func main() {

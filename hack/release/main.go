@@ -12,7 +12,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/aaas-project/aaas/internal/release"
+	"github.com/aaas-project/aaas/internal/dev/release"
 )
 
 func main() {

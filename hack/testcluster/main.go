@@ -8,7 +8,7 @@ package main
 import (
 	"os"
 
-	"github.com/aaas-project/aaas/internal/devcluster/devclustertest"
+	"github.com/aaas-project/aaas/internal/dev/devcluster/devclustertest"
 )
 
 func main() {

@@ -21,7 +21,8 @@ import (
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/capacity"
 	"github.com/aaas-project/aaas/internal/credentials"
-	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/ident"
@@ -29,7 +30,6 @@ import (
 	"github.com/aaas-project/aaas/internal/ratelimit"
 	"github.com/aaas-project/aaas/internal/spend"
 	"github.com/aaas-project/aaas/internal/state"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 var quiet = slog.New(slog.DiscardHandler)

@@ -14,11 +14,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 // send is a request as the administrator's API client (bearer token,

@@ -16,12 +16,12 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/aaas-project/aaas/internal/auth"
-	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/ratelimit"
 	"github.com/aaas-project/aaas/internal/state"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 const (

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/state"
 )
 

@@ -17,14 +17,14 @@ import (
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/aaas-project/aaas/internal/config"
-	"github.com/aaas-project/aaas/internal/embednats"
-	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/embednats"
+	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
+	tu "github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/natsconn"
 	"github.com/aaas-project/aaas/internal/state"
-	tu "github.com/aaas-project/aaas/internal/testutil"
 )
 
 var quiet = slog.New(slog.DiscardHandler)

@@ -14,12 +14,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/aaas-project/aaas/internal/embednats"
-	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/embednats"
+	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/jsconfig"
 	"github.com/aaas-project/aaas/internal/natsconn"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 var quiet = slog.New(slog.DiscardHandler)

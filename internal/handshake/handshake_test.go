@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aaas-project/aaas/internal/dshsim"
+	"github.com/aaas-project/aaas/internal/dev/dshsim"
 	"github.com/aaas-project/aaas/internal/handshake"
 )
 

@@ -13,9 +13,9 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/ident"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 // lines are the JSON log lines written to logs so far.

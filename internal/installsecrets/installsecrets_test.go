@@ -18,8 +18,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/aaas-project/aaas/internal/config"
-	"github.com/aaas-project/aaas/internal/devcluster"
-	"github.com/aaas-project/aaas/internal/devcluster/devclustertest"
+	"github.com/aaas-project/aaas/internal/dev/devcluster"
+	"github.com/aaas-project/aaas/internal/dev/devcluster/devclustertest"
 	"github.com/aaas-project/aaas/internal/installsecrets"
 	"github.com/aaas-project/aaas/internal/natsauth"
 )

@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 // Current says how fresh a cache is: it moves forward while the watch keeps

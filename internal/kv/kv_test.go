@@ -18,12 +18,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/aaas-project/aaas/internal/embednats"
-	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/embednats"
+	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
-	"github.com/aaas-project/aaas/internal/testenv"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 var quiet = slog.New(slog.DiscardHandler)

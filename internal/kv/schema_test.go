@@ -9,9 +9,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/kv"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 // note1 is a record as release 1 has it; note2 the same record as

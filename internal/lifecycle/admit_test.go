@@ -5,10 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 // A queue entry for a sandbox that runs already (a wake that read the

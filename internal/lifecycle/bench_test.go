@@ -12,9 +12,9 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/state"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 // BenchmarkWakeOverhead measures how long after a woken pod turns Ready

@@ -24,11 +24,11 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/aaas-project/aaas/internal/config"
-	"github.com/aaas-project/aaas/internal/embednats"
-	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/embednats"
+	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/natsconn"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 // tlsServer writes a CA and a server certificate for 127.0.0.1 and returns

@@ -11,7 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	tu "github.com/aaas-project/aaas/internal/testutil"
+	tu "github.com/aaas-project/aaas/internal/dev/testutil"
 )
 
 // With NATS gone the edge keeps serving Ready sandboxes from its cache

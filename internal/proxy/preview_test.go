@@ -19,10 +19,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/aaas-project/aaas/internal/auth"
-	"github.com/aaas-project/aaas/internal/dshsim"
+	"github.com/aaas-project/aaas/internal/dev/dshsim"
+	tu "github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/state"
-	tu "github.com/aaas-project/aaas/internal/testutil"
 )
 
 // previewFixture is the proxy fixture with an app (dshsim's, as an agent

@@ -15,14 +15,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/aaas-project/aaas/internal/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/natsconn"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/sweeper"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 var quiet = slog.New(slog.DiscardHandler)

@@ -1,6 +1,6 @@
 //go:build tools
 
-// Package tools pins the Kubernetes binaries that internal/devcluster runs:
+// Package tools pins the Kubernetes binaries that internal/dev/devcluster runs:
 // the control plane, the real node's kubelet, kube-proxy and
 // kube-scheduler, and kubectl for the deployment tier. It is a separate module because k8s.io/kubernetes
 // cannot be required without replacing every staging module, and those

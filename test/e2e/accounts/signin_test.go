@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aaas-project/aaas/internal/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testenv"
 )
 
 // Signing up and signing in send a browser to its sandbox where it is

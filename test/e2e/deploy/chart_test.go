@@ -17,11 +17,11 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/aaas-project/aaas/internal/chartschema"
-	"github.com/aaas-project/aaas/internal/devcluster"
-	"github.com/aaas-project/aaas/internal/devcluster/devclustertest"
-	"github.com/aaas-project/aaas/internal/manifests"
-	"github.com/aaas-project/aaas/internal/testenv"
+	"github.com/aaas-project/aaas/internal/dev/chartschema"
+	"github.com/aaas-project/aaas/internal/dev/devcluster"
+	"github.com/aaas-project/aaas/internal/dev/devcluster/devclustertest"
+	"github.com/aaas-project/aaas/internal/dev/manifests"
+	"github.com/aaas-project/aaas/internal/dev/testenv"
 )
 
 // renderChart renders charts/aaas as release aaas in the control plane's

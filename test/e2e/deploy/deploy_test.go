@@ -34,16 +34,16 @@ import (
 
 	"github.com/aaas-project/aaas"
 	"github.com/aaas-project/aaas/internal/config"
-	"github.com/aaas-project/aaas/internal/devcluster"
-	"github.com/aaas-project/aaas/internal/devcluster/devclustertest"
-	"github.com/aaas-project/aaas/internal/dshsim"
-	"github.com/aaas-project/aaas/internal/embednats"
-	"github.com/aaas-project/aaas/internal/image"
-	"github.com/aaas-project/aaas/internal/manifests"
+	"github.com/aaas-project/aaas/internal/dev/devcluster"
+	"github.com/aaas-project/aaas/internal/dev/devcluster/devclustertest"
+	"github.com/aaas-project/aaas/internal/dev/dshsim"
+	"github.com/aaas-project/aaas/internal/dev/embednats"
+	"github.com/aaas-project/aaas/internal/dev/image"
+	"github.com/aaas-project/aaas/internal/dev/manifests"
+	"github.com/aaas-project/aaas/internal/dev/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/aaas-project/aaas/internal/natstls"
-	"github.com/aaas-project/aaas/internal/testenv"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 var cluster *devcluster.Cluster

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/dev/testenv"
 	"github.com/aaas-project/aaas/internal/state"
-	"github.com/aaas-project/aaas/internal/testenv"
 )
 
 // TestAPIServerRestartMidOperation stops kube-apiserver and etcd for a few

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/dev/testenv"
 	"github.com/aaas-project/aaas/internal/state"
-	"github.com/aaas-project/aaas/internal/testenv"
 )
 
 // TestLifecycleKilledMidCommand SIGKILLs the lifecycle worker that took a

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/dev/testenv"
 	"github.com/aaas-project/aaas/internal/events"
-	"github.com/aaas-project/aaas/internal/testenv"
 )
 
 // TestNATSNodeLoss SIGKILLs the NATS node that leads the command stream

@@ -10,9 +10,9 @@ import (
 
 	"github.com/fasthttp/websocket"
 
+	"github.com/aaas-project/aaas/internal/dev/testenv"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/state"
-	"github.com/aaas-project/aaas/internal/testenv"
 )
 
 // TestEdgeCutOffFromNATS cuts edge-a off from every NATS node for 60 s

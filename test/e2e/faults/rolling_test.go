@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aaas-project/aaas/internal/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testenv"
 )
 
 // TestRollingRestartOfEveryEdge restarts the three edges one at a time

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aaas-project/aaas/internal/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testenv"
 )
 
 // TestSoak is `make soak` (not in make test): SOAK (e.g. 30m) of traffic

@@ -13,9 +13,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/aaas-project/aaas/internal/dev/testenv"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/state"
-	"github.com/aaas-project/aaas/internal/testenv"
 )
 
 // TestSweeperFailoverWithManyClocks gives two sweepers 10k users' clocks

@@ -14,8 +14,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	aaas "github.com/aaas-project/aaas"
-	"github.com/aaas-project/aaas/internal/embednats/natstest"
-	"github.com/aaas-project/aaas/internal/testenv"
+	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/testenv"
 )
 
 // ruleFile is manifests/monitoring's PrometheusRule, as far as the tests

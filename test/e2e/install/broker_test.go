@@ -11,9 +11,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/aaas-project/aaas/internal/dev/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/state"
-	"github.com/aaas-project/aaas/internal/testenv"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 // TestModelCallsThroughTheInstall: on the real node, through the

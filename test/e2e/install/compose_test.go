@@ -22,13 +22,13 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/aaas-project/aaas/internal/devcluster"
-	"github.com/aaas-project/aaas/internal/embednats"
-	"github.com/aaas-project/aaas/internal/gobuild"
-	"github.com/aaas-project/aaas/internal/image"
-	"github.com/aaas-project/aaas/internal/manifests"
-	"github.com/aaas-project/aaas/internal/testenv"
-	"github.com/aaas-project/aaas/internal/testutil"
+	"github.com/aaas-project/aaas/internal/dev/devcluster"
+	"github.com/aaas-project/aaas/internal/dev/embednats"
+	"github.com/aaas-project/aaas/internal/dev/gobuild"
+	"github.com/aaas-project/aaas/internal/dev/image"
+	"github.com/aaas-project/aaas/internal/dev/manifests"
+	"github.com/aaas-project/aaas/internal/dev/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 )
 
 // composeNS is where compose's lifecycle puts its sandboxes: a namespace

@@ -43,13 +43,13 @@ import (
 
 	"github.com/aaas-project/aaas"
 	"github.com/aaas-project/aaas/internal/config"
-	"github.com/aaas-project/aaas/internal/devcluster"
-	"github.com/aaas-project/aaas/internal/gobuild"
-	"github.com/aaas-project/aaas/internal/image"
-	"github.com/aaas-project/aaas/internal/manifests"
-	"github.com/aaas-project/aaas/internal/providersim"
-	"github.com/aaas-project/aaas/internal/testenv"
-	"github.com/aaas-project/aaas/internal/testutil"
+	"github.com/aaas-project/aaas/internal/dev/devcluster"
+	"github.com/aaas-project/aaas/internal/dev/gobuild"
+	"github.com/aaas-project/aaas/internal/dev/image"
+	"github.com/aaas-project/aaas/internal/dev/manifests"
+	"github.com/aaas-project/aaas/internal/dev/providersim"
+	"github.com/aaas-project/aaas/internal/dev/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 )
 
 const (

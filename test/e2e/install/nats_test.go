@@ -15,8 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/aaas-project/aaas/internal/dev/testenv"
 	"github.com/aaas-project/aaas/internal/natstls"
-	"github.com/aaas-project/aaas/internal/testenv"
 )
 
 // TestNATSIsTLSOnly connects to every NATS node of the install as the

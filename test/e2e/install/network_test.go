@@ -13,10 +13,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/aaas-project/aaas/internal/devcluster"
-	"github.com/aaas-project/aaas/internal/image"
-	"github.com/aaas-project/aaas/internal/testenv"
-	"github.com/aaas-project/aaas/internal/testutil"
+	"github.com/aaas-project/aaas/internal/dev/devcluster"
+	"github.com/aaas-project/aaas/internal/dev/image"
+	"github.com/aaas-project/aaas/internal/dev/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 )
 
 // TestPodSecurityRestricted: both namespaces enforce the restricted

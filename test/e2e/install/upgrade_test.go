@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/aaas-project/aaas/internal/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testenv"
 )
 
 // nextTag is the aaas image under another tag: the same build, standing

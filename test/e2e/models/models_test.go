@@ -2,7 +2,7 @@
 // user's DSH (dshsim) in Chromium streams through the edge, dshsim, the
 // broker and the provider stand-in, and is attributed, metered, budgeted
 // and paid for as issue 23 says. The real providers cannot be reached
-// from here: internal/providersim stands in for them, at the far end
+// from here: internal/dev/providersim stands in for them, at the far end
 // only.
 package models_test
 
@@ -24,11 +24,11 @@ import (
 
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/credentials"
+	"github.com/aaas-project/aaas/internal/dev/providersim"
+	"github.com/aaas-project/aaas/internal/dev/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/kv"
-	"github.com/aaas-project/aaas/internal/providersim"
 	"github.com/aaas-project/aaas/internal/state"
-	"github.com/aaas-project/aaas/internal/testenv"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 var pkg testenv.Package

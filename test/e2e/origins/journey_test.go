@@ -16,8 +16,8 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/fasthttp/websocket"
 
-	"github.com/aaas-project/aaas/internal/testenv"
-	"github.com/aaas-project/aaas/internal/testutil"
+	"github.com/aaas-project/aaas/internal/dev/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 )
 
 // hangGuard only stops a hang: how soon a revocation ends a stream is a

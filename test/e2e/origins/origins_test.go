@@ -25,9 +25,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
+	"github.com/aaas-project/aaas/internal/dev/testenv"
 	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/state"
-	"github.com/aaas-project/aaas/internal/testenv"
 )
 
 var pkg testenv.Package

@@ -11,9 +11,9 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/aaas-project/aaas/internal/dev/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/handshake"
-	"github.com/aaas-project/aaas/internal/testenv"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 func id(s string) chromedp.ID { return chromedp.ID(s) }

@@ -4,7 +4,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/aaas-project/aaas/internal/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testenv"
 )
 
 // HSTS_MAX_AGE, over HTTPS only (security review S15): behind a trusted

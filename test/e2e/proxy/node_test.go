@@ -18,12 +18,12 @@ import (
 
 	"github.com/fasthttp/websocket"
 
+	"github.com/aaas-project/aaas/internal/dev/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
-	"github.com/aaas-project/aaas/internal/testenv"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 // nodeSandbox makes user's sandbox the Node.js upstream at addr, as the

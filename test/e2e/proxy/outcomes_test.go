@@ -8,9 +8,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/aaas-project/aaas/internal/dev/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/events"
-	"github.com/aaas-project/aaas/internal/testenv"
-	"github.com/aaas-project/aaas/internal/testutil"
 )
 
 // Outcomes are read from the audit stream, metrics and state, never from

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/dev/testenv"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
-	"github.com/aaas-project/aaas/internal/testenv"
 )
 
 // A sandbox whose pod ended for good (evicted) is healed: lifecycle

@@ -10,7 +10,7 @@ import (
 
 	"github.com/fasthttp/websocket"
 
-	"github.com/aaas-project/aaas/internal/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testenv"
 )
 
 // How soon a revocation ends its streams is a figure, measured by

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aaas-project/aaas/internal/testenv"
-	"github.com/aaas-project/aaas/internal/testutil"
+	"github.com/aaas-project/aaas/internal/dev/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 )
 
 // hidden is the second request an attacker hides in a body: one the edge

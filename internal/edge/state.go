@@ -1,0 +1,144 @@
+package edge
+
+import (
+	"context"
+
+	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/capacity"
+	"github.com/aaas-project/aaas/internal/config"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/process"
+	"github.com/aaas-project/aaas/internal/ratelimit"
+	"github.com/aaas-project/aaas/internal/spend"
+	"github.com/aaas-project/aaas/internal/state"
+)
+
+// edgeState is every bucket and watch cache the edge reads or writes.
+type edgeState struct {
+	store            *auth.Store
+	limiter, actions *ratelimit.Limiter
+	users            *kv.Cache[state.User]
+	boxes            *kv.Cache[state.Sandbox]
+	tokensBucket     *kv.Bucket[state.APIToken]
+	apiTokens        *kv.Cache[state.APIToken]
+	handshakes       *kv.Cache[state.Handshake]
+	requests         *kv.Cache[state.Result]
+	queued           *kv.Cache[state.Queued]
+	queue            capacity.Queue
+	book             *spend.Book
+	recorder         *spend.Recorder
+	budgets          *kv.Bucket[state.Budget]
+	keepAwake        *kv.Bucket[state.KeepAwake]
+	keepAwakes       *kv.Cache[state.KeepAwake]
+	// codes is the sign-in codes of sandbox origins (SANDBOX_DOMAIN set).
+	codes *kv.Bucket[state.SigninCode]
+	// credentials is users' own provider keys (BYOK set).
+	credentials *kv.Bucket[state.Credential]
+	// changes is told of every session ended and every account or API
+	// token changed, here or on another edge: a moment for the proxy to
+	// re-check its open streams. It holds one pending signal at most.
+	changes chan struct{}
+}
+
+func (s *edgeState) changed() {
+	select {
+	case s.changes <- struct{}{}:
+	default:
+	}
+}
+
+func openState(ctx context.Context, p *process.Process, cfg config.Edge) (*edgeState, error) {
+	s := &edgeState{changes: make(chan struct{}, 1)}
+	var err error
+	if s.store, err = auth.NewStore(ctx, p.JS, auth.StoreOptions{
+		TTL: cfg.Buckets.SessionTTL, MaxPerUser: cfg.MaxSessionsPerUser, OnRevoke: s.changed, Log: p.Log,
+	}); err != nil {
+		return nil, err
+	}
+	if s.limiter, err = ratelimit.New(ctx, p.JS, cfg.AuthRateLimit, cfg.Buckets.RateWindow); err != nil {
+		return nil, err
+	}
+	if s.actions, err = ratelimit.New(ctx, p.JS, cfg.RecreateRateLimit, cfg.Buckets.RateWindow); err != nil {
+		return nil, err
+	}
+	if s.users, err = cache(ctx, p, state.BucketUsers, kv.OnChange(func(string, kv.Entry[state.User], bool) { s.changed() })); err != nil {
+		return nil, err
+	}
+	if s.boxes, err = cache[state.Sandbox](ctx, p, state.BucketSandboxes); err != nil {
+		return nil, err
+	}
+	// An API token deleted or lapsed anywhere ends the streams it opened.
+	if s.tokensBucket, err = kv.Open[state.APIToken](ctx, p.JS, state.BucketAPITokens); err != nil {
+		return nil, err
+	}
+	if s.apiTokens, err = kv.NewCache(ctx, s.tokensBucket, ">", p.Log, kv.GroupBy[state.APIToken](state.APITokenUser),
+		kv.OnChange(func(string, kv.Entry[state.APIToken], bool) { s.changed() })); err != nil {
+		return nil, err
+	}
+	if s.handshakes, err = cache[state.Handshake](ctx, p, state.BucketHandshakes); err != nil {
+		return nil, err
+	}
+	if s.requests, err = cache[state.Result](ctx, p, state.BucketRequests); err != nil {
+		return nil, err
+	}
+	if s.queued, err = cache[state.Queued](ctx, p, state.BucketQueue); err != nil {
+		return nil, err
+	}
+	s.queue = capacity.Queue{Cache: s.queued}
+	if err := s.openSpending(ctx, p, cfg); err != nil {
+		return nil, err
+	}
+	if s.keepAwake, err = kv.Open[state.KeepAwake](ctx, p.JS, state.BucketKeepAwake); err != nil {
+		return nil, err
+	}
+	if s.keepAwakes, err = kv.NewCache(ctx, s.keepAwake, ">", p.Log); err != nil {
+		return nil, err
+	}
+	if cfg.SandboxDomain != "" {
+		if s.codes, err = kv.Open[state.SigninCode](ctx, p.JS, state.BucketSigninCodes); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.BYOK {
+		if s.credentials, err = kv.Open[state.Credential](ctx, p.JS, state.BucketCredentials); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// openSpending opens the caches of model spend, budgets and SSO groups
+// the user's page and the admin view read, the recorder of the groups,
+// and the bucket budget overrides are written to.
+func (s *edgeState) openSpending(ctx context.Context, p *process.Process, cfg config.Edge) error {
+	usage, err := cache[state.Usage](ctx, p, state.BucketUsage)
+	if err != nil {
+		return err
+	}
+	budgets, err := cache[state.Budget](ctx, p, state.BucketBudgets)
+	if err != nil {
+		return err
+	}
+	if s.budgets, err = kv.Open[state.Budget](ctx, p.JS, state.BucketBudgets); err != nil {
+		return err
+	}
+	groupsBucket, err := kv.Open[state.UserGroups](ctx, p.JS, state.BucketUserGroups)
+	if err != nil {
+		return err
+	}
+	groups, err := kv.NewCache(ctx, groupsBucket, ">", p.Log)
+	if err != nil {
+		return err
+	}
+	s.book = &spend.Book{Usage: usage, Budgets: budgets, Groups: groups, DefaultMicros: cfg.DefaultMicros}
+	s.recorder = &spend.Recorder{Bucket: groupsBucket, Cache: groups, Refresh: cfg.Buckets.SessionTTL / 2, Log: p.Log}
+	return nil
+}
+
+func cache[T any](ctx context.Context, p *process.Process, bucket string, opts ...kv.CacheOption[T]) (*kv.Cache[T], error) {
+	b, err := kv.Open[T](ctx, p.JS, bucket)
+	if err != nil {
+		return nil, err
+	}
+	return kv.NewCache(ctx, b, ">", p.Log, opts...)
+}
