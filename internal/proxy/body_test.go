@@ -51,8 +51,8 @@ func TestAnswerStreamedBeforeTheBodyEndSurvivesDetach(t *testing.T) {
 	go func() { _, _ = browser.Write([]byte(payload)) }() // and the connection stays open, as a keep-alive would
 
 	u := newUpstream()
-	defer u.closeIdle()
-	a, err := u.roundTrip(context.Background(), up.Listener.Addr().String(), &outgoing{method: "POST", uri: "/", header: []byte("Host: x\r\n"), body: body})
+	defer u.CloseIdle()
+	a, err := u.RoundTrip(context.Background(), up.Listener.Addr().String(), &outgoing{method: "POST", uri: "/", header: []byte("Host: x\r\n"), body: body})
 	if err != nil {
 		t.Fatal(err)
 	}

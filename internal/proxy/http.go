@@ -135,14 +135,14 @@ func (p *Proxy) outgoing(r *request, up Upstream, body *bodyReader) *outgoing {
 	return o
 }
 
-// outgoings are reused for their header buffers; roundTrip is done with
+// outgoings are reused for their header buffers; RoundTrip is done with
 // one when it returns.
 var outgoings = sync.Pool{New: func() any { return &outgoing{header: make([]byte, 0, 1024)} }}
 
 // send is one round trip with a pooled outgoing.
 func (p *Proxy) send(r *request, up Upstream, body *bodyReader) (*answer, error) {
 	o := p.outgoing(r, up, body)
-	a, err := p.upstream.roundTrip(r.ctx, up.Address, o)
+	a, err := p.transport.RoundTrip(r.ctx, up.Address, o)
 	o.body = nil
 	outgoings.Put(o)
 	return a, err

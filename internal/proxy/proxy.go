@@ -103,7 +103,7 @@ type Proxy struct {
 	m          *metrics
 	headers    headerPolicy
 	resolver   *Resolver
-	upstream   *upstream
+	transport  transport
 	dialer     *websocket.Dialer
 	tracker    *tracker
 	departures departures
@@ -126,7 +126,7 @@ func New(o Options) *Proxy {
 			Sandboxes: o.Sandboxes, Queue: o.Queue, Handshakes: o.Handshakes, Commands: o.Publisher, Sealer: o.Sealer,
 			WakeTimeout: o.WakeTimeout, HandshakeTimeout: o.HandshakeTimeout, MaxStaleness: o.MaxStaleness, m: m,
 		},
-		upstream: up,
+		transport: up,
 		dialer: &websocket.Dialer{
 			NetDialContext: up.dialer.DialContext, HandshakeTimeout: 10 * time.Second,
 			ReadBufferSize: wsReadBufferSize, WriteBufferSize: wsWriteBufferSize, WriteBufferPool: wsWriteBuffers,
@@ -234,7 +234,7 @@ func (p *Proxy) Run(ctx context.Context) {
 	go p.revalidate(ctx, p.o.Revalidate)
 	go p.departures.run(ctx)
 	p.tracker.run(ctx)
-	p.upstream.closeIdle()
+	p.transport.CloseIdle()
 }
 
 // Drain stops taking new proxied requests and closes every WebSocket with

@@ -16,6 +16,18 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
+// transport is the seam between the proxy and its HTTP/1.1 client: one
+// request out and its answer back, net/http's RoundTripper with the
+// address and the context explicit. The answer's body is read, then the
+// answer closed, which gives its connection back when the exchange was
+// complete. upstream is the transport the edge runs; the conformance
+// suite (conformance_test.go) holds any transport to net/http's server.
+type transport interface {
+	RoundTrip(ctx context.Context, addr string, o *outgoing) (*answer, error)
+	// CloseIdle closes every pooled connection.
+	CloseIdle()
+}
+
 // upstream is the proxy's HTTP/1.1 client for DSH pods. It is ours rather
 // than net/http's Transport because the hot path wants what a Transport
 // cannot give: the request is written and its answer read on the calling
@@ -112,8 +124,8 @@ func (u *upstream) put(c *upConn) {
 	_ = c.Close()
 }
 
-// closeIdle closes every pooled connection.
-func (u *upstream) closeIdle() {
+// CloseIdle closes every pooled connection.
+func (u *upstream) CloseIdle() {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	for addr, conns := range u.idle {
@@ -157,10 +169,10 @@ var answers = sync.Pool{New: func() any { return new(answer) }}
 
 var errSwitched = errors.New("DSH switched protocols on a plain request")
 
-// roundTrip sends o to addr and returns the answer's header, with its
+// RoundTrip sends o to addr and returns the answer's header, with its
 // body ready to read. ctx aborts the exchange, body included, until the
 // answer is closed.
-func (u *upstream) roundTrip(ctx context.Context, addr string, o *outgoing) (*answer, error) {
+func (u *upstream) RoundTrip(ctx context.Context, addr string, o *outgoing) (*answer, error) {
 	for attempt := 0; ; attempt++ {
 		conn, reused, err := u.get(ctx, addr)
 		if err != nil {

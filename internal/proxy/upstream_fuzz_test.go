@@ -200,7 +200,7 @@ func clientRead(t *testing.T, script []byte, o *outgoing) framedRead {
 	counted := &countingConn{Conn: client}
 	conn := &upConn{Conn: counted, addr: "dsh", br: bufio.NewReaderSize(counted, bufSize), bw: bufio.NewWriterSize(counted, bufSize)}
 	u := newUpstream()
-	defer u.closeIdle()
+	defer u.CloseIdle()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	a, err := u.exchange(ctx, conn, o)
