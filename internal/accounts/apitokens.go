@@ -12,6 +12,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
@@ -121,7 +122,7 @@ func (s *Service) createToken(c *fiber.Ctx) error {
 		rec.Expires = now.Add(ttl)
 		opts = append(opts, kv.WithTTL(ttl))
 	}
-	ctx, cancel := context.WithTimeout(traced(c), 10*time.Second)
+	ctx, cancel := context.WithTimeout(httpguard.Context(c), 10*time.Second)
 	defer cancel()
 	// Create, not Put: a name in use (or one that lapsed but whose marker
 	// stays) is refused rather than silently replaced.
@@ -160,7 +161,7 @@ func (s *Service) deleteToken(c *fiber.Ctx) error {
 	if _, found := s.o.APITokens.Cache.Get(key); !found {
 		return s.refuse(c, web.Refuse(fiber.StatusNotFound, "you have no token called "+name))
 	}
-	ctx, cancel := context.WithTimeout(traced(c), 10*time.Second)
+	ctx, cancel := context.WithTimeout(httpguard.Context(c), 10*time.Second)
 	defer cancel()
 	if err := s.o.APITokens.Bucket.Purge(ctx, key); err != nil {
 		return s.refuse(c, web.Unavailable(fmt.Errorf("API token not deleted: %w", err)))

@@ -33,7 +33,7 @@ func (s *Service) landing(c *fiber.Ctx) error {
 		d.User, d.Sandbox = id.User, s.sites.SandboxURL(c, id.User)
 		st := s.statusOf(id.User, d.Sandbox)
 		d.Phase, d.Reason, d.Sleep = st.Phase, st.Reason, s.sleep(st)
-		d.Models = s.landingModels(id.User)
+		d.Models = s.landingModels(httpguard.Context(c), id.User)
 		if s.o.APITokens != nil && id.TokenName == "" {
 			d.TokensOn = true
 			for _, t := range s.userTokens(id.User) {
@@ -112,7 +112,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	start := time.Now()
 	token := ident.NewToken(user)
 	req := ident.NewAnswerID()
-	res, err := s.command(traced(c), events.NewClaim(user, req, ident.HashHex(token)))
+	res, err := s.command(httpguard.Context(c), events.NewClaim(user, req, ident.HashHex(token)))
 	switch {
 	case errors.Is(err, auth.ErrTimeout) && !web.WantsHTML(c):
 		// The claim may still succeed: hand out the token now, as it will
@@ -129,7 +129,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 		s.o.Auth.Counter().WithLabelValues("signup", "failed").Inc()
 		return s.refuse(c, web.Refuse(fiber.StatusServiceUnavailable, "your sandbox could not be created: "+res.Error))
 	}
-	sid, err := s.o.Auth.Store().Create(context.Background(), user, "signup")
+	sid, err := s.o.Auth.Store().Create(httpguard.Context(c), user, "signup")
 	if err != nil {
 		return s.refuse(c, web.Unavailable(fmt.Errorf("signup: session not created: %w", err)))
 	}
@@ -140,7 +140,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	if web.WantsHTML(c) {
 		return c.Redirect(s.sites.SandboxURL(c, user), fiber.StatusSeeOther)
 	}
-	wctx, cancel := context.WithTimeout(context.Background(), s.o.WakeTimeout-time.Since(start))
+	wctx, cancel := context.WithTimeout(httpguard.Context(c), s.o.WakeTimeout-time.Since(start))
 	defer cancel()
 	e, _, _ := s.o.Sandboxes.Wait(wctx, user, func(e kv.Entry[state.Sandbox], ok bool) bool {
 		return ok && (e.Value.Phase == state.PhaseReady || e.Value.Phase == state.PhaseFailed)
@@ -179,14 +179,14 @@ func (s *Service) login(c *fiber.Ctx) error {
 		return s.refuse(c, web.Refuse(fiber.StatusUnauthorized, "that token is not valid"))
 	}
 	user := u.Name
-	sid, err := s.o.Auth.Store().Create(context.Background(), user, "login")
+	sid, err := s.o.Auth.Store().Create(httpguard.Context(c), user, "login")
 	if err != nil {
 		return s.refuse(c, web.Unavailable(fmt.Errorf("login: session not created: %w", err)))
 	}
 	// Signing in again replaces the browser's session: the old id, which
 	// the new cookie overwrites, must not stay usable elsewhere.
 	if old := c.Request().Header.Cookie(s.cookie); len(old) > 0 {
-		_ = s.o.Auth.Store().RevokeID(context.Background(), old)
+		_ = s.o.Auth.Store().RevokeID(httpguard.Context(c), old)
 	}
 	s.setCookie(c, sid)
 	s.o.Auth.Counter().WithLabelValues("login", "ok").Inc()
@@ -242,12 +242,12 @@ func (s *Service) logout(c *fiber.Ctx) error {
 		}
 		outcome := "ok"
 		if id.Method == auth.MethodSSO {
-			err, outcome = s.o.Auth.Store().RevokeAll(context.Background(), id.User), "sso"
+			err, outcome = s.o.Auth.Store().RevokeAll(httpguard.Context(c), id.User), "sso"
 			if s.o.SignOutURL != "" {
 				next = s.o.SignOutURL
 			}
 		} else {
-			err = s.o.Auth.Revoke(context.Background(), id)
+			err = s.o.Auth.Revoke(httpguard.Context(c), id)
 		}
 		if err != nil {
 			return s.refuse(c, web.Unavailable(fmt.Errorf("logout: session not revoked: %w", err)))
@@ -306,7 +306,7 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 	}
 	s.audit(c, events.AuditEvent{Kind: events.AuditRecreate, User: id.User, Outcome: "requested", Detail: "by " + id.Method})
 	if id.Method == auth.MethodCookie {
-		if sid, err := s.o.Auth.Store().Create(context.Background(), id.User, "recreate"); err == nil {
+		if sid, err := s.o.Auth.Store().Create(httpguard.Context(c), id.User, "recreate"); err == nil {
 			s.setCookie(c, sid)
 		}
 	}
@@ -320,7 +320,7 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 // returns its answer. ok=false means a refusal has been written;
 // otherwise err is the command's failure, if any.
 func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb) (state.Result, bool, error) {
-	res, err := s.Act(traced(c), user, verb)
+	res, err := s.Act(httpguard.Context(c), user, verb)
 	var r *web.Error
 	if errors.As(err, &r) {
 		return state.Result{}, false, s.refuse(c, r)
@@ -356,7 +356,7 @@ func (s *Service) Act(ctx context.Context, user string, verb events.Verb) (state
 	}
 	// Detached from the first requester (its request id is the command's
 	// trace): the others wait for the same.
-	ctx = events.WithTrace(context.Background(), events.TraceOf(ctx))
+	ctx = ident.WithRequestID(context.Background(), ident.RequestIDOf(ctx))
 	v, err, _ := s.actions.Do(requestID, func() (any, error) {
 		v, err := s.o.Actions.Allow(ctx, "account:"+user)
 		if err != nil {
@@ -405,7 +405,10 @@ func (s *Service) statusStream(c *fiber.Ctx) error {
 	c.Set("X-Accel-Buffering", "no")
 	user, url := id.User, s.sites.SandboxURL(c, id.User)
 	conn := c.Context().Conn()
+	// The stream outlives the handler: it ends the request's context.
+	ctx, end := httpguard.Context(c), httpguard.Detach(c)
 	c.Context().SetBodyStreamWriter(fasthttp.StreamWriter(func(w *bufio.Writer) {
+		defer end()
 		defer s.o.InFlight.Release(user)
 		// Each write gets its own deadline: a browser that stops reading
 		// is dropped, one that keeps reading is never cut off.
@@ -430,7 +433,7 @@ func (s *Service) statusStream(c *fiber.Ctx) error {
 				}
 				said, quiet = string(b), time.Now()
 			}
-			wctx, cancel := context.WithTimeout(context.Background(), s.o.Revalidate)
+			wctx, cancel := context.WithTimeout(ctx, s.o.Revalidate)
 			_, _, _ = s.o.Sandboxes.Wait(wctx, user, func(e kv.Entry[state.Sandbox], _ bool) bool { return e.Revision != last })
 			cancel()
 			if time.Since(quiet) >= keepAlive {

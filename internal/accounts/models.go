@@ -11,6 +11,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/credentials"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/spend"
 	"github.com/aaas-project/aaas/internal/state"
@@ -48,7 +49,7 @@ type key struct {
 }
 
 // models is user's spend, budget and stored keys now.
-func (s *Service) models(user string) usageBody {
+func (s *Service) models(ctx context.Context, user string) usageBody {
 	month := state.Month(time.Now())
 	b := usageBody{User: user, Month: month}
 	if s.o.Spend == nil {
@@ -61,7 +62,7 @@ func (s *Service) models(user string) usageBody {
 		b.LeftMicros = &left
 	}
 	if s.o.BYOK != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		for _, p := range s.o.BYOK.Providers {
 			k := key{Provider: p}
@@ -75,11 +76,11 @@ func (s *Service) models(user string) usageBody {
 }
 
 // landingModels is models for the landing page.
-func (s *Service) landingModels(user string) *web.Models {
+func (s *Service) landingModels(ctx context.Context, user string) *web.Models {
 	if s.o.Spend == nil {
 		return nil
 	}
-	b := s.models(user)
+	b := s.models(ctx, user)
 	m := &web.Models{Month: b.Month, Spent: spend.USD(b.CostMicros), Calls: b.Calls, Budget: spend.Describe(b.Budget), BYOK: s.o.BYOK != nil}
 	if b.LeftMicros != nil {
 		m.Left = spend.USD(*b.LeftMicros)
@@ -104,7 +105,7 @@ func (s *Service) usage(c *fiber.Ctx) error {
 		return s.refuse(c, err)
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
-	return c.JSON(s.models(id.User))
+	return c.JSON(s.models(httpguard.Context(c), id.User))
 }
 
 // provider is the request's configured provider name; ok=false means the
@@ -140,7 +141,7 @@ func (s *Service) storeKey(c *fiber.Ctx) error {
 	if err != nil {
 		return s.refuse(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(httpguard.Context(c), 10*time.Second)
 	defer cancel()
 	if _, err := s.o.BYOK.Credentials.Put(ctx, state.CredentialKey(id.User, p), cred); err != nil {
 		return s.refuse(c, web.Unavailable(fmt.Errorf("own key not stored: %w", err)))
@@ -163,7 +164,7 @@ func (s *Service) deleteKey(c *fiber.Ctx) error {
 	if !ok {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(httpguard.Context(c), 10*time.Second)
 	defer cancel()
 	k := state.CredentialKey(id.User, p)
 	if _, err := s.o.BYOK.Credentials.Get(ctx, k); errors.Is(err, kv.ErrNotFound) {

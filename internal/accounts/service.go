@@ -118,10 +118,11 @@ func (s *Service) Ready() bool {
 		(s.o.KeepAwakes == nil || s.o.KeepAwakes.IsSynced())
 }
 
-// The handlers' calls out (NATS, waits) take context.Background() bounded
-// by their own timeouts, never fasthttp's RequestCtx: that one is not
-// cancelled per request, and context.AfterFunc goroutines reading its Done
-// race with the server's shutdown.
+// The handlers' calls out (NATS, waits) take the request scope's context
+// (httpguard.Context), bounded by their own timeouts, never fasthttp's
+// RequestCtx: that one is not cancelled per request, and
+// context.AfterFunc goroutines reading its Done race with the server's
+// shutdown.
 
 // identity authenticates c for an account endpoint. An SSO user admitted
 // without an account yet gets one here: provisioning is this explicit
@@ -183,7 +184,7 @@ func (s *Service) provision(c *fiber.Ctx, missing *auth.NoAccount) error {
 	if s.full() {
 		return web.Refuse(fiber.StatusForbidden, errFull(s.o.MaxUsers))
 	}
-	ctx, user, bound := traced(c), missing.Name, missing.Bound
+	ctx, user, bound := httpguard.Context(c), missing.Name, missing.Bound
 	req := fmt.Sprintf("sso-%s-%s-%d", user, bound[:12], time.Now().Unix()/60)
 	res, err := s.command(ctx, events.NewClaim(user, req, bound))
 	switch {
@@ -224,12 +225,6 @@ func (s *Service) audit(c *fiber.Ctx, e events.AuditEvent) {
 	s.o.Publisher.Audit(e)
 }
 
-// traced is a context for the calls out c's handler makes: commands
-// published under it carry c's request id.
-func traced(c *fiber.Ctx) context.Context {
-	return events.WithTrace(context.Background(), httpguard.RequestID(c))
-}
-
 // refuse answers err by web.Fail, except that a browser's refused sign-up
 // or sign-in form gets the landing page back with the error above the
 // form.
@@ -260,7 +255,7 @@ func errFull(max int) string {
 // limit applies the shared auth rate limit; false means a response was
 // written.
 func (s *Service) limit(c *fiber.Ctx, endpoint string) (bool, error) {
-	v, err := s.o.Auth.Limiter().Allow(context.Background(), httpguard.Key(c))
+	v, err := s.o.Auth.Limiter().Allow(httpguard.Context(c), httpguard.Key(c))
 	if err != nil {
 		s.o.Auth.Counter().WithLabelValues(endpoint, "unavailable").Inc()
 		return false, s.refuse(c, web.Unavailable(fmt.Errorf("%s: rate limit not checked: %w", endpoint, err)))

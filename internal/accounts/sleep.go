@@ -9,6 +9,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
@@ -103,7 +104,7 @@ func (s *Service) keepAwake(c *fiber.Ctx) error {
 	if st := s.state(id.User); d > 0 && st.Phase != state.PhaseReady {
 		return s.refuse(c, web.Refuse(fiber.StatusConflict, "your sandbox is "+string(st.Phase)+", not running: open it first, then keep it awake"))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(httpguard.Context(c), 10*time.Second)
 	defer cancel()
 	now := time.Now().UTC()
 	detail := "ended"
@@ -135,7 +136,7 @@ func (s *Service) suspendNow(c *fiber.Ctx) error {
 	if !found || e.Value.Phase != state.PhaseReady {
 		return s.refuse(c, web.Refuse(fiber.StatusConflict, "your sandbox is not running"))
 	}
-	ctx, cancel := context.WithTimeout(traced(c), 10*time.Second)
+	ctx, cancel := context.WithTimeout(httpguard.Context(c), 10*time.Second)
 	defer cancel()
 	if _, err := s.o.Publisher.Command(ctx, events.NewUserSuspend(id.User, e.Revision)); err != nil {
 		return s.refuse(c, web.Unavailable(fmt.Errorf("suspend not published: %w", err)))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/state"
 	"github.com/aaas-project/aaas/internal/web"
@@ -65,7 +66,7 @@ func (s *Service) replaceToken(c *fiber.Ctx) error {
 	if id.TokenName != "" {
 		return s.refuse(c, web.Refuse(fiber.StatusForbidden, "an API token cannot replace the account's token; sign in or use the account's token"))
 	}
-	token, err := s.ReplaceToken(traced(c), id.User, "user")
+	token, err := s.ReplaceToken(httpguard.Context(c), id.User, "user")
 	var r *web.Error
 	switch {
 	case errors.As(err, &r):

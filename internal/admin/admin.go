@@ -452,7 +452,7 @@ func (s *Service) act(c *fiber.Ctx) error {
 	}
 	rid := httpguard.RequestID(c)
 	var token string
-	outcome, status, err := s.run(events.WithTrace(context.Background(), rid), user, action, id.User, &token)
+	outcome, status, err := s.run(httpguard.Context(c), user, action, id.User, &token)
 	audit := events.AuditEvent{Kind: events.AuditAdmin, User: user, Outcome: action + ": " + outcome, Client: auth.ClientTag(c), RequestID: rid, Detail: "by " + id.User}
 	if err != nil {
 		audit.Outcome, audit.Detail = action+": refused", audit.Detail+": "+err.Error()

@@ -126,7 +126,7 @@ func (s *Service) audit(c *fiber.Ctx) error {
 	if err != nil {
 		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(httpguard.Context(c), 30*time.Second)
 	defer cancel()
 	evs, more, err := read(ctx, s.o.JS, events.StreamAudit, events.AuditFilter(q.kind, q.user), q.since, q.until, q.limit,
 		func(events.AuditEvent) bool { return true })

@@ -154,7 +154,7 @@ func (s *Service) budget(c *fiber.Ctx) error {
 		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, fmt.Sprintf(`confirm: %s %s %s by sending {"confirm": %q} with it`, what, scope, name, name)))
 	}
 	key := state.BudgetKey(scope, name)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(httpguard.Context(c), 10*time.Second)
 	defer cancel()
 	outcome := "budget cleared"
 	if clear {
@@ -263,7 +263,7 @@ func (s *Service) usage(c *fiber.Ctx) error {
 
 // exportCalls answers the month's calls (rows=calls).
 func (s *Service) exportCalls(c *fiber.Ctx, month, user, format string) error {
-	calls, err := s.calls(month, user)
+	calls, err := s.calls(httpguard.Context(c), month, user)
 	switch {
 	case errors.Is(err, errTooManyCalls):
 		return web.Fail(c, web.Refuse(fiber.StatusRequestEntityTooLarge, err.Error()))
@@ -354,12 +354,12 @@ var errTooManyCalls = fmt.Errorf("more than %d calls in that month; export one u
 // usage stream, in the order the brokers recorded them. The stream keeps
 // events.DefaultStreamsConfig's UsageMaxAge; older months have totals
 // only.
-func (s *Service) calls(month, user string) ([]events.UsageEvent, error) {
+func (s *Service) calls(ctx context.Context, month, user string) ([]events.UsageEvent, error) {
 	start, err := time.Parse("2006-01", month)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	subject := events.UsageSubjectsAll
 	if user != "" {

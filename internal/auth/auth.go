@@ -407,7 +407,7 @@ func ClientTag(c *fiber.Ctx) string { return ident.HashHex(httpguard.Key(c))[:16
 // refusals, from however many addresses, must not become a flood of audit
 // events.
 func (a *Authenticator) Refused(c *fiber.Ctx, e events.AuditEvent) {
-	first, err := a.o.Limiter.Refused(context.Background(), httpguard.Key(c))
+	first, err := a.o.Limiter.Refused(httpguard.Context(c), httpguard.Key(c))
 	if err != nil || !first {
 		return
 	}

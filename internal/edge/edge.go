@@ -32,6 +32,7 @@ type Edge struct {
 	cfg      config.Edge
 	app      *fiber.App
 	proxy    *proxy.Proxy
+	clients  *httpguard.Policy
 	authn    *auth.Authenticator
 	ready    func() bool
 	draining atomic.Bool
@@ -71,7 +72,7 @@ func New(p *process.Process, cfg config.Edge) (*Edge, error) {
 		Hosts: cfg.AdminHosts, PublicHosts: cfg.PublicHosts, SandboxDomain: cfg.SandboxDomain,
 		Spend: st.book, Budgets: st.budgets, JS: p.JS, Idle: cfg.Idle,
 	})
-	e := &Edge{p: p, cfg: cfg, proxy: prx, authn: authn}
+	e := &Edge{p: p, cfg: cfg, proxy: prx, clients: clients, authn: authn}
 	e.ready = func() bool {
 		return !e.draining.Load() && acct.Ready() && st.handshakes.IsSynced() && st.queued.IsSynced()
 	}
@@ -96,6 +97,7 @@ func New(p *process.Process, cfg config.Edge) (*Edge, error) {
 // finished up to SHUTDOWN_TIMEOUT.
 func (e *Edge) Serve() error {
 	go e.proxy.Run(e.p.Ctx)
+	go e.clients.Run(e.p.Ctx)
 	ln, err := net.Listen("tcp", e.cfg.ListenAddr)
 	if err != nil {
 		return err

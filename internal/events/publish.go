@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -28,23 +29,6 @@ func NewPublisher(js jetstream.JetStream, source string, log *slog.Logger) *Publ
 	return &Publisher{js: js, source: source, log: log}
 }
 
-type traceKey struct{}
-
-// WithTrace is ctx carrying id, the request the work done under it is
-// for: Command stamps it on what it publishes (Command.Trace).
-func WithTrace(ctx context.Context, id string) context.Context {
-	if id == "" {
-		return ctx
-	}
-	return context.WithValue(ctx, traceKey{}, id)
-}
-
-// TraceOf is the request id ctx carries ("" for none).
-func TraceOf(ctx context.Context) string {
-	id, _ := ctx.Value(traceKey{}).(string)
-	return id
-}
-
 // Source is the instance id stamped on messages.
 func (p *Publisher) Source() string { return p.source }
 
@@ -55,7 +39,7 @@ func (p *Publisher) Command(ctx context.Context, c Command) (duplicate bool, err
 		c.IssuedBy = p.source
 	}
 	if c.Trace == "" {
-		c.Trace = TraceOf(ctx)
+		c.Trace = ident.RequestIDOf(ctx)
 	}
 	if err := c.Validate(); err != nil {
 		return false, fmt.Errorf("publish %s command: %w", c.Verb, err)

@@ -5,7 +5,9 @@ package httpguard
 import (
 	"context"
 	"log/slog"
+	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aaas-project/aaas/internal/ident"
@@ -18,6 +20,14 @@ type scope struct {
 	user  string
 	start time.Time
 	log   *slog.Logger
+	// ctx is the request's context, made on first use (Context); end
+	// ends it. conn is the client's connection, watched for departure
+	// while the handler runs; detached: the handler took over ending ctx.
+	ctx      context.Context
+	end      context.CancelFunc
+	conn     net.Conn
+	watch    *departures
+	detached bool
 	// deferred: the handler writes the line itself when the answer ends
 	// (a streamed proxied answer, whose size and end come after the
 	// handler returns).
@@ -37,14 +47,62 @@ func scopeOf(c *fiber.Ctx) *scope {
 // else one of ours, set on the answer as X-Request-Id. Logs, commands and
 // audit events quote it, so one grep follows a request across processes.
 // Without Access (a unit test's app) it makes one on first use.
-func RequestID(c *fiber.Ctx) string {
+func RequestID(c *fiber.Ctx) string { return scopeFor(c).id }
+
+// Context is the request's context, for every wait, publish and call out
+// its handler makes: it carries the request id (ident.RequestIDOf, which
+// commands quote) and ends when the client leaves while the handler runs
+// (Policy.Run notices within a poll) or when the request ends: when the
+// handler returns, or when whoever took it over (Detach) says.
+func Context(c *fiber.Ctx) context.Context {
+	return scopeFor(c).context(c)
+}
+
+// Detach hands the end of the request's context to the caller, for an
+// answer that outlives the handler (a stream, a WebSocket): it calls end
+// when the answer is over. From the handler's return on, the departure
+// watch stops: a client that leaves is noticed by the failing write.
+func Detach(c *fiber.Ctx) (end context.CancelFunc) {
+	s := scopeFor(c)
+	s.context(c)
+	s.detached = true
+	return s.end
+}
+
+// scopeFor is c's scope; without Access (a unit test's app) one of its
+// own, made on first use.
+func scopeFor(c *fiber.Ctx) *scope {
 	if s := scopeOf(c); s != nil {
-		return s.id
+		return s
 	}
 	s := &scope{id: ident.NewRequestID(), start: time.Now()}
 	c.Locals(scopeKey, s)
 	c.Set(ident.HeaderRequestID, s.id)
-	return s.id
+	return s
+}
+
+func (s *scope) context(c *fiber.Ctx) context.Context {
+	if s.ctx == nil {
+		s.ctx, s.end = context.WithCancel(ident.WithRequestID(context.Background(), s.id))
+		if s.watch != nil {
+			s.conn = c.Context().Conn()
+			s.watch.add(s)
+		}
+	}
+	return s.ctx
+}
+
+// close ends what the scope holds once its handler has returned.
+func (s *scope) close() {
+	if s.ctx == nil {
+		return
+	}
+	if s.watch != nil {
+		s.watch.remove(s)
+	}
+	if !s.detached {
+		s.end()
+	}
 }
 
 // Logger is the edge's logger for c's handler (the one Access was given;
@@ -137,7 +195,7 @@ func RouteOf(path string, onSandboxDomain bool) string {
 // the handler deferred it.
 func (p *Policy) Access(log *slog.Logger) fiber.Handler {
 	return func(c *fiber.Ctx) error {
-		s := &scope{start: time.Now(), log: log}
+		s := &scope{start: time.Now(), log: log, watch: &p.departures}
 		if id := c.Request().Header.Peek(ident.HeaderRequestID); len(id) > 0 && p.trustedPeer(addrOf(c.Context().RemoteAddr())) {
 			s.id = ident.AdoptRequestID(string(id))
 		} else {
@@ -145,7 +203,9 @@ func (p *Policy) Access(log *slog.Logger) fiber.Handler {
 		}
 		c.Locals(scopeKey, s)
 		c.Set(ident.HeaderRequestID, s.id)
-		if err := c.Next(); err != nil {
+		err := c.Next()
+		s.close()
+		if err != nil {
 			if herr := c.App().ErrorHandler(c, err); herr != nil {
 				_ = c.SendStatus(fiber.StatusInternalServerError)
 			}
@@ -165,5 +225,62 @@ func (p *Policy) Access(log *slog.Logger) fiber.Handler {
 		Line{Method: c.Method(), Route: RouteOf(c.Path(), onSandbox), Status: c.Response().StatusCode(), Bytes: bytes,
 			Took: time.Since(s.start), User: s.user, RequestID: s.id}.Log(log)
 		return nil
+	}
+}
+
+// departures ends the contexts of requests whose clients have gone. One
+// goroutine (Policy.Run) checks every request in flight that asked for
+// its context every poll, with a non-consuming peek at its connection;
+// waits and calls out just watch their context.
+type departures struct {
+	mu sync.Mutex
+	m  map[*scope]struct{}
+}
+
+// poll is how often departures checks that clients are still there.
+const poll = 250 * time.Millisecond
+
+func (d *departures) add(s *scope) {
+	d.mu.Lock()
+	if d.m == nil {
+		d.m = map[*scope]struct{}{}
+	}
+	d.m[s] = struct{}{}
+	d.mu.Unlock()
+}
+
+func (d *departures) remove(s *scope) {
+	d.mu.Lock()
+	delete(d.m, s)
+	d.mu.Unlock()
+}
+
+// Run watches the requests in flight for clients that left, until ctx
+// ends.
+func (p *Policy) Run(ctx context.Context) {
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	var check []*scope
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		// A request younger than poll is not worth a syscall yet.
+		old := time.Now().Add(-poll)
+		check = check[:0]
+		p.departures.mu.Lock()
+		for s := range p.departures.m {
+			if s.start.Before(old) {
+				check = append(check, s)
+			}
+		}
+		p.departures.mu.Unlock()
+		for _, s := range check {
+			if Gone(s.conn) {
+				s.end()
+			}
+		}
 	}
 }

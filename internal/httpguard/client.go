@@ -66,6 +66,8 @@ type Policy struct {
 	unchecked map[string]bool
 	domain    string
 	gateway   string
+	// departures are the requests Run watches for clients that left.
+	departures departures
 }
 
 // New validates o and returns its Policy.

@@ -11,3 +11,10 @@ import (
 func ConsumeBodyWithin(maxBytes int64, d time.Duration) fiber.Handler {
 	return func(c *fiber.Ctx) error { return consumeBody(c, limits{bytes: maxBytes, time: d}) }
 }
+
+// InFlight is how many requests p watches for departure.
+func InFlight(p *Policy) int {
+	p.departures.mu.Lock()
+	defer p.departures.mu.Unlock()
+	return len(p.departures.m)
+}

@@ -1,6 +1,7 @@
 package ident
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"strconv"
@@ -55,4 +56,21 @@ func AdoptRequestID(id string) string {
 		return id
 	}
 	return NewRequestID()
+}
+
+type requestIDKey struct{}
+
+// WithRequestID is ctx carrying a request's id: commands published under
+// it quote the id, so lifecycle's and the broker's lines name it too.
+func WithRequestID(ctx context.Context, id string) context.Context {
+	if id == "" {
+		return ctx
+	}
+	return context.WithValue(ctx, requestIDKey{}, id)
+}
+
+// RequestIDOf is the request id ctx carries ("" for none).
+func RequestIDOf(ctx context.Context) string {
+	id, _ := ctx.Value(requestIDKey{}).(string)
+	return id
 }

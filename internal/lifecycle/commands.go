@@ -17,6 +17,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/notify"
@@ -595,7 +596,7 @@ func failureLabel(err error) string {
 // trace, see handle) unless e names one.
 func (w *Worker) audit(ctx context.Context, e events.AuditEvent) {
 	if e.RequestID == "" {
-		e.RequestID = events.TraceOf(ctx)
+		e.RequestID = ident.RequestIDOf(ctx)
 	}
 	w.pub.Audit(e)
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/aaas-project/aaas/internal/capacity"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/notify"
 	"github.com/aaas-project/aaas/internal/sandbox"
@@ -240,7 +241,7 @@ func (w *Worker) Handle(ctx context.Context, d events.Delivery) error {
 	// is for, so one grep follows it from the edge's access line.
 	log := w.log
 	if id := trace(c); id != "" {
-		ctx, log = events.WithTrace(ctx, id), log.With("request_id", id)
+		ctx, log = ident.WithRequestID(ctx, id), log.With("request_id", id)
 	}
 	// Handshakes talk to tenants' pods, which may answer as slowly as
 	// HANDSHAKE_TIMEOUT allows: they hold at most HandshakeWorkers, and

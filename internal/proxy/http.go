@@ -26,7 +26,6 @@ func (p *Proxy) serveHTTP(r *request) error {
 	p.tracker.begin(r.user)
 	p.m.inFlight.Inc()
 	status, owned, err := p.forward(r)
-	p.departures.remove(r)
 	if err != nil {
 		status, r.failed = p.fail(r.c, err), true
 	}

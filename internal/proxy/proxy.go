@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -99,21 +98,20 @@ type Options struct {
 
 // Proxy serves /u/<user>/**.
 type Proxy struct {
-	o          Options
-	m          *metrics
-	headers    headerPolicy
-	resolver   *Resolver
-	transport  transport
-	dialer     *websocket.Dialer
-	tracker    *tracker
-	departures departures
-	draining   atomic.Bool
-	live       live
+	o         Options
+	m         *metrics
+	headers   headerPolicy
+	resolver  *Resolver
+	transport transport
+	dialer    *websocket.Dialer
+	tracker   *tracker
+	draining  atomic.Bool
+	live      live
 }
 
-// New returns a Proxy; Run must be running for beacons to go out, for
-// clients that leave to cancel their requests, and for revoked credentials
-// to end long-lived exchanges.
+// New returns a Proxy; Run must be running for beacons to go out and for
+// revoked credentials to end long-lived exchanges (and the httpguard
+// Policy's Run for clients that leave to cancel their requests).
 func New(o Options) *Proxy {
 	m := newMetrics(o.Metrics)
 	registerStateAge(o.Metrics, o.Sandboxes.Current)
@@ -131,9 +129,8 @@ func New(o Options) *Proxy {
 			NetDialContext: up.dialer.DialContext, HandshakeTimeout: 10 * time.Second,
 			ReadBufferSize: wsReadBufferSize, WriteBufferSize: wsWriteBufferSize, WriteBufferPool: wsWriteBuffers,
 		},
-		tracker:    newTracker(o.Publisher, o.Edge, o.BeaconInterval, o.BeaconTTL, o.IdleConnected, o.Log),
-		departures: departures{m: map[*request]net.Conn{}},
-		live:       live{m: map[*exchange]struct{}{}},
+		tracker: newTracker(o.Publisher, o.Edge, o.BeaconInterval, o.BeaconTTL, o.IdleConnected, o.Log),
+		live:    live{m: map[*exchange]struct{}{}},
 	}
 }
 
@@ -232,7 +229,6 @@ func permanentRedirect(method string) int {
 // ends.
 func (p *Proxy) Run(ctx context.Context) {
 	go p.revalidate(ctx, p.o.Revalidate)
-	go p.departures.run(ctx)
 	p.tracker.run(ctx)
 	p.transport.CloseIdle()
 }

@@ -2,22 +2,18 @@ package proxy
 
 import (
 	"context"
-	"net"
-	"sync"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/aaas-project/aaas/internal/auth"
-	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
 )
 
 // request is one proxied request or WebSocket: what the route said, who
-// asked, and its context. fasthttp's own context is never cancelled, so
-// ctx is ours: cancelled when the client goes away (the departures
-// watcher) or when the request ends, and passed to every wait, command
-// publish and upstream call of the request.
+// asked, and its context (the request scope's, httpguard.Context): ended
+// when the client goes away or when the request ends, and passed to every
+// wait, command publish and upstream call of the request.
 type request struct {
 	// c is fasthttp's, valid until the handler returns: what outlives
 	// it (a streamed response) uses the copies below.
@@ -45,71 +41,15 @@ type request struct {
 	failed bool
 }
 
-// departures cancels the requests whose clients have gone. One goroutine
-// checks every request in flight every poll, with a non-consuming peek at
-// its connection; waits and upstream calls just watch their context.
-type departures struct {
-	mu sync.Mutex
-	m  map[*request]net.Conn
-}
-
-// poll is how often departures checks that clients are still there.
-const poll = 250 * time.Millisecond
-
-func (d *departures) add(r *request, conn net.Conn) {
-	d.mu.Lock()
-	d.m[r] = conn
-	d.mu.Unlock()
-}
-
-func (d *departures) remove(r *request) {
-	d.mu.Lock()
-	delete(d.m, r)
-	d.mu.Unlock()
-}
-
-func (d *departures) run(ctx context.Context) {
-	t := time.NewTicker(poll)
-	defer t.Stop()
-	var check []*request
-	var conns []net.Conn
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		// A request younger than poll is not worth a syscall yet.
-		old := time.Now().Add(-poll)
-		check, conns = check[:0], conns[:0]
-		d.mu.Lock()
-		for r, conn := range d.m {
-			if r.start.Before(old) {
-				check, conns = append(check, r), append(conns, conn)
-			}
-		}
-		d.mu.Unlock()
-		for i, r := range check {
-			if httpguard.Gone(conns[i]) {
-				r.cancel()
-			}
-		}
-	}
-}
-
-// begin makes the request's context and registers it with departures.
-// The handler ends the departures watch when it returns; the context ends
-// with the request (finish), which for a streamed response is when the
-// stream ends: from the handler's return on, a client that leaves is
-// noticed by the failing write.
+// begin takes the request's context (httpguard.Context: it carries the
+// request id, which commands published for it quote, and ends when the
+// client leaves while the handler runs) and its end: the request ends
+// with finish, which for a streamed response is when the stream ends.
 func (p *Proxy) begin(c *fiber.Ctx, rid, user, rest string, id auth.Identity) *request {
-	// Commands published for the request (a wake, a handshake) carry its id.
-	ctx, cancel := context.WithCancel(events.WithTrace(context.Background(), rid))
+	ctx, end := httpguard.Context(c), httpguard.Detach(c)
 	info := httpguard.Get(c)
-	r := &request{c: c, ctx: ctx, cancel: cancel, rid: rid, method: c.Method(), user: user, rest: rest, id: id,
+	return &request{c: c, ctx: ctx, cancel: end, rid: rid, method: c.Method(), user: user, rest: rest, id: id,
 		host: info.Host, scheme: info.Scheme, origin: info.OnSandboxDomain, start: time.Now()}
-	p.departures.add(r, c.Context().Conn())
-	return r
 }
 
 // target is what the resolver needs to know of the request.

@@ -88,7 +88,6 @@ func (p *Proxy) serveWebSocket(r *request) error {
 			}
 		}
 	}
-	p.departures.remove(r)
 	if err != nil {
 		r.cancel()
 		p.o.Slots.Release(r.user)
