@@ -61,7 +61,7 @@ func newPage(t *testing.T) *page {
 		t.Fatal(err)
 	}
 	p := &page{js: js, token: ident.NewToken("ann")}
-	users := open[state.User](t, js, state.BucketUsers)
+	users := testutil.Open[state.User](t, js, state.BucketUsers)
 	for _, u := range []state.User{
 		{Name: "ann", Managed: true, Created: time.Now(), TokenHash: ident.HashHex(p.token)},
 		{Name: "sam", Managed: true, Created: time.Now(), TokenHash: ident.HashHex("sso\x00login:sam")},
@@ -77,10 +77,10 @@ func newPage(t *testing.T) *page {
 	if p.ring, err = credentials.NewRing(k.Private[:]); err != nil {
 		t.Fatal(err)
 	}
-	p.creds = open[state.Credential](t, js, state.BucketCredentials)
-	p.usage = open[state.Usage](t, js, state.BucketUsage)
-	p.budgets = open[state.Budget](t, js, state.BucketBudgets)
-	p.groups = open[state.UserGroups](t, js, state.BucketUserGroups)
+	p.creds = testutil.Open[state.Credential](t, js, state.BucketCredentials)
+	p.usage = testutil.Open[state.Usage](t, js, state.BucketUsage)
+	p.budgets = testutil.Open[state.Budget](t, js, state.BucketBudgets)
+	p.groups = testutil.Open[state.UserGroups](t, js, state.BucketUserGroups)
 	store, err := auth.NewStore(ctx, js, auth.StoreOptions{TTL: time.Hour, MaxPerUser: 10, Log: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -97,8 +97,8 @@ func newPage(t *testing.T) *page {
 	pub := events.NewPublisher(js, "edge-test", quiet)
 	a := auth.New(auth.Options{Store: store, Limiter: limiter, Users: uc, Publisher: pub, RefusalAuditLimit: 100, CookieName: "dsh_gw_session",
 		SSO: auth.SSO{NameHeader: "X-Forwarded-User", GroupsHeader: "X-Forwarded-Groups", Allow: []string{"*"}}, SeenGroups: rec.Seen, Metrics: prometheus.NewRegistry()})
-	svc := New(Options{Auth: a, Publisher: pub, Users: uc, Sandboxes: cache(t, open[state.Sandbox](t, js, state.BucketSandboxes)),
-		Requests: cache(t, open[state.Result](t, js, state.BucketRequests)), Queue: capacity.Queue{Cache: cache(t, open[state.Queued](t, js, state.BucketQueue))},
+	svc := New(Options{Auth: a, Publisher: pub, Users: uc, Sandboxes: cache(t, testutil.Open[state.Sandbox](t, js, state.BucketSandboxes)),
+		Requests: cache(t, testutil.Open[state.Result](t, js, state.BucketRequests)), Queue: capacity.Queue{Cache: cache(t, testutil.Open[state.Queued](t, js, state.BucketQueue))},
 		SSO: true, SignOutURL: "/oauth2/sign_out", WakeTimeout: 5 * time.Second, Log: quiet, Spend: book,
 		BYOK: &BYOK{Credentials: p.creds, PublicKey: k.Public[:], Providers: []string{"openai", "anthropic"}}})
 	testutil.Eventually(t, time.Minute, func() error {
@@ -118,14 +118,6 @@ func newPage(t *testing.T) *page {
 	p.app.Use(pol.Middleware)
 	svc.Register(p.app)
 	return p
-}
-
-func open[T any](t testing.TB, js jetstream.JetStream, bucket string) *kv.Bucket[T] {
-	b, err := kv.Open[T](context.Background(), js, bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
 
 func cache[T any](t testing.TB, b *kv.Bucket[T]) *kv.Cache[T] {
@@ -406,7 +398,7 @@ func TestSSOSignOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sessions := open[state.Session](t, p.js, state.BucketSessions)
+	sessions := testutil.Open[state.Session](t, p.js, state.BucketSessions)
 	exists := func(user, sid string) bool {
 		_, err := sessions.Get(ctx, state.SessionKey(user, ident.HashHex(sid)))
 		return err == nil

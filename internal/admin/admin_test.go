@@ -55,8 +55,8 @@ func fixtureJS(t testing.TB, n int, where Options) (*Service, string, jetstream.
 	if err := events.EnsureStreams(ctx, js, events.DefaultStreamsConfig()); err != nil {
 		t.Fatal(err)
 	}
-	users := open[state.User](t, js, state.BucketUsers)
-	boxes := open[state.Sandbox](t, js, state.BucketSandboxes)
+	users := testutil.Open[state.User](t, js, state.BucketUsers)
+	boxes := testutil.Open[state.Sandbox](t, js, state.BucketSandboxes)
 	for i := range n {
 		name := fmt.Sprintf("u%05d", i)
 		phase := state.PhaseReady
@@ -90,19 +90,11 @@ func fixtureJS(t testing.TB, n int, where Options) (*Service, string, jetstream.
 		return nil
 	})
 	a := auth.New(auth.Options{Store: store, Users: uc, Admins: []ident.Admin{{Name: "u00001", Identity: ident.HashHex(token)}}, Metrics: prometheus.NewRegistry()})
-	budgets := open[state.Budget](t, js, state.BucketBudgets)
-	book := &spend.Book{Usage: cache(t, open[state.Usage](t, js, state.BucketUsage)), Budgets: cache(t, budgets),
-		Groups: cache(t, open[state.UserGroups](t, js, state.BucketUserGroups)), DefaultMicros: 20_000_000}
+	budgets := testutil.Open[state.Budget](t, js, state.BucketBudgets)
+	book := &spend.Book{Usage: cache(t, testutil.Open[state.Usage](t, js, state.BucketUsage)), Budgets: cache(t, budgets),
+		Groups: cache(t, testutil.Open[state.UserGroups](t, js, state.BucketUserGroups)), DefaultMicros: 20_000_000}
 	return New(Options{Auth: a, Users: uc, Sandboxes: bc, Activity: idle.NewClocks(), Log: quiet, Publisher: events.NewPublisher(js, "edge-test", quiet),
 		Hosts: where.Hosts, SandboxDomain: where.SandboxDomain, PublicHosts: where.PublicHosts, Spend: book, Budgets: budgets, JS: js}), token, js
-}
-
-func open[T any](t testing.TB, js jetstream.JetStream, bucket string) *kv.Bucket[T] {
-	b, err := kv.Open[T](context.Background(), js, bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
 
 func cache[T any](t testing.TB, b *kv.Bucket[T]) *kv.Cache[T] {

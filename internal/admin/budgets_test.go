@@ -78,7 +78,7 @@ func adminAudits(t *testing.T, js jetstream.JetStream) []events.AuditEvent {
 // SSO group (by its name as the edge records it).
 func TestBudgetOverrides(t *testing.T) {
 	s, token, js := fixtureJS(t, 3, Options{})
-	budgets := open[state.Budget](t, js, state.BucketBudgets)
+	budgets := testutil.Open[state.Budget](t, js, state.BucketBudgets)
 	ctx := natstest.Context(t, time.Minute)
 	stored := func(scope, name string) (state.Budget, bool) {
 		e, err := budgets.Get(ctx, state.BudgetKey(scope, name))
@@ -180,7 +180,7 @@ func TestBudgetOverrides(t *testing.T) {
 // the month's usage exported as CSV and JSON.
 func TestSpendListAndExport(t *testing.T) {
 	s, token, js := fixtureJS(t, 12, Options{})
-	usage := open[state.Usage](t, js, state.BucketUsage)
+	usage := testutil.Open[state.Usage](t, js, state.BucketUsage)
 	ctx := natstest.Context(t, time.Minute)
 	month := state.Month(time.Now())
 	for user, cost := range map[string]int64{"u00003": 5_000_000, "u00007": 12_340_000, "u00011": 10} {

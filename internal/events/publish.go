@@ -29,9 +29,6 @@ func NewPublisher(js jetstream.JetStream, source string, log *slog.Logger) *Publ
 	return &Publisher{js: js, source: source, log: log}
 }
 
-// Source is the instance id stamped on messages.
-func (p *Publisher) Source() string { return p.source }
-
 // Command publishes c with its ID as Nats-Msg-Id. It reports whether the
 // stream already held a command with that ID (a collapsed duplicate).
 func (p *Publisher) Command(ctx context.Context, c Command) (duplicate bool, err error) {

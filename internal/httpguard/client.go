@@ -70,7 +70,7 @@ type Policy struct {
 	departures departures
 }
 
-// New validates o and returns its Policy.
+// NewPolicy validates o and returns its Policy.
 func NewPolicy(o Options) (*Policy, error) {
 	p := &Policy{trusted: o.TrustedProxies, hosts: map[string]bool{}, unchecked: map[string]bool{}}
 	if o.SandboxDomain != "" {

@@ -24,7 +24,7 @@ func TestCurrentFollowsTheWatchAndStopsWithoutTheServer(t *testing.T) {
 	if err := state.EnsureBuckets(natstest.Context(t, 10*time.Second), js, state.DefaultBucketsConfig()); err != nil {
 		t.Fatal(err)
 	}
-	boxes := open[state.Sandbox](t, js, state.BucketSandboxes)
+	boxes := testutil.Open[state.Sandbox](t, js, state.BucketSandboxes)
 	before := time.Now()
 	c, err := kv.NewCache(ctx, boxes, ">", quiet)
 	if err != nil {
@@ -61,7 +61,7 @@ func TestCurrentFollowsTheWatchAndStopsWithoutTheServer(t *testing.T) {
 	if err := state.EnsureBuckets(natstest.Context(t, 10*time.Second), ojs, state.DefaultBucketsConfig()); err != nil {
 		t.Fatal(err)
 	}
-	ctrl, err := kv.NewCache(ctx, open[state.Sandbox](t, ojs, state.BucketSandboxes), ">", quiet)
+	ctrl, err := kv.NewCache(ctx, testutil.Open[state.Sandbox](t, ojs, state.BucketSandboxes), ">", quiet)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,19 +38,10 @@ func setup(t testing.TB) (string, jetstream.JetStream) {
 	return s.URL(), js
 }
 
-func open[T any](t testing.TB, js jetstream.JetStream, name string) *kv.Bucket[T] {
-	t.Helper()
-	b, err := kv.Open[T](context.Background(), js, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 func TestCreateUpdateDelete(t *testing.T) {
 	_, js := setup(t)
 	ctx := natstest.Context(t, 10*time.Second)
-	users := open[state.User](t, js, state.BucketUsers)
+	users := testutil.Open[state.User](t, js, state.BucketUsers)
 
 	rev, err := users.Create(ctx, "bob", state.User{Name: "bob", Managed: true})
 	if err != nil {
@@ -162,7 +153,7 @@ func TestDeleteAndPurgeGoThroughTheBucketsHandle(t *testing.T) {
 func TestMutateRetriesConflicts(t *testing.T) {
 	_, js := setup(t)
 	ctx := natstest.Context(t, 30*time.Second)
-	logs := open[state.Attempts](t, js, state.BucketRateLimit)
+	logs := testutil.Open[state.Attempts](t, js, state.BucketRateLimit)
 	for _, tc := range []struct{ writers, each int }{{4, 10}, {40, 1}} {
 		key := fmt.Sprintf("client-%d", tc.writers)
 		errs := make(chan error, tc.writers)
@@ -197,7 +188,7 @@ func TestKeyTTLExpiresAndCachesSeeIt(t *testing.T) {
 	t.Parallel() // waits out TTLs
 	_, js := setup(t)
 	ctx := natstest.Context(t, 20*time.Second)
-	sessions := open[state.Session](t, js, state.BucketSessions)
+	sessions := testutil.Open[state.Session](t, js, state.BucketSessions)
 	key := state.SessionKey("bob", "abc")
 	// Whether the cache held the session, however briefly: a poll could
 	// miss the second it lives on a loaded machine.
@@ -235,7 +226,7 @@ func TestUpdateWithTTLExtendsTheKey(t *testing.T) {
 	t.Parallel() // waits out TTLs
 	_, js := setup(t)
 	ctx := natstest.Context(t, 20*time.Second)
-	locks := open[kv.Holder](t, js, state.BucketLocks)
+	locks := testutil.Open[kv.Holder](t, js, state.BucketLocks)
 	// Renewed at a tenth of the TTL, so a loaded machine may stall a
 	// renewal for most of a TTL without the key expiring.
 	const ttl = 2 * time.Second
@@ -261,7 +252,7 @@ func TestUpdateWithTTLExtendsTheKey(t *testing.T) {
 func TestCacheSeesDeleteFromAnotherConnection(t *testing.T) {
 	url, js := setup(t)
 	ctx := natstest.Context(t, 20*time.Second)
-	sessions := open[state.Session](t, js, state.BucketSessions)
+	sessions := testutil.Open[state.Session](t, js, state.BucketSessions)
 	for i := 0; i < 3; i++ {
 		if _, err := sessions.Put(ctx, state.SessionKey("alice", strconv.Itoa(i)), state.Session{User: "alice"}); err != nil {
 			t.Fatal(err)
@@ -284,7 +275,7 @@ func TestCacheSeesDeleteFromAnotherConnection(t *testing.T) {
 	}
 
 	_, other := natstest.Connect(t, url)
-	otherSessions := open[state.Session](t, other, state.BucketSessions)
+	otherSessions := testutil.Open[state.Session](t, other, state.BucketSessions)
 	n, err := otherSessions.PurgePrefix(ctx, "alice")
 	if err != nil || n != 3 {
 		t.Fatalf("purge prefix: %d %v", n, err)
@@ -300,7 +291,7 @@ func TestCacheSeesDeleteFromAnotherConnection(t *testing.T) {
 func TestCacheWait(t *testing.T) {
 	_, js := setup(t)
 	ctx := natstest.Context(t, 10*time.Second)
-	boxes := open[state.Sandbox](t, js, state.BucketSandboxes)
+	boxes := testutil.Open[state.Sandbox](t, js, state.BucketSandboxes)
 	cache, err := kv.NewCache(ctx, boxes, ">", quiet)
 	if err != nil {
 		t.Fatal(err)
@@ -331,9 +322,9 @@ func TestCacheWait(t *testing.T) {
 func TestCacheCatchUp(t *testing.T) {
 	url, js := setup(t)
 	ctx := natstest.Context(t, time.Minute)
-	boxes := open[state.Sandbox](t, js, state.BucketSandboxes)
+	boxes := testutil.Open[state.Sandbox](t, js, state.BucketSandboxes)
 	_, other := natstest.Connect(t, url)
-	writer := open[state.Sandbox](t, other, state.BucketSandboxes)
+	writer := testutil.Open[state.Sandbox](t, other, state.BucketSandboxes)
 	cache, err := kv.NewCache(ctx, boxes, ">", quiet)
 	if err != nil {
 		t.Fatal(err)
@@ -381,7 +372,7 @@ func TestCacheCatchUp(t *testing.T) {
 func TestCacheReloadsARecreatedBucket(t *testing.T) {
 	_, js := setup(t)
 	ctx := natstest.Context(t, time.Minute)
-	boxes := open[state.Sandbox](t, js, state.BucketSandboxes)
+	boxes := testutil.Open[state.Sandbox](t, js, state.BucketSandboxes)
 	var mu sync.Mutex
 	var dropped []string
 	cache, err := kv.NewCache(context.Background(), boxes, ">", quiet, kv.OnChange(func(key string, _ kv.Entry[state.Sandbox], deleted bool) {
@@ -412,7 +403,7 @@ func TestCacheReloadsARecreatedBucket(t *testing.T) {
 	if err := state.EnsureBuckets(ctx, js, state.DefaultBucketsConfig()); err != nil {
 		t.Fatal(err)
 	}
-	fresh := open[state.Sandbox](t, js, state.BucketSandboxes)
+	fresh := testutil.Open[state.Sandbox](t, js, state.BucketSandboxes)
 	if _, err := fresh.Put(ctx, "bob", state.Sandbox{User: "bob", Phase: state.PhaseSuspended}); err != nil {
 		t.Fatal(err)
 	}
@@ -451,7 +442,7 @@ func TestCacheReloadsARecreatedBucket(t *testing.T) {
 func TestCacheGroups(t *testing.T) {
 	_, js := setup(t)
 	ctx := natstest.Context(t, time.Minute)
-	tokens := open[state.APIToken](t, js, state.BucketAPITokens)
+	tokens := testutil.Open[state.APIToken](t, js, state.BucketAPITokens)
 	cache, err := kv.NewCache(context.Background(), tokens, ">", quiet, kv.GroupBy[state.APIToken](state.APITokenUser))
 	if err != nil {
 		t.Fatal(err)
@@ -514,7 +505,7 @@ func TestCacheGroups(t *testing.T) {
 func TestCacheNote(t *testing.T) {
 	_, js := setup(t)
 	ctx := natstest.Context(t, 10*time.Second)
-	boxes := open[state.Sandbox](t, js, state.BucketSandboxes)
+	boxes := testutil.Open[state.Sandbox](t, js, state.BucketSandboxes)
 	cache, err := kv.NewCache(ctx, boxes, ">", quiet)
 	if err != nil {
 		t.Fatal(err)
@@ -565,7 +556,7 @@ func TestLease(t *testing.T) {
 	t.Parallel() // waits out TTLs
 	_, js := setup(t)
 	ctx := natstest.Context(t, 30*time.Second)
-	locks := open[kv.Holder](t, js, state.BucketLocks)
+	locks := testutil.Open[kv.Holder](t, js, state.BucketLocks)
 	const ttl = 2 * time.Second
 	a := kv.NewLease(locks, "sweeper", "a", ttl, quiet)
 	b := kv.NewLease(locks, "sweeper", "b", ttl, quiet)
@@ -623,7 +614,7 @@ func TestLeaseRunFailsOver(t *testing.T) {
 	t.Parallel() // waits out TTLs
 	_, js := setup(t)
 	ctx := natstest.Context(t, time.Minute)
-	locks := open[kv.Holder](t, js, state.BucketLocks)
+	locks := testutil.Open[kv.Holder](t, js, state.BucketLocks)
 	const ttl = 3 * time.Second
 	// a's renewals, as the bucket records them.
 	var renewals atomic.Int32
@@ -678,7 +669,7 @@ func TestClusterKeepsAcknowledgedWritesThroughANodeOutage(t *testing.T) {
 	cfg := state.DefaultBucketsConfig()
 	cfg.Replicas = 3
 	natstest.Provision(t, ctx, func(ctx context.Context) error { return state.EnsureBuckets(ctx, js, cfg) })
-	users := open[state.User](t, js, state.BucketUsers)
+	users := testutil.Open[state.User](t, js, state.BucketUsers)
 	acked := map[string]bool{}
 	// Each write is tried until acknowledged: right after a node stops,
 	// its streams elect new leaders (seconds) and writes find none.
@@ -746,7 +737,7 @@ func TestClusterKeepsAcknowledgedWritesThroughANodeOutage(t *testing.T) {
 func BenchmarkCachedSessionLookup(b *testing.B) {
 	_, js := setup(b)
 	ctx := context.Background()
-	sessions := open[state.Session](b, js, state.BucketSessions)
+	sessions := testutil.Open[state.Session](b, js, state.BucketSessions)
 	// Index by the raw hash so a lookup needs no hex encoding.
 	cache, err := kv.NewCache(ctx, sessions, ">", quiet, kv.IndexBy[state.Session](func(k string) string {
 		raw, _ := hex.DecodeString(k[strings.IndexByte(k, '.')+1:])
@@ -791,10 +782,10 @@ func TestLeaseHolderStepsDownBeforeItsKeyCanExpire(t *testing.T) {
 	// at 5 s, half a second for the test's goroutines to be scheduled on a
 	// loaded machine.
 	const ttl = 5 * time.Second
-	a := kv.NewLease(open[kv.Holder](t, cutJS, state.BucketLocks), "role", "a", ttl, quiet)
+	a := kv.NewLease(testutil.Open[kv.Holder](t, cutJS, state.BucketLocks), "role", "a", ttl, quiet)
 
 	// Everything a's writes put in the key, as another client sees it.
-	locks := open[kv.Holder](t, js, state.BucketLocks)
+	locks := testutil.Open[kv.Holder](t, js, state.BucketLocks)
 	var mu sync.Mutex
 	var lastSince, expired time.Time
 	renewals := 0
@@ -916,7 +907,7 @@ func TestCacheCatchesUpWhenItsWatchsNodeDies(t *testing.T) {
 		t.Fatalf("the bucket's peers are %v: want 3 of the 4 nodes", peers)
 	}
 	_, js := natstest.Connect(t, c.Nodes[client].URL())
-	sessions := open[state.Session](t, js, state.BucketSessions)
+	sessions := testutil.Open[state.Session](t, js, state.BucketSessions)
 	cache, err := kv.NewCache(ctx, sessions, ">", quiet)
 	if err != nil {
 		t.Fatal(err)

@@ -38,9 +38,6 @@ func NewLease(b *Bucket[Holder], key, id string, ttl time.Duration, log *slog.Lo
 // ID is this candidate's identity.
 func (l *Lease) ID() string { return l.id }
 
-// Held reports whether this candidate believes it holds the lease.
-func (l *Lease) Held() bool { return l.rev.Load() != 0 }
-
 // TryAcquire takes the lease if it is free, or adopts it if it was handed
 // over to this candidate. It reports whether the lease is now held.
 func (l *Lease) TryAcquire(ctx context.Context) (bool, error) {

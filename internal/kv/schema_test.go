@@ -46,7 +46,7 @@ func notes(t *testing.T) (*kv.Bucket[note1], *kv.Bucket[note2], jetstream.KeyVal
 	if err != nil {
 		t.Fatal(err)
 	}
-	return open[note1](t, js, "notes"), open[note2](t, js, "notes"), raw
+	return testutil.Open[note1](t, js, "notes"), testutil.Open[note2](t, js, "notes"), raw
 }
 
 // Each record carries its version first; a reader migrates an older one

@@ -20,6 +20,7 @@ import (
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/dev/embednats"
 	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/httpguard"
@@ -83,8 +84,8 @@ func newFixture(t testing.TB, upstream http.Handler, mutate func(*Options)) *fix
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	f := &fixture{t: t, js: js, nats: ns, natsURL: ns.URL(), metrics: prometheus.NewRegistry()}
-	f.boxes = open[state.Sandbox](t, js, state.BucketSandboxes)
-	f.hs = open[state.Handshake](t, js, state.BucketHandshakes)
+	f.boxes = testutil.Open[state.Sandbox](t, js, state.BucketSandboxes)
+	f.hs = testutil.Open[state.Handshake](t, js, state.BucketHandshakes)
 	boxes, err := kv.NewCache(ctx, f.boxes, ">", log)
 	if err != nil {
 		t.Fatal(err)
@@ -171,14 +172,6 @@ func (bearerOnly) AuthenticateFor(c *fiber.Ctx, _ string) (auth.Identity, error)
 }
 
 func (bearerOnly) Valid(auth.Identity) bool { return true }
-
-func open[T any](t testing.TB, js jetstream.JetStream, name string) *kv.Bucket[T] {
-	b, err := kv.Open[T](context.Background(), js, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
 
 // dsh refuses requests without the current cookie, as DSH does.
 func (f *fixture) dsh(next http.Handler) http.Handler {

@@ -19,7 +19,6 @@ package devcluster
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -555,11 +554,4 @@ func (c *Cluster) startAgentSandbox(bin string) error {
 		return err
 	}
 	return c.waitHealthy(p, "http://127.0.0.1:"+strconv.Itoa(probe)+"/readyz", http.DefaultClient, 60*time.Second)
-}
-
-// CAPool returns the cluster CA for clients that verify the API server.
-func (c *Cluster) CAPool() *x509.CertPool {
-	pool := x509.NewCertPool()
-	pool.AddCert(c.pki.caCert)
-	return pool
 }

@@ -63,16 +63,10 @@ http {
 }
 `
 
-// NewFront starts nginx on a free port in front of backends (host:port)
-// and stops it when the test ends. Edges refuse Hosts they do not serve:
-// use Stack.FrontAddr and NewFrontAt for a front whose address the edges
-// know as a public host.
-func NewFront(t testing.TB, backends ...string) *Front {
-	t.Helper()
-	return NewFrontAt(t, FreeAddr(t), backends...)
-}
-
-// NewFrontAt is NewFront listening on addr.
+// NewFrontAt starts nginx on addr in front of backends (host:port) and
+// stops it when the test ends. Edges refuse Hosts they do not serve: use
+// Stack.FrontAddr for a front whose address the edges know as a public
+// host.
 func NewFrontAt(t testing.TB, addr string, backends ...string) *Front {
 	t.Helper()
 	var servers strings.Builder

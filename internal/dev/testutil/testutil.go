@@ -3,9 +3,13 @@ package testutil
 
 import (
 	"bytes"
+	"context"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Eventually polls cond until it returns nil or timeout passes, then fails
@@ -48,4 +52,15 @@ func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// Open opens the KV bucket name as a Bucket of T, failing the test when
+// it cannot.
+func Open[T any](t testing.TB, js jetstream.JetStream, name string) *kv.Bucket[T] {
+	t.Helper()
+	b, err := kv.Open[T](context.Background(), js, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
