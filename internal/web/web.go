@@ -306,19 +306,21 @@ func RenderStarting(c *fiber.Ctx, d Starting) error {
 // WantsHTML is the edge's one negotiation rule for every answer it writes
 // itself, pages, JSON and errors alike: a request whose Accept names
 // text/html gets a page; an API client's (a bearer token, a JSON body, an
-// Accept naming JSON) JSON; a posted form a page (browsers post forms);
-// anything else JSON.
+// Accept naming JSON) JSON; of the rest, a GET or HEAD JSON (nothing asked
+// for a page) and anything that changes something a page (a form or a
+// button posts it, as browsers do).
 func WantsHTML(c *fiber.Ctx) bool {
-	accept, ct := c.Get(fiber.HeaderAccept), c.Get(fiber.HeaderContentType)
+	accept := c.Get(fiber.HeaderAccept)
 	switch {
 	case strings.Contains(accept, fiber.MIMETextHTML):
 		return true
 	case strings.HasPrefix(c.Get(fiber.HeaderAuthorization), "Bearer "),
-		strings.HasPrefix(ct, fiber.MIMEApplicationJSON),
+		strings.HasPrefix(c.Get(fiber.HeaderContentType), fiber.MIMEApplicationJSON),
 		strings.Contains(accept, fiber.MIMEApplicationJSON):
 		return false
 	}
-	return strings.HasPrefix(ct, fiber.MIMEApplicationForm)
+	m := c.Method()
+	return m != fiber.MethodGet && m != fiber.MethodHead
 }
 
 // ShowToken answers with a token shown once: JSON for API clients, a page
