@@ -360,7 +360,7 @@ func (s *Service) Act(ctx context.Context, user string, verb events.Verb) (state
 	v, err, _ := s.actions.Do(requestID, func() (any, error) {
 		v, err := s.o.Actions.Allow(ctx, "account:"+user)
 		if err != nil {
-			return nil, auth.ErrUnavailable
+			return nil, web.Unavailable(err)
 		}
 		if !v.Allowed {
 			return outcome{limited: true, retry: v.RetryAfter}, nil
@@ -371,7 +371,7 @@ func (s *Service) Act(ctx context.Context, user string, verb events.Verb) (state
 	o, _ := v.(outcome)
 	switch {
 	case v == nil:
-		return state.Result{}, &web.Error{Status: fiber.StatusServiceUnavailable, Detail: auth.ErrUnavailable.Error()}
+		return state.Result{}, err
 	case o.limited:
 		return state.Result{}, &web.Error{Status: fiber.StatusTooManyRequests, Detail: "too many recreates or deletions of this account; wait and try again", RetryAfter: o.retry}
 	}
@@ -406,7 +406,7 @@ func (s *Service) statusStream(c *fiber.Ctx) error {
 	user, url := id.User, s.sites.SandboxURL(c, id.User)
 	conn := c.Context().Conn()
 	// The stream outlives the handler: it ends the request's context.
-	ctx, end := httpguard.Context(c), httpguard.Detach(c)
+	ctx, end := httpguard.Detach(c)
 	c.Context().SetBodyStreamWriter(fasthttp.StreamWriter(func(w *bufio.Writer) {
 		defer end()
 		defer s.o.InFlight.Release(user)

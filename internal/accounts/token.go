@@ -38,7 +38,7 @@ func (s *Service) ReplaceToken(ctx context.Context, user, by string) (string, er
 	v, err := s.o.Actions.Allow(ctx, "token:"+user)
 	switch {
 	case err != nil:
-		return "", &web.Error{Status: fiber.StatusServiceUnavailable, Detail: auth.ErrUnavailable.Error(), RetryAfter: 2 * time.Second}
+		return "", web.Unavailable(err)
 	case !v.Allowed:
 		return "", &web.Error{Status: fiber.StatusTooManyRequests, Detail: "too many token changes; try again later", RetryAfter: v.RetryAfter}
 	}

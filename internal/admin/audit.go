@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"html/template"
 	"net/url"
 	"slices"
@@ -12,7 +13,6 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/ident"
@@ -131,8 +131,7 @@ func (s *Service) audit(c *fiber.Ctx) error {
 	evs, more, err := read(ctx, s.o.JS, events.StreamAudit, events.AuditFilter(q.kind, q.user), q.since, q.until, q.limit,
 		func(events.AuditEvent) bool { return true })
 	if err != nil {
-		s.o.Log.Warn("audit stream not read", "request_id", httpguard.RequestID(c), "err", err)
-		return web.Fail(c, web.Refuse(fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error()))
+		return web.Fail(c, web.Unavailable(fmt.Errorf("audit stream not read: %w", err)))
 	}
 	if q.format == "html" {
 		d := web.AdminAudit{User: q.user, Kind: string(q.kind), Since: q.since.UTC().Format(time.RFC3339), Until: q.until.UTC().Format(time.RFC3339),

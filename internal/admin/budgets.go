@@ -174,8 +174,7 @@ func (s *Service) budget(c *fiber.Ctx) error {
 	if err != nil {
 		audit.Outcome = "budget: refused"
 		s.o.Publisher.Audit(audit)
-		s.o.Log.Warn("admin budget not written", "err", err)
-		return web.Fail(c, web.Refuse(fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error()))
+		return web.Fail(c, web.Unavailable(fmt.Errorf("admin budget not written: %w", err)))
 	}
 	s.o.Publisher.Audit(audit)
 	s.o.Log.Info("admin action", "admin", id.User, "scope", scope, "name", name, "outcome", outcome)
@@ -268,8 +267,7 @@ func (s *Service) exportCalls(c *fiber.Ctx, month, user, format string) error {
 	case errors.Is(err, errTooManyCalls):
 		return web.Fail(c, web.Refuse(fiber.StatusRequestEntityTooLarge, err.Error()))
 	case err != nil:
-		s.o.Log.Warn("usage stream not read", "err", err)
-		return web.Fail(c, web.Refuse(fiber.StatusServiceUnavailable, auth.ErrUnavailable.Error()))
+		return web.Fail(c, web.Unavailable(fmt.Errorf("usage stream not read: %w", err)))
 	}
 	records := make([][]string, len(calls))
 	for i, e := range calls {

@@ -58,15 +58,15 @@ func Context(c *fiber.Ctx) context.Context {
 	return scopeFor(c).context(c)
 }
 
-// Detach hands the end of the request's context to the caller, for an
+// Detach is the request's context, whose end it hands to the caller, for an
 // answer that outlives the handler (a stream, a WebSocket): it calls end
 // when the answer is over. From the handler's return on, the departure
 // watch stops: a client that leaves is noticed by the failing write.
-func Detach(c *fiber.Ctx) (end context.CancelFunc) {
+func Detach(c *fiber.Ctx) (ctx context.Context, end context.CancelFunc) {
 	s := scopeFor(c)
-	s.context(c)
+	ctx = s.context(c)
 	s.detached = true
-	return s.end
+	return ctx, s.end
 }
 
 // scopeFor is c's scope; without Access (a unit test's app) one of its

@@ -52,7 +52,8 @@ func TestRequestContext(t *testing.T) {
 		return c.SendString("quick")
 	})
 	app.Get("/detach", func(c *fiber.Ctx) error {
-		held <- taken{ctx: httpguard.Context(c), end: httpguard.Detach(c)}
+		ctx, end := httpguard.Detach(c)
+		held <- taken{ctx: ctx, end: end}
 		return c.SendString("streaming")
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

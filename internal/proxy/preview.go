@@ -29,7 +29,7 @@ import (
 // asked for), otherwise the request with its whole path as it arrived.
 func (p *Proxy) servePreview(c *fiber.Ctx, rid, user, raw string, port int, ws bool) error {
 	if _, ok := slices.BinarySearch(p.o.PreviewPorts, port); !ok {
-		return p.refuse(c, rid, ws, p.unlistedPort(port))
+		return p.refuse(c, ws, p.unlistedPort(port))
 	}
 	return p.serveUser(c, rid, user, raw, port, ws)
 }

@@ -166,7 +166,7 @@ func (p *Proxy) Origins(c *fiber.Ctx) error {
 	rid := httpguard.RequestID(c)
 	ws := websocket.FastHTTPIsWebSocketUpgrade(c.Context())
 	if info.Sandbox == "" || !strings.HasPrefix(raw, "/") {
-		return p.refuse(c, rid, ws, errNoSandbox)
+		return p.refuse(c, ws, errNoSandbox)
 	}
 	if info.PreviewPort != 0 {
 		return p.servePreview(c, rid, info.Sandbox, raw, info.PreviewPort, ws)
@@ -182,7 +182,7 @@ func (p *Proxy) Origins(c *fiber.Ctx) error {
 func (p *Proxy) toOrigin(c *fiber.Ctx) error {
 	user, rest, ok := splitUserPath(string(c.Request().URI().PathOriginal()))
 	if !ok || !ident.ValidUser(user) {
-		return p.refuse(c, httpguard.RequestID(c), false, errNoSandbox)
+		return p.refuse(c, false, errNoSandbox)
 	}
 	if rest == "" {
 		rest = "/"
@@ -285,7 +285,7 @@ func (p *Proxy) serve(c *fiber.Ctx) error {
 	rid := httpguard.RequestID(c)
 	user, rest, ok := splitUserPath(string(c.Request().URI().PathOriginal()))
 	if !ok || !ident.ValidUser(user) {
-		return p.refuse(c, rid, false, errNoSandbox)
+		return p.refuse(c, false, errNoSandbox)
 	}
 	if rest == "" {
 		loc := "/u/" + user + "/"
@@ -311,7 +311,7 @@ func (p *Proxy) serveUser(c *fiber.Ctx, rid, user, rest string, port int, ws boo
 	if p.draining.Load() {
 		c.Context().SetConnectionClose()
 		if ws {
-			return p.refuse(c, rid, ws, errDraining)
+			return p.refuse(c, ws, errDraining)
 		}
 	}
 	id, err := p.o.Auth.AuthenticateFor(c, user)
@@ -319,25 +319,25 @@ func (p *Proxy) serveUser(c *fiber.Ctx, rid, user, rest string, port int, ws boo
 	case err != nil && !ws && p.signInFirst(c, web.AsError(err)):
 		return p.toSignIn(c)
 	case err != nil:
-		return p.refuse(c, rid, ws, web.AsError(err))
+		return p.refuse(c, ws, web.AsError(err))
 	case id.User != user && port != 0 && !p.o.PreviewUsers:
-		return p.refuse(c, rid, ws, errNotYourPreview)
+		return p.refuse(c, ws, errNotYourPreview)
 	case id.User != user && port != 0 && !p.resolver.Exists(user):
 		// Another user's preview of a sandbox there is not: no wait for it.
-		return p.refuse(c, rid, ws, errNoSandbox)
+		return p.refuse(c, ws, errNoSandbox)
 	case id.User != user && port == 0:
-		return p.refuse(c, rid, ws, errNotYours)
+		return p.refuse(c, ws, errNotYours)
 	// Credentials the browser attaches by itself (the session cookie, the
 	// SSO proxy's header) must not let another site drive the agent: a
 	// state-changing request, or any WebSocket that names an origin, needs
 	// our own origin. Bearer tokens are sent on purpose and need none.
 	case id.Ambient() && ws && c.Get(fiber.HeaderOrigin) != "" && !httpguard.SameOrigin(c),
 		id.Ambient() && !ws && !safeMethod(c.Method()) && !httpguard.SameOrigin(c):
-		return p.refuse(c, rid, ws, errCrossSite)
+		return p.refuse(c, ws, errCrossSite)
 	}
 	if !p.o.Slots.Acquire(user) {
 		c.Set(fiber.HeaderRetryAfter, "1")
-		return p.refuse(c, rid, ws, errBusy)
+		return p.refuse(c, ws, errBusy)
 	}
 	r := p.begin(c, rid, user, rest, id)
 	r.port = port
@@ -348,7 +348,7 @@ func (p *Proxy) serveUser(c *fiber.Ctx, rid, user, rest string, port int, ws boo
 }
 
 // refuse counts and answers a request refused before it took a slot.
-func (p *Proxy) refuse(c *fiber.Ctx, rid string, ws bool, err *web.Error) error {
+func (p *Proxy) refuse(c *fiber.Ctx, ws bool, err *web.Error) error {
 	if ws {
 		p.m.count(fiber.StatusSwitchingProtocols, sourceGateway)
 		return p.closeAtOnce(c, closeCode(err), err.Detail)

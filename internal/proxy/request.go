@@ -46,7 +46,7 @@ type request struct {
 // client leaves while the handler runs) and its end: the request ends
 // with finish, which for a streamed response is when the stream ends.
 func (p *Proxy) begin(c *fiber.Ctx, rid, user, rest string, id auth.Identity) *request {
-	ctx, end := httpguard.Context(c), httpguard.Detach(c)
+	ctx, end := httpguard.Detach(c)
 	info := httpguard.Get(c)
 	return &request{c: c, ctx: ctx, cancel: end, rid: rid, method: c.Method(), user: user, rest: rest, id: id,
 		host: info.Host, scheme: info.Scheme, origin: info.OnSandboxDomain, start: time.Now()}
