@@ -68,18 +68,20 @@ func TestRunbookQuestions(t *testing.T) {
 	testutil.Eventually(t, 5*time.Minute, func() error {
 		pods := userPods(t, user)
 		for _, p := range pods {
+			// The runbook finds the pod by its user label. A pod adopted
+			// from the warm pool is Running before the sandbox controller
+			// copies the claim's labels onto it, so both are waited for.
 			if p.Status.Phase == corev1.PodRunning {
 				pod = p
+				if got := p.Labels[sandbox.PodUserLabel]; got != user {
+					return fmt.Errorf("%s's pod %s is labelled %s=%q (labels %v)", user, p.Name, sandbox.PodUserLabel, got, p.Labels)
+				}
 				return nil
 			}
 		}
 		r := gw.Do("GET", "/_/admin/users?q="+user, nil, append([]string{"Accept", "application/json"}, bearer(adminToken)...)...)
 		return fmt.Errorf("%s has no running pod yet (%d pods); the admin list says %d %.300s", user, len(pods), r.StatusCode, r.Body)
 	})
-	// The runbook finds the pod by its user label.
-	if got := pod.Labels[sandbox.PodUserLabel]; got != user {
-		t.Errorf("%s's pod %s is labelled %s=%q (labels %v)", user, pod.Name, sandbox.PodUserLabel, got, pod.Labels)
-	}
 	nodes, err := cluster.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil || len(nodes.Items) != 1 {
 		t.Fatalf("nodes: %v (%d)", err, len(nodes.Items))
