@@ -44,6 +44,7 @@ test: tools build lint
 	CGO_ENABLED=1 go build -race -ldflags '$(LDFLAGS)' -o $(RACE_BIN)/ $(addprefix ./cmd/,$(RACE_CMDS))
 	go build -o $(BIN)/testcluster ./hack/testcluster
 	AAAS_RACE_BIN=$(CURDIR)/$(RACE_BIN) $(BIN)/testcluster go test -race -count=1 -timeout 40m $(GOTEST_FLAGS) ./...
+	$(ALLOCATIONS)
 
 ## unit: the fast loop: every test that needs neither root nor a control plane, race detector on.
 ## -short makes the TestMains that start a devcluster (devclustertest.Main, testenv.Main) or a real
@@ -52,6 +53,11 @@ test: tools build lint
 unit:
 	@command -v node >/dev/null || { echo "make unit needs Node.js (the proxy's fuzz tests ask its URL parser where a browser goes): make tools installs it"; exit 1; }
 	go test -race -short -count=1 -timeout 15m $(GOTEST_FLAGS) ./...
+	$(ALLOCATIONS)
+
+# ALLOCATIONS checks the allocation budgets (the cached proxied request's),
+# which the race detector would change, without it.
+ALLOCATIONS = go test -count=1 -run 'Allocations$$' ./internal/proxy/
 
 ## fuzz: each fuzz target (every func FuzzX in a _test.go file) for FUZZTIME (default 30s), one at a
 ## time, as go test -fuzz runs one per invocation; FUZZFLAGS passes more (-parallel 1 on a shared
@@ -76,10 +82,10 @@ lint: tools
 	$(STATICCHECK) ./...
 
 ## bench: micro-benchmarks, devcluster benchmarks, and the proxy benchmark: the edge beside direct
-## access, nginx, haproxy and configurable-http-proxy (writes docs/BENCHMARKS.md)
+## access, nginx, haproxy, Caddy, Traefik and configurable-http-proxy (writes docs/BENCHMARKS.md)
 bench: tools build
 	@hack/tools.sh debian wrk haproxy
-	@hack/tools.sh chp
+	@hack/tools.sh bench
 	go test -run '^$$' -bench . -benchmem -count=1 ./internal/kv/ ./internal/events/ ./internal/auth/ ./internal/httpguard/ ./internal/proxy/ ./internal/sweeper/ ./internal/broker/ ./internal/admin/
 	go test -run '^$$' -bench WakeOverhead -benchtime 50x -count=1 ./internal/lifecycle/
 	go test -run '^$$' -bench ClaimsFromWarmPool -benchtime 5x -count=1 ./internal/lifecycle/

@@ -16,7 +16,9 @@
 #           built from Go modules.
 #   chp:    configurable-http-proxy (JupyterHub's proxy, a peer in
 #           `make bench`) from npm into chp-$CHP_VERSION.
-# Usage: hack/tools.sh [debian|go|all|chp] [extra debian packages...]
+#   bench:  the peers `make bench` builds from Go modules: Caddy (Traefik
+#           is gotools'), and chp.
+# Usage: hack/tools.sh [debian|go|all|chp|bench] [extra debian packages...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=../versions.env
@@ -117,10 +119,20 @@ chp() {
   mv "$tmp" "$dir"
 }
 
+# benchpeers: the Go reverse proxies `make bench` measures beside nginx,
+# haproxy and chp that `make test` does not need (Traefik is built by
+# gotools for the deployment tier and reused).
+benchpeers() {
+  LDFLAGS="-X github.com/caddyserver/caddy/v2.CustomVersion=$CADDY_VERSION" \
+    build "$CACHE/caddy-$CADDY_VERSION" hack/tools/caddy github.com/caddyserver/caddy/v2/cmd/caddy
+  chp
+}
+
 case "$what" in
   debian) debian "$@" ;;
   go) gotools ;;
   all) debian "$@"; gotools ;;
   chp) chp ;;
-  *) echo "usage: $0 [debian|go|all|chp] [packages...]" >&2; exit 2 ;;
+  bench) benchpeers ;;
+  *) echo "usage: $0 [debian|go|all|chp|bench] [packages...]" >&2; exit 2 ;;
 esac

@@ -1,9 +1,9 @@
 // Command bench measures the edge's proxy side by side with the proxies it
 // must beat, in one run on one machine, against one dshsim pod: wrk
 // throughput for 1 KiB and 1 MiB responses directly, through nginx,
-// haproxy, configurable-http-proxy and the edge; p50/p99 at a fixed
-// open-loop rate; WebSocket echo round trips; memory per idle WebSocket;
-// and NATS messages per 10k requests. It starts the whole stack (as
+// haproxy, Caddy, Traefik, configurable-http-proxy and the edge; p50/p99
+// at a fixed open-loop rate; WebSocket echo round trips; memory per idle
+// WebSocket; and NATS messages per 10k requests. It starts the whole stack (as
 // `make run` does), writes docs/BENCHMARKS.md, and prints it.
 //
 // Usage (from `make bench`): go run ./hack/bench -bin bin -out docs/BENCHMARKS.md
@@ -45,7 +45,7 @@ import (
 )
 
 // allTargets in the order they run and are reported.
-var allTargets = []string{"direct", "nginx", "haproxy", "chp", "edge"}
+var allTargets = []string{"direct", "nginx", "haproxy", "caddy", "traefik", "chp", "edge"}
 
 type options struct {
 	bin, out     string
@@ -70,7 +70,7 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds over all targets, of the throughput and of the fixed-rate runs; the report gives medians")
 	targets := flag.String("targets", strings.Join(allTargets, ","), "targets to measure, comma-separated, of "+strings.Join(allTargets, ", "))
 	flag.Float64Var(&o.rate, "rate", 0, "req/s of the fixed-rate latency runs (0: half the best of nginx and haproxy at 1 KiB)")
-	flag.IntVar(&o.peerThreads, "peer-threads", runtime.NumCPU(), "nginx worker processes and haproxy threads (the edge's Go runtime uses every core)")
+	flag.IntVar(&o.peerThreads, "peer-threads", runtime.NumCPU(), "nginx worker processes, haproxy threads, and Caddy's and Traefik's GOMAXPROCS (the edge's Go runtime uses every core)")
 	flag.Float64Var(&o.maxOther, "max-other", 0.25, "repeat a measured run (at most twice) when other processes used more cores than this during it")
 	flag.IntVar(&o.sockets, "ws", 10000, "idle WebSockets to hold open through the edge (0 skips)")
 	flag.BoolVar(&o.models, "models", true, "measure model calls through the broker beside direct calls to the provider stand-in")
@@ -304,13 +304,14 @@ func (r *results) throughput(ctx context.Context, e *env, order []*target) error
 	})
 }
 
-// latency offers the same Poisson arrivals, at half the best peer's 1 KiB
-// peak, to direct, nginx, haproxy and the edge, each measured run after a
-// warm-up at the same rate.
+// latency offers the same Poisson arrivals, at half the 1 KiB peak of the
+// better of nginx and haproxy, to every target but configurable-http-proxy
+// (whose own peak is below that rate), each measured run after a warm-up
+// at the same rate.
 func (r *results) latency(ctx context.Context, order []*target) error {
 	r.rate = r.opts.rate
 	if r.rate == 0 {
-		_, best := r.bestPeer("1 KiB")
+		_, best := r.bestPeer("1 KiB", "nginx", "haproxy")
 		r.rate = best / 2
 	}
 	if r.rate == 0 {

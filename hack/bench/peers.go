@@ -80,13 +80,84 @@ backend dshsim
   server dshsim %[1]s
 `
 
+// Caddy: JSON configuration, run with `caddy run --config <tmp>/caddy.json`.
+// Its admin API is disabled (no listener at all) and the configuration is
+// not autosaved; it writes no access log without a "logs" entry on the
+// server. Its reverse_proxy passes the client's Host through unchanged.
+const caddyConf = `{
+  "admin": {"disabled": true, "config": {"persist": false}},
+  "logging": {"logs": {"default": {"level": "WARN"}}},
+  "apps": {
+    "http": {
+      "servers": {
+        "bench": {
+          "listen": ["%[2]s"],
+          "automatic_https": {"disable": true},
+          "routes": [{
+            "handle": [{
+              "handler": "reverse_proxy",
+              "upstreams": [{"dial": "%[1]s"}],
+              "transport": {
+                "protocol": "http",
+                "versions": ["1.1"],
+                "keep_alive": {"enabled": true, "max_idle_conns_per_host": 64}
+              }
+            }]
+          }]
+        }
+      }
+    }
+  }
+}
+`
+
+// Traefik: a static configuration file (traefik --configFile) and the
+// dynamic one its file provider reads (from the temporary directory it
+// runs in). Without an accessLog section it logs no requests; without api,
+// ping or metrics it opens no port but the entry point. The static
+// serversTransport is the default transport of every service.
+const traefikConf = `global:
+  checkNewVersion: false
+  sendAnonymousUsage: false
+log:
+  level: ERROR
+entryPoints:
+  bench:
+    address: "%[2]s"
+serversTransport:
+  maxIdleConnsPerHost: 64
+providers:
+  file:
+    filename: traefik-dynamic.yml
+    watch: false
+`
+
+const traefikDynamic = `http:
+  routers:
+    dshsim:
+      entryPoints: [bench]
+      rule: "PathPrefix(` + "`/`" + `)"
+      service: dshsim
+  services:
+    dshsim:
+      loadBalancer:
+        passHostHeader: true
+        servers:
+          - url: "http://%[1]s"
+`
+
 // peerNames are the peers in report order.
-var peerNames = []string{"nginx", "haproxy", "chp"}
+var peerNames = []string{"nginx", "haproxy", "caddy", "traefik", "chp"}
 
 // peerTitle is how the report names a target.
 func peerTitle(name string) string {
-	if name == "chp" {
+	switch name {
+	case "chp":
 		return "configurable-http-proxy"
+	case "caddy":
+		return "Caddy"
+	case "traefik":
+		return "Traefik"
 	}
 	return name
 }
@@ -109,20 +180,45 @@ func startPeer(name, upstream string, threads int, direct *target) (*target, err
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, err
 	}
+	// write fills in a configuration text (upstream, addr, threads) and
+	// writes it to file in dir.
+	write := func(file, text string) (string, error) {
+		path := filepath.Join(dir, file)
+		return path, os.WriteFile(path, fmt.Appendf(nil, text, upstream, addr, threads), 0o644)
+	}
 	var cmd *exec.Cmd
 	switch name {
 	case "nginx":
-		conf := filepath.Join(dir, "nginx.conf")
-		if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConf, upstream, addr, threads), 0o644); err != nil {
+		conf, err := write("nginx.conf", nginxConf)
+		if err != nil {
 			return nil, err
 		}
 		cmd = exec.Command(sbin("nginx"), "-c", conf, "-p", dir, "-e", filepath.Join(dir, "error.log"))
 	case "haproxy":
-		conf := filepath.Join(dir, "haproxy.cfg")
-		if err := os.WriteFile(conf, fmt.Appendf(nil, haproxyConf, upstream, addr, threads), 0o644); err != nil {
+		conf, err := write("haproxy.cfg", haproxyConf)
+		if err != nil {
 			return nil, err
 		}
 		cmd = exec.Command(sbin("haproxy"), "-db", "-f", conf)
+	case "caddy":
+		conf, err := write("caddy.json", caddyConf)
+		if err != nil {
+			return nil, err
+		}
+		cmd = exec.Command(caddyBin(), "run", "--config", conf)
+		// Whatever Caddy would keep in the user's config and data
+		// directories stays in the temporary one.
+		cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", threads), "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
+	case "traefik":
+		if _, err := write("traefik-dynamic.yml", traefikDynamic); err != nil {
+			return nil, err
+		}
+		conf, err := write("traefik.yml", traefikConf)
+		if err != nil {
+			return nil, err
+		}
+		cmd = exec.Command(traefikBin(), "--configFile="+conf)
+		cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", threads))
 	case "chp":
 		apiPort, err := embednats.FreePort()
 		if err != nil {
@@ -211,16 +307,28 @@ func sbin(name string) string {
 	return "/usr/sbin/" + name
 }
 
-// chpBin is configurable-http-proxy as `hack/tools.sh chp` installs it.
-func chpBin() string {
+// cached is path inside the tools cache directory hack/tools.sh installs
+// tool at the version versions.env pins with key: $CACHE/tool-version/path.
+func cached(tool, key string, path ...string) string {
 	cache := os.Getenv("AAAS_TOOLS_CACHE") // set by the Makefile
 	if cache == "" {
 		if base, err := os.UserCacheDir(); err == nil {
 			cache = filepath.Join(base, "aaas", "tools")
 		}
 	}
-	return filepath.Join(cache, "chp-"+aaas.Version("CHP_VERSION"), "node_modules", ".bin", "configurable-http-proxy")
+	return filepath.Join(append([]string{cache, tool + "-" + aaas.Version(key)}, path...)...)
 }
+
+// chpBin is configurable-http-proxy as `hack/tools.sh chp` installs it.
+func chpBin() string {
+	return cached("chp", "CHP_VERSION", "node_modules", ".bin", "configurable-http-proxy")
+}
+
+// caddyBin is Caddy as `hack/tools.sh bench` builds it.
+func caddyBin() string { return cached("caddy", "CADDY_VERSION", "caddy") }
+
+// traefikBin is Traefik as `hack/tools.sh go` builds it.
+func traefikBin() string { return cached("traefik", "TRAEFIK_VERSION", "traefik") }
 
 // checkTools says what `make bench` would install when something the
 // chosen targets need is missing.
@@ -231,6 +339,12 @@ func checkTools(names map[string]bool) error {
 	}
 	if names["haproxy"] {
 		need["haproxy"] = sbin("haproxy")
+	}
+	if names["caddy"] {
+		need["caddy"] = caddyBin()
+	}
+	if names["traefik"] {
+		need["traefik"] = traefikBin()
 	}
 	if names["chp"] {
 		need["configurable-http-proxy"] = chpBin()
@@ -262,6 +376,19 @@ func versions(names map[string]bool) map[string]string {
 		// "HAProxy version 2.6.12-1+deb12u4 2026/10/17 - https://haproxy.org/"
 		if f := strings.Fields(first(sbin("haproxy"), "-v")); len(f) > 2 {
 			v["haproxy"] = f[2]
+		}
+	}
+	if names["caddy"] {
+		// "v2.11.9" (the module version stamped in by hack/tools.sh)
+		v["caddy"] = first(caddyBin(), "version")
+	}
+	if names["traefik"] {
+		// "Version:      v3.6.12", then Codename:, Go version:, …
+		out, _ := exec.Command(traefikBin(), "version").CombinedOutput()
+		for l := range strings.Lines(string(out)) {
+			if k, val, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "Version" {
+				v["traefik"] = strings.TrimSpace(val)
+			}
 		}
 	}
 	if names["chp"] {

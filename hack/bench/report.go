@@ -62,10 +62,18 @@ func (r *results) rps(size, target string) float64 {
 	return m
 }
 
-// bestPeer is the faster of nginx and haproxy for size, by median req/s.
-func (r *results) bestPeer(size string) (string, float64) {
+// cpuPerRequest is the proxy CPU time target used per request for size,
+// the median over the rounds in ns, 0 when it did not run.
+func (r *results) cpuPerRequest(size, target string) float64 {
+	m, _, _ := r.median(size, target, func(w wrkResult) float64 { return float64(w.cpu) / w.requests })
+	return m
+}
+
+// bestPeer is the fastest of peers for size, by median req/s: its name
+// and req/s, or "" and 0 when none of them ran.
+func (r *results) bestPeer(size string, peers ...string) (string, float64) {
 	name, best := "", 0.0
-	for _, p := range []string{"nginx", "haproxy"} {
+	for _, p := range peers {
 		if v := r.rps(size, p); v > best {
 			name, best = p, v
 		}
@@ -110,8 +118,8 @@ func (r *results) report() []byte {
 		switch t {
 		case "direct":
 			fmt.Fprintf(&w, "- **direct**: the client talks to the pod itself, with its DSH auth cookie.\n")
-		case "nginx", "haproxy":
-			fmt.Fprintf(&w, "- **%s** %s: a reverse proxy in front of the pod (configuration below); the client sends the pod's auth cookie and Host, and %s forwards them.\n", t, r.versions[t], t)
+		case "nginx", "haproxy", "caddy", "traefik":
+			fmt.Fprintf(&w, "- **%s** %s: a reverse proxy in front of the pod (configuration below); the client sends the pod's auth cookie and Host, and %s forwards them.\n", peerTitle(t), r.versions[t], peerTitle(t))
 		case "chp":
 			fmt.Fprintf(&w, "- **configurable-http-proxy** (%s), JupyterHub's proxy: `--default-target http://<pod>`; the client sends the pod's auth cookie and Host, and it forwards them.\n", r.versions[t])
 		case "edge":
@@ -141,11 +149,16 @@ func (r *results) report() []byte {
 func (r *results) goals(w *bytes.Buffer) {
 	fmt.Fprintf(w, "## Goals\n\nThe targets, judged on this run's figures.\n\n| goal | target | measured | |\n|---|---|---|---|\n")
 	edge1k, edge1m, chp := r.rps("1 KiB", "edge"), r.rps("1 MiB", "edge"), r.rps("1 KiB", "chp")
-	peer1k, best1k := r.bestPeer("1 KiB")
-	peer1m, best1m := r.bestPeer("1 MiB")
-	goal(w, "edge req/s ÷ best of nginx, haproxy, 1 KiB", "≥ 1.0×", ratio(edge1k, best1k)+" (best: "+orDash(peer1k)+")", edge1k >= 1.0*best1k, edge1k > 0 && best1k > 0)
+	peer1k, best1k := r.bestPeer("1 KiB", "nginx", "haproxy")
+	goPeer1k, goBest1k := r.bestPeer("1 KiB", "caddy", "traefik")
+	peer1m, best1m := r.bestPeer("1 MiB", peerNames...)
+	best := func(name string) string { return " (best: " + orDash(peerTitle(name)) + ")" }
+	goal(w, "edge req/s ÷ best of nginx, haproxy, 1 KiB", "≥ 1.0×", ratio(edge1k, best1k)+best(peer1k), edge1k >= 1.0*best1k, edge1k > 0 && best1k > 0)
+	goal(w, "edge req/s ÷ best of Caddy, Traefik, 1 KiB", "≥ 1.5×", ratio(edge1k, goBest1k)+best(goPeer1k), edge1k >= 1.5*goBest1k, edge1k > 0 && goBest1k > 0)
 	goal(w, "edge req/s ÷ configurable-http-proxy, 1 KiB", "≥ 5×", ratio(edge1k, chp), edge1k >= 5*chp, edge1k > 0 && chp > 0)
-	goal(w, "edge req/s ÷ best of nginx, haproxy, 1 MiB", "≥ 1.2×", ratio(edge1m, best1m)+" (best: "+orDash(peer1m)+")", edge1m >= 1.2*best1m, edge1m > 0 && best1m > 0)
+	goal(w, "edge req/s ÷ best of all peers, 1 MiB", "≥ 1.2×", ratio(edge1m, best1m)+best(peer1m), edge1m >= 1.2*best1m, edge1m > 0 && best1m > 0)
+	edgeCPU, nginxCPU := r.cpuPerRequest("1 KiB", "edge"), r.cpuPerRequest("1 KiB", "nginx")
+	goal(w, "edge CPU per 1 KiB request", "≤ nginx's", fmt.Sprintf("%.1f µs (nginx: %.1f µs)", edgeCPU/1e3, nginxCPU/1e3), edgeCPU <= nginxCPU, edgeCPU > 0 && nginxCPU > 0)
 	added, ok := r.added("edge", func(x rateResult) time.Duration { return x.p50 })
 	goal(w, fmt.Sprintf("edge added p50 vs direct at %.0f req/s", r.rate), "≤ 0.50 ms", ms(added), added <= 500*time.Microsecond, ok)
 	goal(w, "edge RSS per idle proxied WebSocket", "≤ 20 KiB", fmt.Sprintf("%.1f KiB", r.perSocket/1024), r.perSocket <= 20*1024, r.perSocket > 0)
@@ -189,7 +202,7 @@ func (r *results) throughputTable(w *bytes.Buffer) {
 	r.sizeTable(w, []string{"%[1]s req/s", "%[1]s wrk p99", "%[1]s proxy CPU per request"}, func(size, t string) []string {
 		med, lo, hi := r.median(size, t, func(x wrkResult) float64 { return x.rps })
 		p99, _, _ := r.median(size, t, func(x wrkResult) float64 { return float64(x.p99) })
-		cpu, _, _ := r.median(size, t, func(x wrkResult) float64 { return float64(x.cpu) / x.requests })
+		cpu := r.cpuPerRequest(size, t)
 		rps := fmt.Sprintf("%.0f", med)
 		if r.opts.rounds > 1 {
 			rps += fmt.Sprintf(" [%.0f–%.0f]", lo, hi)
@@ -216,9 +229,19 @@ func (r *results) ratioTable(w *bytes.Buffer) {
 		}
 		fmt.Fprintln(w)
 	}
-	row("edge ÷ max(nginx, haproxy)", func(s string) (float64, float64) { _, b := r.bestPeer(s); return r.rps(s, "edge"), b })
+	row("edge ÷ max(nginx, haproxy)", func(s string) (float64, float64) {
+		_, b := r.bestPeer(s, "nginx", "haproxy")
+		return r.rps(s, "edge"), b
+	})
+	row("edge ÷ max(Caddy, Traefik)", func(s string) (float64, float64) {
+		_, b := r.bestPeer(s, "caddy", "traefik")
+		return r.rps(s, "edge"), b
+	})
 	row("edge ÷ configurable-http-proxy", func(s string) (float64, float64) { return r.rps(s, "edge"), r.rps(s, "chp") })
-	for _, t := range []string{"nginx", "haproxy", "chp", "edge"} {
+	for _, t := range allTargets {
+		if t == "direct" {
+			continue
+		}
 		row(peerTitle(t)+" ÷ direct", func(s string) (float64, float64) { return r.rps(s, t), r.rps(s, "direct") })
 	}
 }
@@ -318,14 +341,22 @@ func (r *results) websocketTables(w *bytes.Buffer) {
 
 func (r *results) setup(w *bytes.Buffer) {
 	o := r.opts
-	fmt.Fprintf(w, "\n## Setup\n\nFairness: every target reaches the same pod, one at a time, from the same clients with the same settings; the peers receive exactly the requests direct receives (path, `Host: localhost`, the pod's cookie) and forward them, the edge receives them on the bench user's sandbox origin (`Host: bench.localhost:<port>`) with that origin's session cookie instead; nothing writes an access log (nginx `access_log off`, haproxy without a `log` line, configurable-http-proxy `--log-level warn`, the edge at `LOG_LEVEL=warn`). CPU: the edge is a Go process whose runtime uses all %d cores, so nginx gets %d worker process(es) and haproxy %d thread(s) (`-peer-threads`); configurable-http-proxy is one Node.js process, as JupyterHub runs it. wrk (one thread), dshsim and the proxy share the same %d cores, so req/s is what the proxy leaves of the machine to the rest; the CPU-per-request column is the proxy's own cost.\n\n",
-		runtime.NumCPU(), o.peerThreads, o.peerThreads, runtime.NumCPU())
+	fmt.Fprintf(w, "\n## Setup\n\nFairness: every target reaches the same pod, one at a time, from the same clients with the same settings; the peers receive exactly the requests direct receives (path, `Host: localhost`, the pod's cookie) and forward them, the edge receives them on the bench user's sandbox origin (`Host: bench.localhost:<port>`) with that origin's session cookie instead; nothing writes an access log (nginx `access_log off`, haproxy without a `log` line, Caddy and Traefik without an access log, Caddy's log at WARN and Traefik's at ERROR, configurable-http-proxy `--log-level warn`, the edge at `LOG_LEVEL=warn`). CPU: the edge is a Go process whose runtime uses all %d cores, so nginx gets %d worker process(es), haproxy %d thread(s), and Caddy and Traefik, Go programs too, run with `GOMAXPROCS=%d` (all `-peer-threads`); configurable-http-proxy is one Node.js process, as JupyterHub runs it. wrk (one thread), dshsim and the proxy share the same %d cores, so req/s is what the proxy leaves of the machine to the rest; the CPU-per-request column is the proxy's own cost.\n\n",
+		runtime.NumCPU(), o.peerThreads, o.peerThreads, o.peerThreads, runtime.NumCPU())
 	if o.targets["nginx"] {
 		fmt.Fprintf(w, "nginx (`nginx -p <tmp> -c <tmp>/nginx.conf`: its own prefix and configuration in a temporary directory; as root, its workers run as `nobody`; `proxy_buffering` is left at its default, on, so responses larger than its buffers can spill to a temporary file):\n\n```nginx\n%s```\n\n",
 			fmt.Sprintf(nginxConf, "<pod>", "127.0.0.1:<port>", o.peerThreads))
 	}
 	if o.targets["haproxy"] {
 		fmt.Fprintf(w, "haproxy (`haproxy -db -f <file>`, one process):\n\n```haproxy\n%s```\n\n", fmt.Sprintf(haproxyConf, "<pod>", "127.0.0.1:<port>", o.peerThreads))
+	}
+	if o.targets["caddy"] {
+		fmt.Fprintf(w, "Caddy (`GOMAXPROCS=%d caddy run --config <tmp>/caddy.json`, with `XDG_CONFIG_HOME` and `XDG_DATA_HOME` in the temporary directory; no admin API, so nothing listens but the server; `reverse_proxy` passes the client's Host through unchanged and adds X-Forwarded-*):\n\n```json\n%s```\n\n",
+			o.peerThreads, fmt.Sprintf(caddyConf, "<pod>", "127.0.0.1:<port>", o.peerThreads))
+	}
+	if o.targets["traefik"] {
+		fmt.Fprintf(w, "Traefik (`GOMAXPROCS=%d traefik --configFile=<tmp>/traefik.yml`, run in the temporary directory; no API, dashboard, ping or metrics, so nothing listens but the entry point; X-Forwarded-* added), its static configuration:\n\n```yaml\n%s```\n\nand the dynamic one its file provider reads, `<tmp>/traefik-dynamic.yml`:\n\n```yaml\n%s```\n\n",
+			o.peerThreads, fmt.Sprintf(traefikConf, "<pod>", "127.0.0.1:<port>", o.peerThreads), fmt.Sprintf(traefikDynamic, "<pod>", "127.0.0.1:<port>", o.peerThreads))
 	}
 	if o.targets["chp"] {
 		fmt.Fprintf(w, "configurable-http-proxy: `configurable-http-proxy --ip 127.0.0.1 --port <port> --api-ip 127.0.0.1 --api-port <port> --default-target http://<pod> --log-level warn` (its defaults otherwise: kept-alive upstream connections, X-Forwarded-* headers added).\n\n")

@@ -115,8 +115,8 @@ func TestAccessLine(t *testing.T) {
 			line["user"] != tc.user || line["method"] != "GET" || line["level"] != tc.level {
 			t.Errorf("%s: access line %v; want request id %s, status %d, route %s, user %q, level %s", tc.path, line, rid, tc.status, tc.route, tc.user, tc.level)
 		}
-		if _, ok := line["duration_ms"].(float64); !ok {
-			t.Errorf("%s: duration_ms %v is not a number", tc.path, line["duration_ms"])
+		if _, ok := line["duration_us"].(float64); !ok {
+			t.Errorf("%s: duration_us %v is not a number", tc.path, line["duration_us"])
 		}
 		if tc.bytes >= 0 && line["bytes"] != tc.bytes {
 			t.Errorf("%s: bytes %v, want %v", tc.path, line["bytes"], tc.bytes)

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/gofiber/fiber/v2"
@@ -20,9 +21,8 @@ type Info struct {
 	// IP is the client's address: the peer, or the first address left of
 	// our trusted proxies in X-Forwarded-For.
 	IP netip.Addr
-	// Key names the client for rate limits: the IPv4 address, or the
-	// IPv6 /64 (one subscriber's whole prefix).
-	Key string
+	// key is Key's, made on first use.
+	key string
 	// Scheme is http or https, as the browser used it.
 	Scheme string
 	// Host is the canonical public host (lowercase, no default port).
@@ -40,6 +40,59 @@ type Info struct {
 	// their stylesheet and sign-in link from it, as every path of a
 	// sandbox origin is the tenant's.
 	Gateway string
+}
+
+// Key names the client for rate limits: the IPv4 address, or the IPv6
+// /64 (one subscriber's whole prefix). Made on first use: most requests
+// are not rate-limited.
+func (i *Info) Key() string {
+	if i.key == "" {
+		i.key = keyOf(i.IP)
+	}
+	return i.key
+}
+
+// hostCache remembers, per scheme, what resolve made of the hosts it
+// accepted, so the canonical host of a request is a lookup, not a parse
+// and a string. Bounded: a full cache starts over, so hosts a client makes
+// up (every label below SANDBOX_DOMAIN is accepted) cost parses, never
+// memory.
+type hostCache struct {
+	mu sync.RWMutex
+	m  [2]map[string]Info // http, https
+}
+
+const maxCachedHosts = 4096
+
+func schemeIndex(scheme string) int {
+	if scheme == "https" {
+		return 1
+	}
+	return 0
+}
+
+func (h *hostCache) get(raw []byte, scheme string) (Info, bool) {
+	h.mu.RLock()
+	v, ok := h.m[schemeIndex(scheme)][string(raw)]
+	h.mu.RUnlock()
+	return v, ok
+}
+
+// put keeps info's host fields (not the client's) for raw.
+func (h *hostCache) put(raw []byte, info Info) {
+	i := schemeIndex(info.Scheme)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m[i] == nil || len(h.m[i]) >= maxCachedHosts {
+		h.m[i] = make(map[string]Info, 64)
+	}
+	h.m[i][string(raw)] = Info{Host: info.Host, OnSandboxDomain: info.OnSandboxDomain, Sandbox: info.Sandbox, PreviewPort: info.PreviewPort, Gateway: info.Gateway}
+}
+
+// with is a cached host's Info for a client.
+func (i Info) with(ip netip.Addr, scheme string) Info {
+	i.IP, i.Scheme = ip, scheme
+	return i
 }
 
 // Options is the trust boundary.
@@ -68,6 +121,7 @@ type Policy struct {
 	gateway   string
 	// departures are the requests Run watches for clients that left.
 	departures departures
+	canon      hostCache
 }
 
 // NewPolicy validates o and returns its Policy.
@@ -123,11 +177,18 @@ func (p *Policy) Middleware(c *fiber.Ctx) error {
 	for _, v := range hdr.PeekAll(fiber.HeaderXForwardedProto) {
 		xfp = append(xfp, string(v))
 	}
-	info, ok := p.Resolve(peer, xff, xfp, string(c.Request().Host()), tls)
+	// The Info lives in the request's scope (Access), else on its own.
+	var info *Info
+	if s := scopeOf(c); s != nil {
+		info, s.infoSet = &s.info, true
+	} else {
+		info = new(Info)
+	}
+	ok := p.resolve(info, peer, xff, xfp, c.Request().Host(), tls)
 	if !ok && !p.unchecked[c.Path()] {
 		return fiber.NewError(fiber.StatusMisdirectedRequest, "This gateway does not serve the host "+strconv.Quote(string(c.Request().Host()))+".")
 	}
-	c.Locals(localsKey, &info)
+	c.Locals(localsKey, info)
 	return c.Next()
 }
 
@@ -135,7 +196,13 @@ func (p *Policy) Middleware(c *fiber.Ctx) error {
 // forwarding headers (all values in order). ok is false when host is not
 // public.
 func (p *Policy) Resolve(peer netip.Addr, xff, xfp []string, host string, tls bool) (Info, bool) {
-	info := Info{IP: peer, Scheme: "http"}
+	var info Info
+	ok := p.resolve(&info, peer, xff, xfp, []byte(host), tls)
+	return info, ok
+}
+
+func (p *Policy) resolve(info *Info, peer netip.Addr, xff, xfp []string, host []byte, tls bool) bool {
+	*info = Info{IP: peer, Scheme: "http"}
 	if tls {
 		info.Scheme = "https"
 	}
@@ -150,20 +217,27 @@ func (p *Policy) Resolve(peer netip.Addr, xff, xfp []string, host string, tls bo
 			info.Scheme = "https"
 		}
 	}
-	info.Key = keyOf(info.IP)
-	h, valid := ident.CanonicalHost(host, info.Scheme)
+	if c, ok := p.canon.get(host, info.Scheme); ok {
+		*info = c.with(info.IP, info.Scheme)
+		return true
+	}
+	h, valid := ident.CanonicalHost(string(host), info.Scheme)
 	info.Host = h
 	if !valid {
-		return info, false
+		return false
 	}
+	ok := p.anyHost || p.hosts[h]
 	if p.domain != "" {
-		if label, ok := strings.CutSuffix(h, "."+p.domain); ok && label != "" && !strings.Contains(label, ".") {
+		if label, found := strings.CutSuffix(h, "."+p.domain); found && label != "" && !strings.Contains(label, ".") {
 			info.OnSandboxDomain, info.Gateway = true, p.gateway
 			info.Sandbox, info.PreviewPort, _ = ParseSandboxHost(h, p.domain)
-			return info, true
+			ok = true
 		}
 	}
-	return info, p.anyHost || p.hosts[h]
+	if ok {
+		p.canon.put(host, *info)
+	}
+	return ok
 }
 
 // ParseSandboxHost reads a canonical host (see CanonicalHost) as a sandbox
@@ -291,14 +365,14 @@ func Get(c *fiber.Ctx) *Info {
 	}
 	peer := addrOf(c.Context().RemoteAddr())
 	h, _ := ident.CanonicalHost(string(c.Request().Host()), "http")
-	return &Info{IP: peer, Key: keyOf(peer), Scheme: "http", Host: h}
+	return &Info{IP: peer, Scheme: "http", Host: h}
 }
 
 // IP is the client's address as text.
 func IP(c *fiber.Ctx) string { return Get(c).IP.String() }
 
 // Key is the client's rate-limit key.
-func Key(c *fiber.Ctx) string { return Get(c).Key }
+func Key(c *fiber.Ctx) string { return Get(c).Key() }
 
 // Scheme is how the browser reached us.
 func Scheme(c *fiber.Ctx) string { return Get(c).Scheme }

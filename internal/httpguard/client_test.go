@@ -53,8 +53,8 @@ func TestResolveClientAddress(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			info, _ := p.Resolve(netip.MustParseAddr(tt.peer).Unmap(), tt.xff, tt.wantProto, "gw.example", false)
-			if info.IP.String() != tt.wantIP || info.Key != tt.wantKey || info.Scheme != tt.scheme {
-				t.Fatalf("got %s key %s scheme %s, want %s key %s scheme %s", info.IP, info.Key, info.Scheme, tt.wantIP, tt.wantKey, tt.scheme)
+			if info.IP.String() != tt.wantIP || info.Key() != tt.wantKey || info.Scheme != tt.scheme {
+				t.Fatalf("got %s key %s scheme %s, want %s key %s scheme %s", info.IP, info.Key(), info.Scheme, tt.wantIP, tt.wantKey, tt.scheme)
 			}
 		})
 	}

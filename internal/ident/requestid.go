@@ -12,9 +12,9 @@ import (
 // back to the browser on every answer.
 const HeaderRequestID = "X-Request-Id"
 
-// maxRequestID bounds an ingress's id (ingress-nginx sends 32 hex
-// digits, Envoy a 36-character UUID).
-const maxRequestID = 64
+// MaxRequestID bounds an ingress's id (ingress-nginx sends 32 hex
+// digits, Envoy a 36-character UUID), and so every request id.
+const MaxRequestID = 64
 
 // Request ids are a random per-process prefix and a counter: unique across
 // replicas without a random draw per request.
@@ -28,15 +28,24 @@ var (
 )
 
 // NewRequestID is a fresh id for a request no trusted ingress named.
-func NewRequestID() string {
-	return requestPrefix + strconv.FormatUint(requestCounter.Add(1), 10)
+func NewRequestID() string { return string(AppendRequestID(nil, nil)) }
+
+// AppendRequestID appends a request's id to b without allocating: a
+// trusted ingress's id if it is a valid one (ValidRequestID), else a
+// fresh one.
+func AppendRequestID(b, ingress []byte) []byte {
+	if ValidRequestID(ingress) {
+		return append(b, ingress...)
+	}
+	b = append(b, requestPrefix...)
+	return strconv.AppendUint(b, requestCounter.Add(1), 10)
 }
 
 // ValidRequestID accepts what ingresses send (hex, UUIDs, base64url) and
 // nothing a log line or a header could be bent by: it may be a client's
 // own value that the ingress passed on.
-func ValidRequestID(s string) bool {
-	if s == "" || len(s) > maxRequestID {
+func ValidRequestID[T string | []byte](s T) bool {
+	if len(s) == 0 || len(s) > MaxRequestID {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
@@ -67,6 +76,14 @@ func WithRequestID(ctx context.Context, id string) context.Context {
 		return ctx
 	}
 	return context.WithValue(ctx, requestIDKey{}, id)
+}
+
+// IsRequestIDKey reports whether key is the one RequestIDOf asks a
+// context for: a context of its own making (the edge's request scope)
+// answers it with its id.
+func IsRequestIDKey(key any) bool {
+	_, ok := key.(requestIDKey)
+	return ok
 }
 
 // RequestIDOf is the request id ctx carries ("" for none).

@@ -52,7 +52,7 @@ func TestAnswerStreamedBeforeTheBodyEndSurvivesDetach(t *testing.T) {
 
 	u := newUpstream()
 	defer u.CloseIdle()
-	a, err := u.RoundTrip(context.Background(), up.Listener.Addr().String(), &outgoing{method: "POST", uri: "/", header: []byte("Host: x\r\n"), body: body})
+	a, err := u.RoundTrip(context.Background(), up.Listener.Addr().String(), &outgoing{method: "POST", uri: []byte("/"), header: []byte("Host: x\r\n"), body: body})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -77,7 +77,7 @@ func roundTrip(t *testing.T, tr transport, addr string, o *outgoing) exchanged {
 }
 
 func get(uri string) *outgoing {
-	return &outgoing{method: "GET", uri: uri, header: []byte("Host: sandbox\r\n")}
+	return &outgoing{method: "GET", uri: []byte(uri), header: []byte("Host: sandbox\r\n")}
 }
 
 // post is a request whose body arrives from the browser as the test
@@ -92,7 +92,7 @@ func post(t *testing.T, payload []byte, size int64) *outgoing {
 			}
 		}()
 	}
-	return &outgoing{method: "POST", uri: "/", header: []byte("Host: sandbox\r\n"), body: body}
+	return &outgoing{method: "POST", uri: []byte("/"), header: []byte("Host: sandbox\r\n"), body: body}
 }
 
 func TestTransportConformance(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 
 	"github.com/aaas-project/aaas/internal/ident"
 )
@@ -122,54 +123,105 @@ var errForeignRedirect = errors.New("it redirects to a protocol-relative or ambi
 // else, whatever DSH says. Nothing is added unless all of it is
 // acceptable. It runs on every response, so it works on the bytes as
 // fasthttp parsed them.
-func (p headerPolicy) response(fields iter.Seq2[[]byte, []byte], loc location, add func(k, v []byte)) error {
-	var conn, cache [][]byte
-	var location, refresh []byte
-	varies := false
-	for k, v := range fields {
-		switch string(k) {
-		case "Connection":
-			conn = append(conn, v)
-		case "Cache-Control":
-			cache = append(cache, v)
-		case "Vary":
-			varies = varies || variesOnCookie(v)
-		case "Location", "Refresh":
-			// Rewritten here, once: a (malformed) second one is sent
-			// with the first one's value.
-			r, ok := "", true
-			if string(k) == "Location" && location == nil {
-				r, ok = loc.rewrite(string(v))
-				location = []byte(r)
-			} else if string(k) == "Refresh" && refresh == nil {
-				r, ok = loc.refresh(string(v))
-				refresh = []byte(r)
-			}
-			if !ok {
-				return errForeignRedirect
-			}
-		}
+func (p headerPolicy) response(fields iter.Seq2[[]byte, []byte], loc location, dst headerAdder) error {
+	f := responseFilters.Get().(*responseFilter)
+	defer f.release()
+	f.loc = loc
+	fields(f.scan)
+	if f.err != nil {
+		return f.err
 	}
-	extra := connectionTokens(conn)
-	for k, v := range fields {
-		name := string(k)
-		switch {
-		case dropped(k, extra), name == "Cache-Control":
-		case name == "Location":
-			add(k, location)
-		case name == "Refresh":
-			if len(refresh) > 0 {
-				add(k, refresh)
-			}
-		default:
-			add(k, v)
-		}
-	}
-	add(cacheControlName, privateCacheControl(cache))
-	if !varies {
-		add(varyName, cookieName)
+	f.extra, f.dst = connectionTokens(f.conn), dst
+	fields(f.emit)
+	dst.AddBytesKV(cacheControlName, privateCacheControl(f.cache))
+	if !f.varies {
+		dst.AddBytesKV(varyName, cookieName)
 	}
 	return nil
+}
+
+// headerAdder is where response adds the headers that pass: the
+// browser's answer (*fasthttp.ResponseHeader), or a test's record.
+type headerAdder interface{ AddBytesKV(k, v []byte) }
+
+// responseFilter is response's state for one answer, pooled with its two
+// passes bound once (scan and emit as method values), so the filter
+// allocates nothing per answer: a range-over-func loop here would move
+// its state to the heap on every call.
+type responseFilter struct {
+	loc               location
+	conn, cache       [][]byte
+	location, refresh []byte
+	varies            bool
+	err               error
+	extra             map[string]bool
+	dst               headerAdder
+	scan, emit        func(k, v []byte) bool
+}
+
+var responseFilters = sync.Pool{New: func() any {
+	f := &responseFilter{}
+	f.scan, f.emit = f.scanField, f.emitField
+	return f
+}}
+
+// release forgets the answer (its bytes belong to the upstream's buffers)
+// and returns f to the pool.
+func (f *responseFilter) release() {
+	clear(f.conn)
+	clear(f.cache)
+	f.loc, f.conn, f.cache, f.location, f.refresh = location{}, f.conn[:0], f.cache[:0], nil, nil
+	f.varies, f.err, f.extra, f.dst = false, nil, nil, nil
+	responseFilters.Put(f)
+}
+
+// scanField is the first pass: what the second needs to know of all the
+// fields (Connection's names, Cache-Control, Vary) and the rewritten
+// Location and Refresh; a redirect out of the user's prefix stops it.
+func (f *responseFilter) scanField(k, v []byte) bool {
+	switch string(k) {
+	case "Connection":
+		f.conn = append(f.conn, v)
+	case "Cache-Control":
+		f.cache = append(f.cache, v)
+	case "Vary":
+		f.varies = f.varies || variesOnCookie(v)
+	case "Location", "Refresh":
+		// Rewritten here, once: a (malformed) second one is sent with
+		// the first one's value.
+		if f.loc.prefix == "" && !f.loc.local {
+			f.loc.prefix = "/u/" + f.loc.user
+		}
+		r, ok := "", true
+		if string(k) == "Location" && f.location == nil {
+			r, ok = f.loc.rewrite(string(v))
+			f.location = []byte(r)
+		} else if string(k) == "Refresh" && f.refresh == nil {
+			r, ok = f.loc.refresh(string(v))
+			f.refresh = []byte(r)
+		}
+		if !ok {
+			f.err = errForeignRedirect
+			return false
+		}
+	}
+	return true
+}
+
+// emitField is the second pass: each field that may reach the browser.
+func (f *responseFilter) emitField(k, v []byte) bool {
+	switch {
+	case dropped(k, f.extra), string(k) == "Cache-Control":
+	case string(k) == "Location":
+		f.dst.AddBytesKV(k, f.location)
+	case string(k) == "Refresh":
+		if len(f.refresh) > 0 {
+			f.dst.AddBytesKV(k, f.refresh)
+		}
+	default:
+		f.dst.AddBytesKV(k, v)
+	}
+	return true
 }
 
 var (
@@ -276,9 +328,11 @@ var accelPrefix = []byte("X-Accel-")
 // is set: DSH was sent Host localhost:<port>, so a URL on localhost (any
 // port) is DSH's own too and stays on the origin.
 type location struct {
-	prefix, host, upstream string
-	scheme, base           string
-	local                  bool
+	// prefix is /u/<user> in path mode, "" on a sandbox origin (local);
+	// left empty, response makes it from user when an answer redirects.
+	prefix, user, host, upstream string
+	scheme, base                 string
+	local                        bool
 }
 
 // rewrite keeps a redirect inside the user's prefix, judged as a browser

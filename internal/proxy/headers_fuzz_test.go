@@ -98,7 +98,7 @@ func FuzzRequestHeaders(f *testing.F) {
 		defer app.ReleaseCtx(c)
 		r := &request{c: c, method: "GET", user: "alice", rest: "/x", host: fuzzHost, scheme: "https"}
 		o := p.outgoing(r, Upstream{Host: fuzzHost, Cookie: fuzzCookie}, nil)
-		sent := "GET " + o.uri + " HTTP/1.1\r\n" + string(o.header) + "\r\n"
+		sent := "GET " + string(o.uri) + " HTTP/1.1\r\n" + string(o.header) + "\r\n"
 		req, err := http.ReadRequest(bufio.NewReader(strings.NewReader(sent)))
 		if err != nil {
 			t.Fatalf("DSH cannot read what the edge sends (%v):\n%s", err, sent)
@@ -191,7 +191,7 @@ func FuzzResponseHeaders(f *testing.F) {
 		}
 		type field struct{ name, value string }
 		var added []field
-		err = newHeaderPolicy(nil, nil).response(h.All(), fuzzLocation, func(k, v []byte) { added = append(added, field{string(k), string(v)}) })
+		err = newHeaderPolicy(nil, nil).response(h.All(), fuzzLocation, addFunc(func(k, v []byte) { added = append(added, field{string(k), string(v)}) }))
 		if err != nil {
 			if len(added) > 0 {
 				t.Fatalf("refused (%v) after adding %v", err, added)

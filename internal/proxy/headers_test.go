@@ -183,7 +183,7 @@ func TestResponseHeaders(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var got []string
-			err := p.response(visitHeader(tt.in), loc, func(k, v []byte) { got = append(got, string(k)+": "+string(v)) })
+			err := p.response(visitHeader(tt.in), loc, addFunc(func(k, v []byte) { got = append(got, string(k)+": "+string(v)) }))
 			slices.Sort(got)
 			switch {
 			case tt.err && (err == nil || len(got) != 0):
@@ -220,14 +220,14 @@ func TestAnswersArePrivate(t *testing.T) {
 		{http.Header{"Vary": {"*"}}, "private", false},
 	} {
 		var cache, vary []string
-		err := p.response(visitHeader(tt.in), loc, func(k, v []byte) {
+		err := p.response(visitHeader(tt.in), loc, addFunc(func(k, v []byte) {
 			switch string(k) {
 			case "Cache-Control":
 				cache = append(cache, string(v))
 			case "Vary":
 				vary = append(vary, string(v))
 			}
-		})
+		}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -304,6 +304,11 @@ func TestSplitUserPath(t *testing.T) {
 }
 
 // visitHeader visits h as fasthttp visits a parsed header.
+// addFunc records what response adds.
+type addFunc func(k, v []byte)
+
+func (f addFunc) AddBytesKV(k, v []byte) { f(k, v) }
+
 func visitHeader(h http.Header) iter.Seq2[[]byte, []byte] {
 	return func(yield func(k, v []byte) bool) {
 		for k, vs := range h {

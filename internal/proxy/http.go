@@ -32,6 +32,7 @@ func (p *Proxy) serveHTTP(r *request) error {
 	p.m.observe(status, sourceOf(status, r.failed), time.Since(r.start))
 	if !owned {
 		p.finish(r, status)
+		r.release()
 	}
 	return nil
 }
@@ -124,19 +125,21 @@ func (p *Proxy) outgoing(r *request, up Upstream, body *bodyReader) *outgoing {
 	if up.Cookie != "" { // a preview gets none
 		b = appendHeader(b, "Cookie", up.Cookie)
 	}
-	b = appendHeader(b, "X-Forwarded-For", httpguard.IP(r.c))
+	b = append(b, "X-Forwarded-For: "...)
+	b = httpguard.Get(r.c).IP.AppendTo(b)
+	b = append(b, "\r\n"...)
 	b = appendHeader(b, "X-Forwarded-Proto", r.scheme)
 	b = appendHeader(b, "X-Forwarded-Host", r.host)
 	if !r.origin {
-		b = appendHeader(b, "X-Forwarded-Prefix", "/u/"+r.user)
+		b = appendHeader(b, "X-Forwarded-Prefix", "/u/", r.user)
 	}
-	*o = outgoing{method: r.method, uri: r.uri(), header: b, body: body, head: r.method == fiber.MethodHead}
+	*o = outgoing{method: r.method, uri: r.appendURI(o.uri[:0]), header: b, body: body, head: r.method == fiber.MethodHead}
 	return o
 }
 
 // outgoings are reused for their header buffers; RoundTrip is done with
 // one when it returns.
-var outgoings = sync.Pool{New: func() any { return &outgoing{header: make([]byte, 0, 1024)} }}
+var outgoings = sync.Pool{New: func() any { return &outgoing{header: make([]byte, 0, 1024), uri: make([]byte, 0, 256)} }}
 
 // send is one round trip with a pooled outgoing.
 func (p *Proxy) send(r *request, up Upstream, body *bodyReader) (*answer, error) {
@@ -147,10 +150,14 @@ func (p *Proxy) send(r *request, up Upstream, body *bodyReader) (*answer, error)
 	return a, err
 }
 
-func appendHeader(b []byte, name, value string) []byte {
+// appendHeader appends the field name: value (the parts of value
+// joined), without making the value first.
+func appendHeader(b []byte, name string, value ...string) []byte {
 	b = append(b, name...)
 	b = append(b, ": "...)
-	b = append(b, value...)
+	for _, v := range value {
+		b = append(b, v...)
+	}
 	return append(b, "\r\n"...)
 }
 
@@ -165,11 +172,8 @@ func (p *Proxy) respond(r *request, up Upstream, a *answer) (int, bool, error) {
 	for name := range httpguard.PageHeaders {
 		out.Del(name)
 	}
-	loc := location{prefix: "/u/" + r.user, host: r.host, upstream: up.Address, scheme: r.scheme, base: r.rest}
-	if r.origin {
-		loc.prefix, loc.local = "", true
-	}
-	if err := p.headers.response(a.Header.All(), loc, out.AddBytesKV); err != nil {
+	loc := location{user: r.user, host: r.host, upstream: up.Address, scheme: r.scheme, base: r.rest, local: r.origin}
+	if err := p.headers.response(a.Header.All(), loc, out); err != nil {
 		_ = a.Close()
 		p.m.upstreamErrors.WithLabelValues("response").Inc()
 		return 0, false, responseRefused(err)
@@ -204,12 +208,13 @@ func (p *Proxy) respond(r *request, up Upstream, a *answer) (int, bool, error) {
 	p.live.add(x)
 	// Its access line waits for its end, with the bytes sent.
 	httpguard.DeferAccess(c)
+	rid := httpguard.RequestID(c)
 	c.Response().SetBodyStream(&responseBody{a: a, conn: c.Context().Conn(), write: p.o.WriteTimeout, done: func(n int64) {
 		p.live.remove(x)
 		p.m.bytesDown.Add(float64(n))
 		p.finish(r, status)
-		httpguard.Line{Method: r.method, Route: httpguard.RouteSandbox, Status: status, Bytes: n, Took: time.Since(r.start),
-			User: r.id.User, RequestID: r.rid}.Log(p.o.Log)
+		(&httpguard.Line{Method: r.method, Route: httpguard.RouteSandbox, Status: status, Bytes: n, Took: time.Since(r.start),
+			User: r.id.User, RequestID: rid}).Log(p.o.Log)
 	}}, int(a.Size))
 	return status, true, nil
 }

@@ -27,11 +27,11 @@ import (
 // servePreview serves a request on user's preview host for port: 404 for
 // a port PREVIEW_PORTS does not list (nothing is proxied, no sign-in is
 // asked for), otherwise the request with its whole path as it arrived.
-func (p *Proxy) servePreview(c *fiber.Ctx, rid, user, raw string, port int, ws bool) error {
+func (p *Proxy) servePreview(c *fiber.Ctx, user, raw string, port int, ws bool) error {
 	if _, ok := slices.BinarySearch(p.o.PreviewPorts, port); !ok {
 		return p.refuse(c, ws, p.unlistedPort(port))
 	}
-	return p.serveUser(c, rid, user, raw, port, ws)
+	return p.serveUser(c, user, raw, port, ws)
 }
 
 // unlistedPort is the 404 for a preview of a port that is not listed.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/fasthttp/websocket"
 	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/utils"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aaas-project/aaas/internal/auth"
@@ -159,19 +160,18 @@ func (p *Proxy) Origins(c *fiber.Ctx) error {
 	if !info.OnSandboxDomain {
 		return c.Next()
 	}
-	raw := string(c.Request().URI().PathOriginal())
+	raw := pathOf(c)
 	if raw == auth.SandboxSignInPath && p.o.SignIn != nil {
 		return p.o.SignIn(c)
 	}
-	rid := httpguard.RequestID(c)
 	ws := websocket.FastHTTPIsWebSocketUpgrade(c.Context())
 	if info.Sandbox == "" || !strings.HasPrefix(raw, "/") {
 		return p.refuse(c, ws, errNoSandbox)
 	}
 	if info.PreviewPort != 0 {
-		return p.servePreview(c, rid, info.Sandbox, raw, info.PreviewPort, ws)
+		return p.servePreview(c, info.Sandbox, raw, info.PreviewPort, ws)
 	}
-	return p.serveUser(c, rid, info.Sandbox, raw, 0, ws)
+	return p.serveUser(c, info.Sandbox, raw, 0, ws)
 }
 
 // toOrigin answers the gateway's /u/<user>/<rest>?<query> in subdomain
@@ -256,14 +256,21 @@ func splitUserPath(raw string) (user, rest string, ok bool) {
 	if !ok {
 		return "", "", false
 	}
-	user, rest, found := strings.Cut(tail, "/")
+	user, _, found := strings.Cut(tail, "/")
 	if readUser(raw) != user {
 		return "", "", false
 	}
 	if !found {
 		return user, "", true
 	}
-	return user, "/" + rest, true
+	return user, tail[len(user):], true
+}
+
+// pathOf is the request's path as it arrived, a view of fasthttp's bytes
+// (as Fiber's own strings are): valid while the handler runs and its
+// answer is written, and copied by whatever keeps it longer.
+func pathOf(c *fiber.Ctx) string {
+	return utils.UnsafeString(c.Request().URI().PathOriginal())
 }
 
 // readUser is the user segment of path as browsers read it (WHATWG URL:
@@ -282,8 +289,7 @@ func readUser(path string) string {
 // serve is the /u/<user>/ route: the user and the rest of the path, and
 // the redirect of the bare prefix.
 func (p *Proxy) serve(c *fiber.Ctx) error {
-	rid := httpguard.RequestID(c)
-	user, rest, ok := splitUserPath(string(c.Request().URI().PathOriginal()))
+	user, rest, ok := splitUserPath(pathOf(c))
 	if !ok || !ident.ValidUser(user) {
 		return p.refuse(c, false, errNoSandbox)
 	}
@@ -294,14 +300,14 @@ func (p *Proxy) serve(c *fiber.Ctx) error {
 		}
 		return c.Redirect(loc, permanentRedirect(c.Method()))
 	}
-	return p.serveUser(c, rid, user, rest, 0, websocket.FastHTTPIsWebSocketUpgrade(c.Context()))
+	return p.serveUser(c, user, rest, 0, websocket.FastHTTPIsWebSocketUpgrade(c.Context()))
 }
 
 // serveUser takes a request for user's sandbox (rest: the path the
 // upstream gets) from authentication to HTTP or WebSocket, wherever it
 // arrived: to DSH, or with port set to that port's preview. Refusals take
 // one error path (fail, or close codes for WebSockets).
-func (p *Proxy) serveUser(c *fiber.Ctx, rid, user, rest string, port int, ws bool) error {
+func (p *Proxy) serveUser(c *fiber.Ctx, user, rest string, port int, ws bool) error {
 	// A request that still reaches a draining edge (on a front's pooled
 	// connection, or before the endpoint list catches up) is served, and
 	// its connection closed so the next request goes elsewhere: a 503 here
@@ -335,11 +341,22 @@ func (p *Proxy) serveUser(c *fiber.Ctx, rid, user, rest string, port int, ws boo
 		id.Ambient() && !ws && !safeMethod(c.Method()) && !httpguard.SameOrigin(c):
 		return p.refuse(c, ws, errCrossSite)
 	}
+	// user and rest are views of the request's bytes (pathOf): what
+	// outlives the handler (the slots' map, a stream's end, a WebSocket)
+	// takes the identity's own string for the user, or copies.
+	if id.User == user {
+		user = id.User
+	} else {
+		user = strings.Clone(user)
+	}
+	if ws {
+		rest = strings.Clone(rest)
+	}
 	if !p.o.Slots.Acquire(user) {
 		c.Set(fiber.HeaderRetryAfter, "1")
 		return p.refuse(c, ws, errBusy)
 	}
-	r := p.begin(c, rid, user, rest, id)
+	r := p.begin(c, user, rest, id)
 	r.port = port
 	if ws {
 		return p.serveWebSocket(r)

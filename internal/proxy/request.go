@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -20,7 +21,6 @@ type request struct {
 	c      *fiber.Ctx
 	ctx    context.Context
 	cancel context.CancelFunc
-	rid    string
 	method string
 	user   string
 	// rest is the path DSH gets, as it arrived: after /u/<user> in path
@@ -41,15 +41,28 @@ type request struct {
 	failed bool
 }
 
-// begin takes the request's context (httpguard.Context: it carries the
+// begin takes the request's context (httpguard.Detach: it carries the
 // request id, which commands published for it quote, and ends when the
 // client leaves while the handler runs) and its end: the request ends
 // with finish, which for a streamed response is when the stream ends.
-func (p *Proxy) begin(c *fiber.Ctx, rid, user, rest string, id auth.Identity) *request {
+// Requests are pooled: one answered within its handler goes back with
+// release.
+func (p *Proxy) begin(c *fiber.Ctx, user, rest string, id auth.Identity) *request {
 	ctx, end := httpguard.Detach(c)
 	info := httpguard.Get(c)
-	return &request{c: c, ctx: ctx, cancel: end, rid: rid, method: c.Method(), user: user, rest: rest, id: id,
+	r := requests.Get().(*request)
+	*r = request{c: c, ctx: ctx, cancel: end, method: c.Method(), user: user, rest: rest, id: id,
 		host: info.Host, scheme: info.Scheme, origin: info.OnSandboxDomain, start: time.Now()}
+	return r
+}
+
+var requests = sync.Pool{New: func() any { return new(request) }}
+
+// release returns r to the pool: its answer has ended, within the
+// handler, and nothing holds it.
+func (r *request) release() {
+	*r = request{}
+	requests.Put(r)
 }
 
 // target is what the resolver needs to know of the request.
@@ -65,11 +78,12 @@ func background(c *fiber.Ctx) bool {
 	return m != "" && m != "navigate"
 }
 
-// uri is the path and query DSH gets.
-func (r *request) uri() string {
-	q := r.c.Request().URI().QueryString()
-	if len(q) == 0 {
-		return r.rest
+// appendURI appends the path and query DSH gets.
+func (r *request) appendURI(b []byte) []byte {
+	b = append(b, r.rest...)
+	if q := r.c.Request().URI().QueryString(); len(q) > 0 {
+		b = append(b, '?')
+		b = append(b, q...)
 	}
-	return r.rest + "?" + string(q)
+	return b
 }

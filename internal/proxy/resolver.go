@@ -220,7 +220,7 @@ const freshFailure = 5 * time.Second
 // for one when none is cached or the cached one (revision stale) was
 // refused.
 func (r *Resolver) cookie(ctx context.Context, t Target, box state.Sandbox, stale uint64) (Upstream, error) {
-	host, prefix := upstreamHost(t, box.Address)
+	host := upstreamHost(t, box.Address)
 	up := Upstream{Address: box.Address, PodUID: box.PodUID, Host: host}
 	ck := cookieKey{t.User, box.PodUID, host}
 	updates := r.Handshakes.Updates()
@@ -253,7 +253,7 @@ func (r *Resolver) cookie(ctx context.Context, t Target, box state.Sandbox, stal
 		stale = e.Revision
 	}
 	if _, err := r.Commands.Command(ctx, events.NewHandshake(t.User, events.HandshakeArgs{
-		PodUID: box.PodUID, Host: host, Proto: t.Scheme, Prefix: prefix, StaleRevision: stale,
+		PodUID: box.PodUID, Host: host, Proto: t.Scheme, Prefix: t.prefix(), StaleRevision: stale,
 	})); err != nil {
 		if ctx.Err() != nil {
 			return Upstream{}, ctx.Err()
@@ -279,21 +279,54 @@ func (r *Resolver) cookie(ctx context.Context, t Target, box state.Sandbox, stal
 	return up, nil
 }
 
-// upstreamHost is the Host DSH gets for t at address, and the prefix it
-// is told it is served under; the handshake is made for that Host and
-// keyed on it. In path mode it is the browser's (a public host, which
-// DSH_TRUSTED_HOSTS lists) and the prefix /u/<user>. On a sandbox origin
-// it is localhost:<pod port>, which DSH always trusts whatever its
-// DSH_TRUSTED_HOSTS (UPSTREAM.md), and no prefix, as DSH is at the
-// origin's root: no per-user host needs trusting, one handshake per pod
+// upstreamHost is the Host DSH gets for t at address; the handshake is
+// made for that Host (and told the prefix, Target.prefix) and keyed on it.
+// In path mode it is the browser's (a public host, which
+// DSH_TRUSTED_HOSTS lists). On a sandbox origin it is localhost:<pod
+// port>, which DSH always trusts whatever its DSH_TRUSTED_HOSTS
+// (UPSTREAM.md): no per-user host needs trusting, one handshake per pod
 // serves every way the sandbox is reached, and the browser's host goes
 // along as X-Forwarded-Host.
-func upstreamHost(t Target, address string) (host, prefix string) {
+func upstreamHost(t Target, address string) string {
 	if !t.Origin {
-		return t.Host, "/u/" + t.User
+		return t.Host
 	}
 	if _, port, err := net.SplitHostPort(address); err == nil && port != "" {
-		return "localhost:" + port, ""
+		return localhosts.of(port)
 	}
-	return "localhost", ""
+	return "localhost"
+}
+
+// prefix is where DSH is told it is served: /u/<user> in path mode, and
+// at the root ("") on a sandbox origin.
+func (t Target) prefix() string {
+	if t.Origin {
+		return ""
+	}
+	return "/u/" + t.User
+}
+
+// localhosts interns "localhost:<port>" per port: the pods' ports are few,
+// and the Host is made on every request to a sandbox origin.
+var localhosts = internedHosts{m: map[string]string{}}
+
+type internedHosts struct {
+	mu sync.RWMutex
+	m  map[string]string
+}
+
+func (h *internedHosts) of(port string) string {
+	h.mu.RLock()
+	v, ok := h.m[port]
+	h.mu.RUnlock()
+	if ok {
+		return v
+	}
+	v = "localhost:" + port
+	h.mu.Lock()
+	if len(h.m) < 1024 { // bounded: a pod's port is the template's
+		h.m[port] = v
+	}
+	h.mu.Unlock()
+	return v
 }

@@ -69,6 +69,15 @@ type upConn struct {
 
 	mu      sync.Mutex // orders abort with deadline changes
 	aborted bool
+	// aborter is abort as a func, bound once per connection rather than
+	// per exchange.
+	aborter func()
+}
+
+func newUpConn(conn net.Conn, addr string) *upConn {
+	c := &upConn{Conn: conn, addr: addr, br: bufio.NewReaderSize(conn, bufSize), bw: bufio.NewWriterSize(conn, bufSize)}
+	c.aborter = c.abort
+	return c
 }
 
 var longAgo = time.Unix(1, 0)
@@ -109,7 +118,7 @@ func (u *upstream) get(ctx context.Context, addr string) (*upConn, bool, error) 
 	if err != nil {
 		return nil, false, err
 	}
-	return &upConn{Conn: conn, addr: addr, br: bufio.NewReaderSize(conn, bufSize), bw: bufio.NewWriterSize(conn, bufSize)}, false, nil
+	return newUpConn(conn, addr), false, nil
 }
 
 func (u *upstream) put(c *upConn) {
@@ -140,7 +149,7 @@ func (u *upstream) CloseIdle() {
 // header block (each line "Name: value\r\n", Host included), and the body.
 type outgoing struct {
 	method string
-	uri    string
+	uri    []byte
 	header []byte
 	body   *bodyReader // nil: no body
 	head   bool        // a HEAD: the answer has no body whatever it says
@@ -195,6 +204,17 @@ func (u *upstream) RoundTrip(ctx context.Context, addr string, o *outgoing) (*an
 	}
 }
 
+// afterFunc is context.AfterFunc, through ctx's own AfterFunc where it
+// has one: the edge's request scope (httpguard) watches one function per
+// request without allocating, where context.AfterFunc allocates its
+// watch every time.
+func afterFunc(ctx context.Context, f func()) (stop func() bool) {
+	if w, ok := ctx.(interface{ AfterFunc(func()) func() bool }); ok {
+		return w.AfterFunc(f)
+	}
+	return context.AfterFunc(ctx, f)
+}
+
 // staleError is a failure before the first byte of an answer.
 type staleError struct{ err error }
 
@@ -203,7 +223,7 @@ func (e *staleError) Error() string { return e.err.Error() }
 func (u *upstream) exchange(ctx context.Context, conn *upConn, o *outgoing) (*answer, error) {
 	a := answers.Get().(*answer)
 	a.u, a.conn, a.reusable = u, conn, true
-	a.stop = context.AfterFunc(ctx, conn.abort)
+	a.stop = afterFunc(ctx, conn.aborter)
 	fail := func(err error) (*answer, error) {
 		a.stop()
 		a.release()
@@ -215,7 +235,7 @@ func (u *upstream) exchange(ctx context.Context, conn *upConn, o *outgoing) (*an
 	bw := conn.bw
 	bw.WriteString(o.method)
 	bw.WriteByte(' ')
-	bw.WriteString(o.uri)
+	bw.Write(o.uri)
 	bw.WriteString(" HTTP/1.1\r\n")
 	bw.Write(o.header)
 	if o.body != nil {

@@ -112,7 +112,7 @@ var upstreamSeeds = []string{
 
 // fuzzRequest is the request mode describes (see FuzzUpstreamFraming).
 func fuzzRequest(mode byte) *outgoing {
-	o := &outgoing{method: "GET", uri: "/", header: []byte("Host: dsh\r\n")}
+	o := &outgoing{method: "GET", uri: []byte("/"), header: []byte("Host: dsh\r\n")}
 	switch {
 	case mode&2 != 0:
 		o.method = "POST"
@@ -198,7 +198,7 @@ func clientRead(t *testing.T, script []byte, o *outgoing) framedRead {
 		}
 	}()
 	counted := &countingConn{Conn: client}
-	conn := &upConn{Conn: counted, addr: "dsh", br: bufio.NewReaderSize(counted, bufSize), bw: bufio.NewWriterSize(counted, bufSize)}
+	conn := newUpConn(counted, "dsh")
 	u := newUpstream()
 	defer u.CloseIdle()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

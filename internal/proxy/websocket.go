@@ -15,6 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/web"
 )
 
@@ -94,7 +95,7 @@ func (p *Proxy) serveWebSocket(r *request) error {
 		pe := asProxyError(err)
 		p.m.count(fiber.StatusSwitchingProtocols, sourceGateway)
 		if pe.Cause != nil && pe.Status >= 500 {
-			p.o.Log.Warn("websocket refused", "request_id", r.rid, "user", r.user, "err", pe.Cause)
+			p.o.Log.Warn("websocket refused", "request_id", httpguard.RequestID(r.c), "user", r.user, "err", pe.Cause)
 		}
 		return p.closeAtOnce(r.c, closeCode(pe), pe.Detail)
 	}
@@ -153,7 +154,7 @@ func (p *Proxy) dial(r *request, up Upstream) (*websocket.Conn, *http.Response, 
 	if sp := r.c.Get("Sec-WebSocket-Protocol"); sp != "" {
 		h.Set("Sec-WebSocket-Protocol", sp)
 	}
-	conn, resp, err := p.dialer.DialContext(r.ctx, "ws://"+up.Address+r.uri(), h)
+	conn, resp, err := p.dialer.DialContext(r.ctx, "ws://"+up.Address+string(r.appendURI(nil)), h)
 	if resp != nil && resp.Body != nil {
 		resp.Body.Close()
 	}
