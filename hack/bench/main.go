@@ -59,6 +59,7 @@ type options struct {
 	socketsAsked int
 	models       bool
 	modelIdle    int
+	profile      bool
 }
 
 func main() {
@@ -73,6 +74,7 @@ func main() {
 	flag.IntVar(&o.peerThreads, "peer-threads", runtime.NumCPU(), "nginx worker processes, haproxy threads, and Caddy's and Traefik's GOMAXPROCS (the edge's Go runtime uses every core)")
 	flag.Float64Var(&o.maxOther, "max-other", 0.25, "repeat a measured run (at most twice) when other processes used more cores than this during it")
 	flag.IntVar(&o.sockets, "ws", 10000, "idle WebSockets to hold open through the edge (0 skips)")
+	flag.BoolVar(&o.profile, "profile", true, "after the measured runs, count the system calls per 1 KiB request of the edge and nginx (strace -c) and profile the edge's CPU (pprof)")
 	flag.BoolVar(&o.models, "models", true, "measure model calls through the broker beside direct calls to the provider stand-in")
 	flag.IntVar(&o.modelIdle, "model-idle", 5000, "idle model streams to hold open through the broker (0 skips)")
 	flag.Parse()
@@ -180,6 +182,11 @@ func run(o options) error {
 	if err := r.latency(ctx, order); err != nil {
 		return err
 	}
+	if o.profile {
+		if err := r.profile(e, order); err != nil {
+			return err
+		}
+	}
 	if o.targets["edge"] {
 		if err := r.websockets(e); err != nil {
 			return err
@@ -209,7 +216,7 @@ func run(o options) error {
 // stackEnv is the bench stack's settings: one user holds every socket of
 // the memory test, sweeping is not measured here, and the model runs'.
 func stackEnv() map[string]string {
-	env := map[string]string{"MAX_IN_FLIGHT_PER_USER": "100000", "LOG_LEVEL": "warn", "IDLE_TIMEOUT": "24h"}
+	env := map[string]string{"MAX_IN_FLIGHT_PER_USER": "100000", "LOG_LEVEL": "warn", "IDLE_TIMEOUT": "24h", "PPROF": "true"}
 	maps.Copy(env, modelEnv)
 	return env
 }

@@ -25,6 +25,7 @@ type results struct {
 	natsReqs, natsMsgs  float64
 	natsBeacons         float64
 	models              *modelResults // nil without -models
+	profiles            *profiles     // nil without -profile
 	notes               []string
 }
 
@@ -135,6 +136,7 @@ func (r *results) report() []byte {
 	r.latencyTable(&w)
 	r.machineTable(&w)
 	r.websocketTables(&w)
+	r.profiles.tables(&w)
 	r.models.tables(&w, o.rounds)
 	r.setup(&w)
 	if len(r.notes) > 0 {
