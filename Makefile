@@ -84,7 +84,7 @@ lint: tools
 ## bench: micro-benchmarks, devcluster benchmarks, and the proxy benchmark: the edge beside direct
 ## access, nginx, haproxy, Caddy, Traefik and configurable-http-proxy (writes docs/BENCHMARKS.md)
 bench: tools build
-	@hack/tools.sh debian wrk haproxy
+	@hack/tools.sh debian wrk haproxy strace
 	@hack/tools.sh bench
 	go test -run '^$$' -bench . -benchmem -count=1 ./internal/kv/ ./internal/events/ ./internal/auth/ ./internal/httpguard/ ./internal/proxy/ ./internal/sweeper/ ./internal/broker/ ./internal/admin/
 	go test -run '^$$' -bench WakeOverhead -benchtime 50x -count=1 ./internal/lifecycle/

@@ -105,7 +105,7 @@ type env struct {
 }
 
 func run(o options) error {
-	if err := checkTools(o.targets); err != nil {
+	if err := checkTools(o.targets, o.profile); err != nil {
 		return err
 	}
 	o.socketsAsked = o.sockets

@@ -332,8 +332,11 @@ func traefikBin() string { return cached("traefik", "TRAEFIK_VERSION", "traefik"
 
 // checkTools says what `make bench` would install when something the
 // chosen targets need is missing.
-func checkTools(names map[string]bool) error {
+func checkTools(names map[string]bool, profile bool) error {
 	need := map[string]string{"wrk": "wrk"}
+	if profile {
+		need["strace"] = "strace"
+	}
 	if names["nginx"] {
 		need["nginx"] = sbin("nginx")
 	}
