@@ -123,7 +123,7 @@ func (e *Edge) Serve() error {
 }
 
 func newApp(cfg config.Edge) *fiber.App {
-	return fiber.New(fiber.Config{
+	app := fiber.New(fiber.Config{
 		AppName:                      "aaas-edge",
 		DisableStartupMessage:        true,
 		StreamRequestBody:            true,
@@ -141,6 +141,11 @@ func newApp(cfg config.Edge) *fiber.App {
 		StrictRouting:  true,
 		ErrorHandler:   web.Fail,
 	})
+	// A proxied WebSocket outlives the handler that hijacked it, so that
+	// fasthttp drops its request reader (proxy.upgrade); whoever hijacks
+	// closes the connection.
+	app.Server().KeepHijackedConns = true
+	return app
 }
 
 func health(ok func() bool) fiber.Handler {

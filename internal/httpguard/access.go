@@ -56,7 +56,9 @@ type scopeRequest struct {
 	// (a streamed proxied answer, whose size and end come after the
 	// handler returns).
 	deferred bool
-	line     Line
+	// tenant: the answer is a sandbox's own (TenantAnswer).
+	tenant bool
+	line   Line
 }
 
 // scopeContext is the scope's context state. gen changes each time the

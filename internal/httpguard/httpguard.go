@@ -192,21 +192,39 @@ func Methods(c *fiber.Ctx) error {
 
 // PageHeaders are the headers of every answer the edge writes itself
 // (landing, starting and error pages, JSON): no MIME sniffing, no referrer
-// beyond the origin, no framing by anyone. The proxy drops them from a
-// sandbox's own answers, which carry DSH's headers instead.
-var PageHeaders = map[string]string{
-	fiber.HeaderXContentTypeOptions:   "nosniff",
-	fiber.HeaderReferrerPolicy:        "strict-origin-when-cross-origin",
-	fiber.HeaderContentSecurityPolicy: "frame-ancestors 'none'",
+// beyond the origin, no framing by anyone. A sandbox's own answers carry
+// DSH's headers instead (TenantAnswer).
+var PageHeaders = []struct{ Name, Value string }{
+	{fiber.HeaderXContentTypeOptions, "nosniff"},
+	{fiber.HeaderReferrerPolicy, "strict-origin-when-cross-origin"},
+	{fiber.HeaderContentSecurityPolicy, "frame-ancestors 'none'"},
 }
 
-// Pages sets PageHeaders on the response before the handler runs.
-func Pages(c *fiber.Ctx) error {
-	for k, v := range PageHeaders {
-		c.Set(k, v)
+// pageHeaders are PageHeaders as fasthttp sets them without normalizing.
+var pageHeaders = func() (kv [][2][]byte) {
+	for _, h := range PageHeaders {
+		kv = append(kv, [2][]byte{[]byte(h.Name), []byte(h.Value)})
 	}
-	return c.Next()
+	return kv
+}()
+
+// Pages sets PageHeaders on the answer once the handler has returned
+// (error pages, which Access writes after, keep them), unless the answer
+// is a sandbox's own: set after, not before and taken off again, so a
+// proxied answer costs nothing here.
+func Pages(c *fiber.Ctx) error {
+	err := c.Next()
+	if s := scopeOf(c); s == nil || !s.tenant {
+		for _, h := range pageHeaders {
+			c.Response().Header.SetCanonical(h[0], h[1])
+		}
+	}
+	return err
 }
+
+// TenantAnswer says the answer is a sandbox's own (the proxy's): Pages
+// leaves it alone.
+func TenantAnswer(c *fiber.Ctx) { scopeFor(c).tenant = true }
 
 // HSTS sets Strict-Transport-Security (max-age maxAge) on every answer
 // to a request that reached the gateway over HTTPS, the edge's pages and

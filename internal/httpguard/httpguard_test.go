@@ -32,6 +32,7 @@ func appWith(t *testing.T, consume fiber.Handler) (string, *bytes.Buffer) {
 	a := fiber.New(fiber.Config{StreamRequestBody: true, DisableStartupMessage: true, ReadBufferSize: 4 << 10})
 	a.Use(consume, httpguard.Recover(slog.New(slog.NewJSONHandler(&logs, nil))), httpguard.Methods, httpguard.Pages)
 	a.Get("/ok", func(c *fiber.Ctx) error { return c.SendString("ok") })
+	a.Get("/tenant", func(c *fiber.Ctx) error { httpguard.TenantAnswer(c); return c.SendString("a sandbox's") })
 	a.Post("/redirect", func(c *fiber.Ctx) error { return c.Redirect("/ok", fiber.StatusSeeOther) })
 	a.Get("/panic", func(c *fiber.Ctx) error { panic("injected") })
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -86,9 +87,20 @@ func TestTraceAndConnectAreRefusedAndPagesCarryTheirHeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	for k, v := range httpguard.PageHeaders {
-		if resp.Header.Get(k) != v {
-			t.Errorf("%s: %q, want %q", k, resp.Header.Get(k), v)
+	for _, h := range httpguard.PageHeaders {
+		if resp.Header.Get(h.Name) != h.Value {
+			t.Errorf("%s: %q, want %q", h.Name, resp.Header.Get(h.Name), h.Value)
+		}
+	}
+	// A sandbox's own answer carries its own headers, none of the edge's.
+	resp, err = http.Get("http://" + addr + "/tenant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	for _, h := range httpguard.PageHeaders {
+		if v := resp.Header.Get(h.Name); v != "" {
+			t.Errorf("a sandbox's answer got the edge's %s: %q", h.Name, v)
 		}
 	}
 }

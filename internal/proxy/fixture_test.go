@@ -141,6 +141,7 @@ func newFixture(t testing.TB, upstream http.Handler, mutate func(*Options)) *fix
 	go clients.Run(ctx)
 	app := fiber.New(fiber.Config{DisableStartupMessage: true, StreamRequestBody: true, BodyLimit: int(o.MaxBody),
 		ReadBufferSize: 16 << 10, CaseSensitive: true, StrictRouting: true})
+	app.Server().KeepHijackedConns = true // as the edge's (internal/edge)
 	app.Use(clients.Access(o.Log), httpguard.ConsumeBody, httpguard.Recover(log), clients.Middleware, f.proxy.Origins)
 	f.proxy.Register(app)
 	// Stand-ins for the gateway's own routes, which a sandbox origin must

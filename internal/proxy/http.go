@@ -28,6 +28,9 @@ func (p *Proxy) serveHTTP(r *request) error {
 	status, owned, err := p.forward(r)
 	if err != nil {
 		status, r.failed = p.fail(r.c, err), true
+	} else {
+		// DSH's answer: the edge's own page headers are not for it.
+		httpguard.TenantAnswer(r.c)
 	}
 	p.m.observe(status, sourceOf(status, r.failed), time.Since(r.start))
 	if !owned {
@@ -168,10 +171,6 @@ func appendHeader(b []byte, name string, value ...string) []byte {
 func (p *Proxy) respond(r *request, up Upstream, a *answer) (int, bool, error) {
 	c := r.c
 	out := &c.Response().Header
-	// The edge's own page headers are not DSH's.
-	for name := range httpguard.PageHeaders {
-		out.Del(name)
-	}
 	loc := location{user: r.user, host: r.host, upstream: up.Address, scheme: r.scheme, base: r.rest, local: r.origin}
 	if err := p.headers.response(a.Header.All(), loc, out); err != nil {
 		_ = a.Close()

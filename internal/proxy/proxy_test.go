@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -428,4 +429,63 @@ func TestTenantAnswersAreCountedApartFromTheGateways(t *testing.T) {
 			t.Errorf("5xx from %s: %v, want %v", sources[tc.source], n, tc.want)
 		}
 	}
+}
+
+// A WebSocket answers the handshake on the client's connection itself
+// (proxy.upgrade), after fasthttp is done with the request: a request that
+// is not a handshake gets its 400 before anything is hijacked, and both it
+// and a socket that ends give the user's slot back.
+func TestWebSocketHandshake(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		typ, msg, err := c.ReadMessage()
+		if err == nil {
+			_ = c.WriteMessage(typ, msg)
+		}
+	}), nil)
+	inFlight := func() error {
+		v, ok := f.proxy.o.Slots.users.Load(fixtureUser)
+		if !ok {
+			return fmt.Errorf("no slot was ever taken")
+		}
+		if n := v.(*atomic.Int64).Load(); n != 0 {
+			return fmt.Errorf("%d slots held", n)
+		}
+		return nil
+	}
+	conn, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /u/bob/ws HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\r\n", strings.TrimPrefix(f.url, "http://"), fixtureToken)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a handshake without a key: %d, want 400", resp.StatusCode)
+	}
+	tu.Eventually(t, 5*time.Second, inFlight)
+
+	ws, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(f.url, "http")+"/u/bob/ws", http.Header{"Authorization": {fixtureToken}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ws.WriteMessage(websocket.TextMessage, []byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if _, got, err := ws.ReadMessage(); err != nil || string(got) != "hello" {
+		t.Fatalf("echo: %q, %v", got, err)
+	}
+	if err := inFlight(); err == nil {
+		t.Fatal("an open socket holds no slot: the count tells nothing")
+	}
+	ws.Close()
+	tu.Eventually(t, 5*time.Second, inFlight)
 }

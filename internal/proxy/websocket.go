@@ -1,9 +1,12 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -32,9 +35,7 @@ const (
 
 // WebSocket buffers: reads go through a small buffer per socket (an idle
 // socket holds little; messages are copied through it frame by frame
-// anyway), writes borrow one from a pool for the time of a message. On the
-// browser's side fasthttp also keeps its request reader (the server's
-// ReadBufferSize) for the socket's life.
+// anyway), writes borrow one from a pool for the time of a message.
 const (
 	wsReadBufferSize  = 1 << 10
 	wsWriteBufferSize = 32 << 10
@@ -100,14 +101,6 @@ func (p *Proxy) serveWebSocket(r *request) error {
 		return p.closeAtOnce(r.c, closeCode(pe), pe.Detail)
 	}
 	conn.SetReadLimit(p.o.WSMaxMessage)
-
-	upgrader := websocket.FastHTTPUpgrader{
-		ReadBufferSize: wsReadBufferSize, WriteBufferSize: wsWriteBufferSize, WriteBufferPool: wsWriteBuffers,
-		CheckOrigin: func(*fasthttp.RequestCtx) bool { return true }, // checked by serve
-	}
-	if sp := conn.Subprotocol(); sp != "" {
-		upgrader.Subprotocols = []string{sp}
-	}
 	st := p.tracker.open(r.user)
 	p.m.inFlight.Inc()
 	p.m.count(fiber.StatusSwitchingProtocols, sourceTenant)
@@ -117,15 +110,105 @@ func (p *Proxy) serveWebSocket(r *request) error {
 		st.close()
 		p.o.Slots.Release(r.user)
 	}
-	err = upgrader.Upgrade(r.c.Context(), func(down *websocket.Conn) {
+	if err := p.upgrade(r.c, conn.Subprotocol(), func(down *websocket.Conn) {
 		defer done()
+		if down == nil { // the upgrader refused the handshake
+			conn.Close()
+			return
+		}
 		p.bridge(r.id, up.PodUID, st, down, conn)
-	})
-	if err != nil {
+	}); err != nil {
 		conn.Close()
 		done()
 	}
 	return nil
+}
+
+// upgrade answers the browser's handshake and runs bridge with its socket
+// in a goroutine of its own (with nil when the upgrader refused it). The socket reads the client's connection
+// itself: fasthttp hands a hijacked connection its request reader (the
+// server's ReadBufferSize, 16 KiB) for the connection's life, which made
+// it most of an idle socket's memory. The handler returns at once, so
+// fasthttp drops that reader; the server keeps hijacked connections open
+// (newApp's KeepHijackedConns) and bridge closes them. Bytes a client
+// sent before the handshake's answer, which browsers never do, are lost
+// with the reader: that client's socket fails, and nothing else. An
+// invalid handshake gets its 4xx before anything is hijacked.
+func (p *Proxy) upgrade(c *fiber.Ctx, subprotocol string, bridge func(*websocket.Conn)) error {
+	req, err := handshakeRequest(c)
+	if err != nil {
+		return err
+	}
+	upgrader := websocket.Upgrader{
+		ReadBufferSize: wsReadBufferSize, WriteBufferSize: wsWriteBufferSize, WriteBufferPool: wsWriteBuffers,
+		CheckOrigin: func(*http.Request) bool { return true }, // checked by serve
+	}
+	if subprotocol != "" {
+		upgrader.Subprotocols = []string{subprotocol}
+	}
+	raw := c.Context().Conn()
+	c.Status(fiber.StatusSwitchingProtocols) // for the access line; the upgrader answers
+	c.Context().HijackSetNoResponse(true)
+	c.Context().Hijack(func(net.Conn) {
+		w := &hijacker{conn: raw}
+		down, err := upgrader.Upgrade(w, req, nil)
+		if err != nil {
+			_ = raw.Close()
+			go bridge(nil)
+			return
+		}
+		go bridge(down)
+	})
+	return nil
+}
+
+// handshakeRequest is the browser's handshake as net/http's upgrader
+// reads it; a request that is not one is refused here, with fasthttp's
+// answer, before anything is hijacked.
+func handshakeRequest(c *fiber.Ctx) (*http.Request, error) {
+	h := &c.Request().Header
+	req := &http.Request{Method: string(h.Method()), Header: http.Header{}, Host: string(h.Host())}
+	for _, name := range []string{"Connection", "Upgrade", "Sec-Websocket-Version", "Sec-Websocket-Key", "Sec-Websocket-Protocol", "Sec-Websocket-Extensions"} {
+		for _, v := range h.PeekAll(name) {
+			req.Header.Add(name, string(v))
+		}
+	}
+	if !websocket.IsWebSocketUpgrade(req) || req.Method != http.MethodGet || req.Header.Get("Sec-Websocket-Version") != "13" || req.Header.Get("Sec-Websocket-Key") == "" {
+		_ = c.Status(fiber.StatusBadRequest).SendString("not a WebSocket handshake")
+		return nil, errNotHandshake
+	}
+	return req, nil
+}
+
+var errNotHandshake = errors.New("not a WebSocket handshake")
+
+// hijacker gives net/http's upgrader the client's connection: it writes
+// the handshake's answer (101, or its refusal) on it directly.
+type hijacker struct {
+	conn   net.Conn
+	header http.Header
+}
+
+func (h *hijacker) Header() http.Header {
+	if h.header == nil {
+		h.header = http.Header{}
+	}
+	return h.header
+}
+
+// WriteHeader and Write carry the upgrader's refusals, which happen only
+// for handshakes handshakeRequest let through and the library does not
+// accept: the connection is closed after them.
+func (h *hijacker) WriteHeader(status int) {
+	fmt.Fprintf(h.conn, "HTTP/1.1 %d %s\r\nConnection: close\r\n\r\n", status, http.StatusText(status))
+}
+
+func (h *hijacker) Write(b []byte) (int, error) { return h.conn.Write(b) }
+
+func (h *hijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	// The smallest buffers bufio makes: the upgrader reads nothing through
+	// them (ReadBufferSize is set) and writes its answer on the connection.
+	return h.conn, bufio.NewReadWriter(bufio.NewReaderSize(h.conn, 16), bufio.NewWriterSize(h.conn, 16)), nil
 }
 
 // closeAtOnce completes the upgrade and closes at once with code, because
