@@ -19,7 +19,7 @@ COPY . .
 ARG VERSION=dev
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X github.com/aaas-project/aaas/internal/telemetry.Version=${VERSION}" -o /out/ \
-      ./cmd/edge ./cmd/lifecycle ./cmd/sweeper ./cmd/broker ./cmd/setup ./cmd/dshsim ./cmd/providersim
+      ./cmd/edge ./cmd/lifecycle ./cmd/sweeper ./cmd/broker ./cmd/setup ./internal/dev/cmd/dshsim ./internal/dev/cmd/providersim
 
 FROM gcr.io/distroless/static-debian12:nonroot@sha256:afa5c872c891853ca7fcf1f12c3edb23f7eeef36189728842dd51042ff57f7ab AS dshsim
 COPY --from=build /out/dshsim /out/providersim /usr/local/bin/

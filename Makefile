@@ -6,7 +6,9 @@ include versions.env
 TOOLS_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/aaas/tools
 STATICCHECK := $(TOOLS_CACHE)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 BIN := bin
-CMDS := edge lifecycle sweeper broker setup dshsim providersim devstack
+CMDS := edge lifecycle sweeper broker setup
+# Development tools: the stand-ins for DSH and the model providers, and `make run`.
+DEV_CMDS := dshsim providersim devstack
 # The race-enabled processes of the integration tests (internal/dev/testenv).
 RACE_BIN := $(BIN)/race
 RACE_CMDS := edge lifecycle sweeper broker setup
@@ -23,7 +25,7 @@ all: build
 ## build: compile every command into ./bin
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(CMDS)) $(addprefix ./internal/dev/cmd/,$(DEV_CMDS))
 
 ## release: VERSION=x.y.z cuts a release into dist/vx.y.z: binaries, the multi-architecture image as an OCI
 ## archive, its SBOM, the chart pinning the image by digest, notes from CHANGELOG, SHA256SUMS (reproducible:

@@ -173,10 +173,11 @@ func edgeProfile(e *env, bin string, d time.Duration) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("go tool pprof: %v\n%s", err, out)
 	}
-	// The header names temporary files; the table is what matters.
+	// The header names temporary files: the table and the samples' total
+	// ("Showing nodes accounting for …") are what matter.
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if i := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(strings.TrimSpace(l), "flat") }); i > 0 {
-		lines = append(lines[i-2:i-1], lines[i:]...)
+	if i := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "Showing nodes") }); i >= 0 {
+		lines = slices.DeleteFunc(lines[i:], func(l string) bool { return strings.HasPrefix(l, "Dropped ") })
 	}
 	return strings.Join(lines, "\n") + "\n", nil
 }

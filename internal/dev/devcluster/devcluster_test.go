@@ -486,7 +486,7 @@ func TestServiceAccountKubeconfigHasOnlyItsRoleRights(t *testing.T) {
 
 func TestStopLeavesNoProcessAndNoDirectory(t *testing.T) {
 	devclustertest.Need(t, cluster) // it starts a second one
-	bin, err := gobuild.Binary(t.TempDir(), "github.com/aaas-project/aaas/cmd/dshsim")
+	bin, err := gobuild.Binary(t.TempDir(), "github.com/aaas-project/aaas/internal/dev/cmd/dshsim")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -135,7 +135,7 @@ func start(opts ...func(*devcluster.Options)) (*devcluster.Cluster, func(), erro
 		os.RemoveAll(tmp)
 		return nil, nil, err
 	}
-	dshsim, err := gobuild.Binary(tmp, "github.com/aaas-project/aaas/cmd/dshsim")
+	dshsim, err := gobuild.Binary(tmp, "github.com/aaas-project/aaas/internal/dev/cmd/dshsim")
 	if err != nil {
 		return fail(err)
 	}
