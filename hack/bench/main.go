@@ -117,56 +117,21 @@ func run(o options) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	ports := make([]int, 2)
-	for i := range ports {
-		p, err := embednats.FreePort()
-		if err != nil {
-			return err
-		}
-		ports[i] = p
+	info, stopStack, err := startStack(ctx, o)
+	if err != nil {
+		return err
 	}
-	ready := make(chan devstack.Info, 1)
-	stackDone := make(chan error, 1)
-	sctx, stopStack := context.WithCancel(ctx)
-	go func() {
-		stackDone <- devstack.Run(sctx, devstack.Options{
-			StateDir: ".run-bench", NATSPort: ports[0], EdgePorts: []int{ports[1]},
-			BinDir: o.bin, Out: os.Stderr, Log: slog.New(slog.DiscardHandler), Ready: func(i devstack.Info) { ready <- i },
-			Env: stackEnv(),
-		})
-	}()
-	var info devstack.Info
-	select {
-	case info = <-ready:
-	case err := <-stackDone:
-		stopStack()
-		return fmt.Errorf("stack: %v", err)
-	case <-ctx.Done():
-		stopStack()
-		<-stackDone
-		return ctx.Err()
-	}
-	defer func() { stopStack(); <-stackDone }()
+	defer stopStack()
 	fmt.Fprintln(os.Stderr, "stack up; preparing")
 	e, err := prepare(ctx, info)
 	if err != nil {
 		return err
 	}
 
-	// Every peer forwards to the same pod the direct runs reach. They idle
-	// while another target is under load; one target is loaded at a time.
-	targets := map[string]*target{"direct": e.direct, "edge": e.edge}
-	for _, name := range peerNames {
-		if !o.targets[name] {
-			continue
-		}
-		fmt.Fprintf(os.Stderr, "starting %s\n", name)
-		t, err := startPeer(name, e.direct.addr, o.peerThreads, e.direct)
-		if err != nil {
-			return err
-		}
-		defer t.stop()
-		targets[name] = t
+	targets, stopPeers, err := startPeers(o, e)
+	defer stopPeers()
+	if err != nil {
+		return err
 	}
 	var order []*target
 	for _, name := range allTargets {
@@ -211,6 +176,66 @@ func run(o options) error {
 	}
 	fmt.Print(string(report))
 	return nil
+}
+
+// startStack starts the bench's stack (devstack: NATS, the control plane,
+// the processes, one edge) and returns its addresses and how to stop it.
+func startStack(ctx context.Context, o options) (devstack.Info, func(), error) {
+	ports := make([]int, 2)
+	for i := range ports {
+		p, err := embednats.FreePort()
+		if err != nil {
+			return devstack.Info{}, nil, err
+		}
+		ports[i] = p
+	}
+	ready := make(chan devstack.Info, 1)
+	stackDone := make(chan error, 1)
+	sctx, stopStack := context.WithCancel(ctx)
+	go func() {
+		stackDone <- devstack.Run(sctx, devstack.Options{
+			StateDir: ".run-bench", NATSPort: ports[0], EdgePorts: []int{ports[1]},
+			BinDir: o.bin, Out: os.Stderr, Log: slog.New(slog.DiscardHandler), Ready: func(i devstack.Info) { ready <- i },
+			Env: stackEnv(),
+		})
+	}()
+	select {
+	case info := <-ready:
+		return info, func() { stopStack(); <-stackDone }, nil
+	case err := <-stackDone:
+		stopStack()
+		return devstack.Info{}, nil, fmt.Errorf("stack: %v", err)
+	case <-ctx.Done():
+		stopStack()
+		<-stackDone
+		return devstack.Info{}, nil, ctx.Err()
+	}
+}
+
+// startPeers starts the chosen peers. Every peer forwards to the same pod
+// the direct runs reach; they idle while another target is under load,
+// one target being loaded at a time. stop stops those that started.
+func startPeers(o options, e *env) (targets map[string]*target, stop func(), err error) {
+	targets = map[string]*target{"direct": e.direct, "edge": e.edge}
+	var started []*target
+	stop = func() {
+		for _, t := range started {
+			t.stop()
+		}
+	}
+	for _, name := range peerNames {
+		if !o.targets[name] {
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "starting %s\n", name)
+		t, err := startPeer(name, e.direct.addr, o.peerThreads, e.direct)
+		if err != nil {
+			return nil, stop, err
+		}
+		started = append(started, t)
+		targets[name] = t
+	}
+	return targets, stop, nil
 }
 
 // stackEnv is the bench stack's settings: one user holds every socket of

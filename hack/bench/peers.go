@@ -180,56 +180,9 @@ func startPeer(name, upstream string, threads int, direct *target) (*target, err
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, err
 	}
-	// write fills in a configuration text (upstream, addr, threads) and
-	// writes it to file in dir.
-	write := func(file, text string) (string, error) {
-		path := filepath.Join(dir, file)
-		return path, os.WriteFile(path, fmt.Appendf(nil, text, upstream, addr, threads), 0o644)
-	}
-	var cmd *exec.Cmd
-	switch name {
-	case "nginx":
-		conf, err := write("nginx.conf", nginxConf)
-		if err != nil {
-			return nil, err
-		}
-		cmd = exec.Command(sbin("nginx"), "-c", conf, "-p", dir, "-e", filepath.Join(dir, "error.log"))
-	case "haproxy":
-		conf, err := write("haproxy.cfg", haproxyConf)
-		if err != nil {
-			return nil, err
-		}
-		cmd = exec.Command(sbin("haproxy"), "-db", "-f", conf)
-	case "caddy":
-		conf, err := write("caddy.json", caddyConf)
-		if err != nil {
-			return nil, err
-		}
-		cmd = exec.Command(caddyBin(), "run", "--config", conf)
-		// Whatever Caddy would keep in the user's config and data
-		// directories stays in the temporary one.
-		cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", threads), "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
-	case "traefik":
-		if _, err := write("traefik-dynamic.yml", traefikDynamic); err != nil {
-			return nil, err
-		}
-		conf, err := write("traefik.yml", traefikConf)
-		if err != nil {
-			return nil, err
-		}
-		cmd = exec.Command(traefikBin(), "--configFile="+conf)
-		cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", threads))
-	case "chp":
-		apiPort, err := embednats.FreePort()
-		if err != nil {
-			return nil, err
-		}
-		cmd = exec.Command(chpBin(), "--ip", "127.0.0.1", "--port", fmt.Sprint(port),
-			"--api-ip", "127.0.0.1", "--api-port", fmt.Sprint(apiPort),
-			"--default-target", "http://"+upstream, "--log-level", "warn")
-		cmd.Env = append(os.Environ(), "CONFIGPROXY_AUTH_TOKEN=bench")
-	default:
-		return nil, fmt.Errorf("unknown peer %q", name)
+	cmd, err := peerCommand(name, dir, upstream, addr, threads)
+	if err != nil {
+		return nil, err
 	}
 	log, err := os.Create(filepath.Join(dir, "output.log"))
 	if err != nil {
@@ -281,6 +234,65 @@ func startPeer(name, upstream string, threads int, direct *target) (*target, err
 			return nil, fmt.Errorf("%s not serving: %v", name, err)
 		}
 	}
+}
+
+// peerCommand writes the named peer's configuration into dir and returns
+// the command that serves it on addr in front of upstream, with threads
+// workers where the peer has the choice.
+func peerCommand(name, dir, upstream, addr string, threads int) (*exec.Cmd, error) {
+	// write fills in a configuration text (upstream, addr, threads) and
+	// writes it to file in dir.
+	write := func(file, text string) (string, error) {
+		path := filepath.Join(dir, file)
+		return path, os.WriteFile(path, fmt.Appendf(nil, text, upstream, addr, threads), 0o644)
+	}
+	var cmd *exec.Cmd
+	switch name {
+	case "nginx":
+		conf, err := write("nginx.conf", nginxConf)
+		if err != nil {
+			return nil, err
+		}
+		cmd = exec.Command(sbin("nginx"), "-c", conf, "-p", dir, "-e", filepath.Join(dir, "error.log"))
+	case "haproxy":
+		conf, err := write("haproxy.cfg", haproxyConf)
+		if err != nil {
+			return nil, err
+		}
+		cmd = exec.Command(sbin("haproxy"), "-db", "-f", conf)
+	case "caddy":
+		conf, err := write("caddy.json", caddyConf)
+		if err != nil {
+			return nil, err
+		}
+		cmd = exec.Command(caddyBin(), "run", "--config", conf)
+		// Whatever Caddy would keep in the user's config and data
+		// directories stays in the temporary one.
+		cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", threads), "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
+	case "traefik":
+		if _, err := write("traefik-dynamic.yml", traefikDynamic); err != nil {
+			return nil, err
+		}
+		conf, err := write("traefik.yml", traefikConf)
+		if err != nil {
+			return nil, err
+		}
+		cmd = exec.Command(traefikBin(), "--configFile="+conf)
+		cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", threads))
+	case "chp":
+		apiPort, err := embednats.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		_, port, _ := strings.Cut(addr, ":")
+		cmd = exec.Command(chpBin(), "--ip", "127.0.0.1", "--port", port,
+			"--api-ip", "127.0.0.1", "--api-port", fmt.Sprint(apiPort),
+			"--default-target", "http://"+upstream, "--log-level", "warn")
+		cmd.Env = append(os.Environ(), "CONFIGPROXY_AUTH_TOKEN=bench")
+	default:
+		return nil, fmt.Errorf("unknown peer %q", name)
+	}
+	return cmd, nil
 }
 
 // probe fetches the 1 KiB file through t.

@@ -104,6 +104,21 @@ func DSHSim(binDir, ref string) Spec {
 		Entrypoint: []string{"/usr/local/bin/dshsim"}, User: NonRoot}
 }
 
+// BuildBinaries compiles into dir what AAAS and DSHSim put in their
+// images: the aaas commands (cmd/) and the stand-ins (internal/dev/cmd/).
+func BuildBinaries(dir string) error {
+	pkgs := map[string]string{"dshsim": "internal/dev/cmd/dshsim", "providersim": "internal/dev/cmd/providersim"}
+	for _, b := range AAASBinaries {
+		pkgs[b] = "cmd/" + b
+	}
+	for _, pkg := range pkgs {
+		if _, err := gobuild.Binary(dir, "github.com/aaas-project/aaas/"+pkg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // NATSRef is the NATS image the manifests name (versions.env).
 func NATSRef() string { return "docker.io/library/" + aaas.Version("NATS_IMAGE") }
 

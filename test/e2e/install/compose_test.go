@@ -87,10 +87,8 @@ func TestComposeOnTheRealNode(t *testing.T) {
 	writeComposeKubeconfig(t, filepath.Join(kind, "kubeconfig"))
 
 	// The images: aaas:dev and NATS for the engine, dshsim:dev for the node.
-	for _, c := range append(append([]string{}, image.AAASBinaries...), "dshsim", "providersim") {
-		if _, err := gobuild.Binary(bin, "github.com/aaas-project/aaas/cmd/"+c); err != nil {
-			t.Fatal(err)
-		}
+	if err := image.BuildBinaries(bin); err != nil {
+		t.Fatal(err)
 	}
 	natsBin, err := image.BuildNATS(bin)
 	if err != nil {

@@ -44,7 +44,6 @@ import (
 	"github.com/aaas-project/aaas"
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/dev/devcluster"
-	"github.com/aaas-project/aaas/internal/dev/gobuild"
 	"github.com/aaas-project/aaas/internal/dev/image"
 	"github.com/aaas-project/aaas/internal/dev/manifests"
 	"github.com/aaas-project/aaas/internal/dev/providersim"
@@ -275,10 +274,8 @@ func buildImages(dir string, objs []*unstructured.Unstructured) ([]string, error
 		return nil, fmt.Errorf("the install does not name the aaas and DSH images from %s: %v", registry, images(objs))
 	}
 	bin := filepath.Join(dir, "bin")
-	for _, c := range append(append([]string{}, image.AAASBinaries...), "dshsim", "providersim") {
-		if _, err := gobuild.Binary(bin, "github.com/aaas-project/aaas/cmd/"+c); err != nil {
-			return nil, err
-		}
+	if err := image.BuildBinaries(bin); err != nil {
+		return nil, err
 	}
 	tars, err := image.Install(bin, filepath.Join(dir, "images"), aaasRef, dshRef, devcluster.AgentSandboxBinary())
 	if err != nil {
