@@ -65,12 +65,11 @@ type scopeRequest struct {
 // scope is reused, so a departure noticed for one request never ends the
 // next.
 type scopeContext struct {
-	gen      uint64
-	err      error
-	done     chan struct{}
-	doneMade bool
-	after    func()
-	more     []*func()
+	gen   uint64
+	err   error
+	done  chan struct{}
+	after func()
+	more  []*func()
 }
 
 var scopes = sync.Pool{New: func() any {
@@ -101,7 +100,7 @@ func (s *scope) reset(log *slog.Logger, watch *departures) {
 func (s *scope) recyclable() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return !s.deferred && !s.doneMade && (!s.ctxUsed || s.detached && s.err != nil)
+	return !s.deferred && s.done == nil && (!s.ctxUsed || s.detached && s.err != nil)
 }
 
 const scopeKey = "aaas.scope"
@@ -199,7 +198,6 @@ func (s *scope) Done() <-chan struct{} {
 			close(s.done)
 		}
 	}
-	s.doneMade = true
 	return s.done
 }
 

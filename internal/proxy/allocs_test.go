@@ -37,7 +37,7 @@ func serveCanned(tb testing.TB) string {
 				defer conn.Close()
 				buf := make([]byte, 16<<10)
 				for {
-					if _, err := readMessageHead(conn, buf); err != nil {
+					if _, _, err := readMessageHead(conn, buf); err != nil {
 						return
 					}
 					if _, err := conn.Write(answer); err != nil {
@@ -50,22 +50,22 @@ func serveCanned(tb testing.TB) string {
 	return ln.Addr().String()
 }
 
-// readMessageHead reads from conn into buf until a blank line ends a message's
-// head and returns the head's length; what follows it in buf is ignored,
-// as neither side here sends a request body or pipelines.
-func readMessageHead(conn net.Conn, buf []byte) (int, error) {
-	n := 0
+// readMessageHead reads from conn into buf until a blank line ends a
+// message's head and returns the bytes read and where the head ends (its
+// blank line included); what follows is the body's start, as neither side
+// here pipelines.
+func readMessageHead(conn net.Conn, buf []byte) (n, end int, err error) {
 	for {
 		if n == len(buf) {
-			return 0, fmt.Errorf("head over %d bytes", len(buf))
+			return 0, 0, fmt.Errorf("head over %d bytes", len(buf))
 		}
 		k, err := conn.Read(buf[n:])
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		n += k
 		if i := bytes.Index(buf[:n], []byte("\r\n\r\n")); i >= 0 {
-			return n, nil
+			return n, i + 4, nil
 		}
 	}
 }
@@ -100,12 +100,11 @@ func (c *rawClient) do() error {
 	if _, err := c.conn.Write(c.req); err != nil {
 		return err
 	}
-	n, err := readMessageHead(c.conn, c.buf)
+	n, end, err := readMessageHead(c.conn, c.buf)
 	if err != nil {
 		return err
 	}
-	end := bytes.Index(c.buf[:n], []byte("\r\n\r\n"))
-	head := c.buf[:end]
+	head := c.buf[:end-4]
 	if !bytes.HasPrefix(head, status200) {
 		return fmt.Errorf("answered %.200q", head)
 	}
@@ -123,7 +122,7 @@ func (c *rawClient) do() error {
 	if size != len(cannedBody) {
 		return fmt.Errorf("Content-Length %d", size)
 	}
-	have := n - end - 4
+	have := n - end
 	if have < size {
 		if _, err := io.ReadFull(c.conn, c.buf[n:n+size-have]); err != nil {
 			return err
