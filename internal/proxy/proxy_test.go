@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/fasthttp/websocket"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -162,6 +164,66 @@ func (f *fixture) lifecycle(t *testing.T) *atomic.Int64 {
 		t.Fatal(err)
 	}
 	return &n
+}
+
+// A handshake that fails because the pod went away meanwhile (here the
+// sweeper suspends the sandbox while lifecycle looks for its pod) is not
+// the browser's answer: the navigation is answered from the sandbox's new
+// state, the starting page and a wake. The same failure of a pod that is
+// still the sandbox's is reported as it is.
+func TestHandshakeOfAPodGoneWakesTheSandbox(t *testing.T) {
+	for _, suspended := range []bool{true, false} {
+		t.Run(fmt.Sprintf("suspended=%v", suspended), func(t *testing.T) {
+			f := newFixture(t, echoHandler, nil)
+			// A pod with no handshake yet: the request asks lifecycle.
+			pod := state.Sandbox{User: fixtureUser, Phase: state.PhaseReady, PodUID: "pod-2", Address: f.upstream.Listener.Addr().String()}
+			f.putBox(pod)
+			nc, err := nats.Connect(f.natsURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(nc.Close)
+			failed := make(chan error, 1)
+			_, err = nc.Subscribe(events.CommandSubject(events.VerbHandshake, fixtureUser), func(m *nats.Msg) {
+				var c events.Command
+				if json.Unmarshal(m.Data, &c) != nil || c.Handshake == nil {
+					return
+				}
+				if suspended {
+					pod.Phase, pod.Address = state.PhaseSuspended, ""
+					f.putBox(pod)
+				}
+				key := state.HandshakeKey(fixtureUser, c.Handshake.PodUID, c.Handshake.Host)
+				_, err := f.hs.Put(context.Background(), key, state.Handshake{User: fixtureUser, PodUID: c.Handshake.PodUID, Host: c.Handshake.Host,
+					Error: "the sandbox's pod changed or stopped before the handshake", At: time.Now()})
+				failed <- err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			page := f.do("GET", "/u/bob/", nil, "Accept", "text/html")
+			if err := <-failed; err != nil {
+				t.Fatal(err)
+			}
+			text := body(t, page)
+			s, err := f.js.Stream(context.Background(), events.StreamCommands)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, wakeErr := s.GetLastMsgForSubject(context.Background(), events.CommandSubject(events.VerbWake, fixtureUser))
+			switch {
+			case page.StatusCode != http.StatusServiceUnavailable:
+				t.Fatalf("%d %s", page.StatusCode, text)
+			case suspended && (!strings.Contains(text, "Starting your sandbox") || wakeErr != nil):
+				t.Fatalf("the sandbox was suspended during the handshake; the page says %q, wake: %v", text, wakeErr)
+			case !suspended && (!strings.Contains(text, "could not sign in") || !errors.Is(wakeErr, jetstream.ErrMsgNotFound)):
+				t.Fatalf("the pod is still the sandbox's; the page says %q, wake: %v", text, wakeErr)
+			}
+		})
+	}
 }
 
 // A rotated DSH cookie costs one 401, one handshake and one retry, with

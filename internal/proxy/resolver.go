@@ -104,15 +104,33 @@ type openedCookie struct {
 // sandbox that is not Ready is woken and answered with *sandboxStarting at
 // once; otherwise Resolve waits up to WakeTimeout for it. Every wait ends
 // with ctx.
+//
+// A handshake fails when the pod it was for went away meanwhile (the
+// sweeper suspended the sandbox, or its pod was replaced): that request is
+// answered once more from the sandbox's new state, so a navigation wakes
+// it instead of showing the failure of a pod that is gone.
 func (r *Resolver) Resolve(ctx context.Context, t Target, wait bool) (Upstream, error) {
-	box, err := r.ready(ctx, t.User, wait, t.Background)
-	if err != nil {
-		return Upstream{}, err
+	for again := true; ; again = false {
+		box, err := r.ready(ctx, t.User, wait, t.Background)
+		if err != nil {
+			return Upstream{}, err
+		}
+		if err := r.fresh(); err != nil {
+			return Upstream{}, err
+		}
+		up, err := r.cookie(ctx, t, box, 0)
+		if err != nil && again && r.moved(t.User, box) {
+			continue
+		}
+		return up, err
 	}
-	if err := r.fresh(); err != nil {
-		return Upstream{}, err
-	}
-	return r.cookie(ctx, t, box, 0)
+}
+
+// moved reports whether user's sandbox is no longer the Ready pod box
+// was.
+func (r *Resolver) moved(user string, box state.Sandbox) bool {
+	e, ok := r.Sandboxes.Get(user)
+	return !usable(e, ok) || e.Value.PodUID != box.PodUID
 }
 
 // fresh refuses to route from a copy of the sandboxes bucket that has not
