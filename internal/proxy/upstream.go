@@ -224,7 +224,15 @@ func (u *upstream) exchange(ctx context.Context, conn *upConn, o *outgoing) (*an
 	a := answers.Get().(*answer)
 	a.u, a.conn, a.reusable = u, conn, true
 	a.stop = afterFunc(ctx, conn.aborter)
-	fail := func(err error) (*answer, error) {
+	err := writeHead(conn.bw, o)
+	got := false // a final header has been read
+	if err == nil && o.body != nil {
+		got, err = u.awaitContinue(ctx, a, o)
+	}
+	if err == nil && !got {
+		err = a.readFinal(ctx, o)
+	}
+	if err != nil {
 		a.stop()
 		a.release()
 		if ctx.Err() != nil {
@@ -232,7 +240,13 @@ func (u *upstream) exchange(ctx context.Context, conn *upConn, o *outgoing) (*an
 		}
 		return nil, err
 	}
-	bw := conn.bw
+	a.frame(o.head)
+	return a, nil
+}
+
+// writeHead writes o's request line and header, with the framing of its
+// body, and flushes them.
+func writeHead(bw *bufio.Writer, o *outgoing) error {
 	bw.WriteString(o.method)
 	bw.WriteByte(' ')
 	bw.Write(o.uri)
@@ -252,88 +266,87 @@ func (u *upstream) exchange(ctx context.Context, conn *upConn, o *outgoing) (*an
 	}
 	bw.WriteString("\r\n")
 	if err := bw.Flush(); err != nil {
-		return fail(&staleError{err})
+		return &staleError{err}
 	}
+	return nil
+}
 
-	got := false // a final header has been read
-	if o.body != nil {
-		// DSH says 100 Continue when it wants the body, or answers at once
-		// (a refusal: the body stays unread, for a retry); a server that
-		// says nothing gets the body after continueFor, as with net/http.
-		// Other interim answers (102, 103) are no answer: the wait goes on.
-		send := true
-		deadline := time.Now().Add(u.continueFor)
-	wait:
-		for {
-			conn.readDeadline(deadline)
-			_, err := conn.br.Peek(1)
-			conn.readDeadline(time.Time{})
-			var ne net.Error
-			switch {
-			case err == nil:
-				if _, err := readHead(&a.Header, conn.br); err != nil {
-					return fail(&staleError{err})
-				}
-				switch code := a.Header.StatusCode(); {
-				case code == fasthttp.StatusContinue:
-					a.Header.Reset()
-					break wait
-				case code == fasthttp.StatusSwitchingProtocols:
-					return fail(errSwitched)
-				case code < 200:
-					a.Header.Reset()
-				default:
-					got, send = true, false
-					// The body was announced and not sent: the connection's
-					// framing is lost.
-					a.reusable = false
-					break wait
-				}
-			case errors.As(err, &ne) && ne.Timeout() && ctx.Err() == nil:
-				break wait
-			default:
-				return fail(&staleError{err})
+// awaitContinue waits for DSH's word on a request with a body: 100
+// Continue when it wants the body, or an answer at once (a refusal: the
+// body stays unread, for a retry; got is true); a server that says
+// nothing gets the body after continueFor, as with net/http. Other interim
+// answers (102, 103) are no answer: the wait goes on. Unless DSH answered,
+// the body is then sent beside the read of the answer.
+func (u *upstream) awaitContinue(ctx context.Context, a *answer, o *outgoing) (got bool, err error) {
+	conn := a.conn
+	deadline := time.Now().Add(u.continueFor)
+	for {
+		conn.readDeadline(deadline)
+		_, err := conn.br.Peek(1)
+		conn.readDeadline(time.Time{})
+		var ne net.Error
+		switch {
+		case err == nil:
+			if _, err := readHead(&a.Header, conn.br); err != nil {
+				return false, &staleError{err}
 			}
+			switch code := a.Header.StatusCode(); {
+			case code == fasthttp.StatusContinue:
+				a.Header.Reset()
+			case code == fasthttp.StatusSwitchingProtocols:
+				return false, errSwitched
+			case code < 200:
+				a.Header.Reset()
+				continue
+			default:
+				// The body was announced and not sent: the connection's
+				// framing is lost.
+				a.reusable = false
+				return true, nil
+			}
+		case errors.As(err, &ne) && ne.Timeout() && ctx.Err() == nil:
+		default:
+			return false, &staleError{err}
 		}
-		if send {
-			a.sending = make(chan error, 1)
-			go sendBody(conn, o.body, a.sending)
-		}
+		a.sending = make(chan error, 1)
+		go sendBody(conn, o.body, a.sending)
+		return false, nil
 	}
-	closes := false // DSH said it closes the connection after the answer
-	for !got {
-		var err error
-		if closes, err = readHead(&a.Header, conn.br); err != nil {
+}
+
+// readFinal reads the answer's final header, passing over interim ones
+// (100 after the body went, 102, 103: fasthttp writes one response per
+// request).
+func (a *answer) readFinal(ctx context.Context, o *outgoing) error {
+	for {
+		closes, err := readHead(&a.Header, a.conn.br)
+		if err != nil {
 			if a.sending == nil {
-				return fail(&staleError{err})
+				return &staleError{err}
 			}
 			// The writer must end before the request does; a body that
 			// failed (too large, the browser gone) is the cause, not the
 			// aborted read it led to.
-			conn.abort()
+			a.conn.abort()
 			o.body.detach()
 			if serr := <-a.sending; serr != nil && !errors.Is(serr, errDetached) && ctx.Err() == nil {
 				err = serr
 			}
 			a.sending = nil
-			return fail(err)
+			return err
 		}
-		// Interim answers (100 after the body went, 102, 103) are not
-		// passed on: fasthttp writes one response per request.
 		switch code := a.Header.StatusCode(); {
 		case code == fasthttp.StatusSwitchingProtocols:
-			return fail(errSwitched)
+			return errSwitched
 		case code >= 200:
-			got = true
+			if closes || a.Header.ConnectionClose() {
+				a.reusable = false // DSH said it closes the connection after the answer
+			}
+			return nil
 		default:
 			a.Header.Reset()
 		}
 	}
-	if closes || a.Header.ConnectionClose() {
-		a.reusable = false
-	}
-	a.frame(o.head)
-	return a, nil
 }
 
 // malformedError: DSH's answer is not framed as RFC 9112 says.
