@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/singleflight"
 )
 
 // Cache is a local copy of a bucket kept current by a watch. Lookups are
@@ -60,6 +61,18 @@ type Cache[T any] struct {
 	created   time.Time
 	reloading map[string]struct{}
 	reloads   atomic.Uint64
+
+	// limit is Bounded's (0: a full copy); the rest is a bounded cache's.
+	limit int
+	// absent holds the (indexed) keys the cache holds as missing from the
+	// bucket, with the revision of the deletion that said so (0: a read
+	// did). Guarded by mu.
+	absent map[string]uint64
+	// reading holds the keys being read for Load (guarded by mu).
+	reading map[string]struct{}
+	// indexed is set by IndexBy: Wait cannot read such a key by its index.
+	indexed bool
+	flights singleflight.Group
 }
 
 // look is the bucket's last sequence as read at a moment.
@@ -74,7 +87,7 @@ type CacheOption[T any] func(*Cache[T])
 // IndexBy stores entries under index(key) instead of key, for lookups by a
 // part of the key (sessions are looked up by sid hash alone).
 func IndexBy[T any](index func(key string) string) CacheOption[T] {
-	return func(c *Cache[T]) { c.index = index }
+	return func(c *Cache[T]) { c.index, c.indexed = index, true }
 }
 
 // GroupBy keeps the entries' keys by group(key), so that RangeGroup visits
@@ -106,6 +119,9 @@ func NewCache[T any](ctx context.Context, b *Bucket[T], filter string, log *slog
 	// The initial contents are the bucket's as of some moment after this
 	// one: once loaded, the cache is current as of it.
 	started := time.Now()
+	if c.limit > 0 {
+		return c, c.startBounded(ctx, filter, started)
+	}
 	w, err := b.kv.Watch(ctx, filter)
 	if err != nil {
 		return nil, fmt.Errorf("watch %s: %w", b.name, err)
@@ -150,6 +166,17 @@ func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher, filter strin
 				// restore replaced it): revisions start over, so the
 				// watch starts over too, and what the new bucket does
 				// not hold is dropped once it is loaded.
+				if c.limit > 0 {
+					nw, err := c.bucket.kv.Watch(ctx, filter, jetstream.UpdatesOnly())
+					if err != nil {
+						c.log.Warn("recreated bucket not followed", "err", err)
+						continue
+					}
+					_ = w.Stop()
+					w, updates, dog = nw, nw.Updates(), watchdog{}
+					c.forgetAll(created, last, asked)
+					continue
+				}
 				nw, err := c.bucket.kv.Watch(ctx, filter)
 				if err != nil {
 					c.log.Warn("recreated bucket not reloaded", "err", err)
@@ -335,16 +362,23 @@ func (d *watchdog) resumed() { d.resumedAt, d.behind = d.last, false }
 // only while the watch is behind rev: once the watch has passed rev, the
 // cache already says what became of the key since (a deletion included),
 // and a noted value must not undo that.
+//
+// In a bounded cache the same rule holds the key from then on: the watch,
+// not yet at rev, brings every later change to it. Once the watch has
+// passed rev, a key the cache did not hold then is left to the next Load.
 func (c *Cache[T]) Note(key string, v T, rev uint64) {
 	idx := c.index(key)
 	c.set(key, idx, Entry[T]{Key: key, Value: v, Revision: rev, Created: time.Now()}, false, func(cur Entry[T], ok bool) bool {
-		return c.last.Load() < rev && (!ok || cur.Revision < rev)
+		return c.last.Load() < rev && (!ok || cur.Revision < rev) && c.absent[idx] < rev
 	})
 }
 
 func (c *Cache[T]) apply(e jetstream.KeyValueEntry) {
 	key := e.Key()
 	idx := c.index(key)
+	if c.limit > 0 && c.passOver(idx, e.Revision()) {
+		return
+	}
 	if c.reloading != nil {
 		c.reloading[idx] = struct{}{}
 	}
@@ -359,12 +393,17 @@ func (c *Cache[T]) apply(e jetstream.KeyValueEntry) {
 			c.log.Warn("value left out", "key", key, "revision", e.Revision(), "err", err)
 			deleted = true
 		}
-		entry.Key, entry.Revision, entry.Created = key, e.Revision(), e.Created()
 	}
+	entry.Key, entry.Revision, entry.Created = key, e.Revision(), e.Created()
 
 	// Stored before last moves on: a CatchUp that sees last reach this
-	// revision must find the entry.
-	c.set(key, idx, entry, deleted, nil)
+	// revision must find the entry. A bounded cache's reads may have put
+	// a newer revision there already.
+	var newer func(Entry[T], bool) bool
+	if c.limit > 0 {
+		newer = c.newerThanHeld(idx, entry.Revision)
+	}
+	c.set(key, idx, entry, deleted, newer)
 	if r := e.Revision(); r > c.last.Load() {
 		c.mu.Lock()
 		c.last.Store(r)
@@ -395,6 +434,9 @@ func (c *Cache[T]) set(key, idx string, entry Entry[T], deleted bool, newer func
 		delete(c.items, idx)
 	} else {
 		c.items[idx] = entry
+	}
+	if c.limit > 0 {
+		c.held(idx, entry.Revision, deleted)
 	}
 	if c.group != nil {
 		c.regroup(c.group(key), idx, deleted)
@@ -551,7 +593,14 @@ func (c *Cache[T]) RangeGroup(group string, fn func(Entry[T]) bool) {
 
 // Wait blocks until done(entry, present) holds for key, or ctx ends. It
 // checks the current entry first, then re-checks after every change to key.
+//
+// A bounded cache first holds key (Load), so that the watch brings its
+// changes, and keeps it while anyone waits; a key of an IndexBy cache
+// must be held already.
 func (c *Cache[T]) Wait(ctx context.Context, key string, done func(e Entry[T], ok bool) bool) (Entry[T], bool, error) {
+	if c.limit > 0 && !c.indexed {
+		c.Load(ctx, key)
+	}
 	for {
 		c.mu.Lock()
 		e, ok := c.items[key]

@@ -89,6 +89,19 @@ func Start(role natsauth.Role, common config.Common) (*Process, error) {
 		Name: "aaas_kv_cache_reloads_total",
 		Help: "Times this process found a bucket recreated (NATS lost its data, or a restore) and reloaded it without a restart.",
 	}, func() float64 { return float64(kv.CacheReloads()) }))
+	loads := prometheus.NewDesc("aaas_kv_cache_loads_total",
+		"Keys this process's bounded caches read from their bucket on a miss, by outcome: read (found), absent, failed (NATS unreachable or a newer record: answered as absent).",
+		[]string{"outcome"}, nil)
+	p.Metrics.MustRegister(collectorFunc{loads, func(ch chan<- prometheus.Metric) {
+		read, absent, failed := kv.CacheLoads()
+		ch <- prometheus.MustNewConstMetric(loads, prometheus.CounterValue, float64(read), "read")
+		ch <- prometheus.MustNewConstMetric(loads, prometheus.CounterValue, float64(absent), "absent")
+		ch <- prometheus.MustNewConstMetric(loads, prometheus.CounterValue, float64(failed), "failed")
+	}})
+	p.Metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "aaas_kv_cache_evictions_total",
+		Help: "Keys this process's bounded caches forgot to stay within their limits (each costs a read when next used).",
+	}, func() float64 { return float64(kv.CacheEvictions()) }))
 	streams, buckets := role.Requires()
 	if err := natsconn.Require(ctx, js, streams, buckets, log); err != nil {
 		p.Close()
@@ -272,3 +285,12 @@ func registerNATSStats(reg prometheus.Registerer, nc *nats.Conn) {
 		stat("aaas_nats_reconnects_total", "Reconnections to NATS.", func(s nats.Statistics) uint64 { return s.Reconnects }),
 	)
 }
+
+// collectorFunc is a collector of one described family.
+type collectorFunc struct {
+	desc    *prometheus.Desc
+	collect func(chan<- prometheus.Metric)
+}
+
+func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }
