@@ -242,7 +242,8 @@ func (s *Service) logout(c *fiber.Ctx) error {
 		}
 		outcome := "ok"
 		if id.Method == auth.MethodSSO {
-			err, outcome = s.o.Auth.Store().RevokeAll(httpguard.Context(c), id.User), "sso"
+			_, err = s.o.Auth.Store().RevokeAll(httpguard.Context(c), id.User)
+			outcome = "sso"
 			if s.o.SignOutURL != "" {
 				next = s.o.SignOutURL
 			}

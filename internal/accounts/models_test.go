@@ -399,8 +399,9 @@ func TestSSOSignOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	sessions := testutil.Open[state.Session](t, p.js, state.BucketSessions)
-	exists := func(user, sid string) bool {
-		_, err := sessions.Get(ctx, state.SessionKey(user, ident.HashHex(sid)))
+	exists := func(user, cookie string) bool {
+		sid, _ := auth.SplitCredential([]byte(cookie))
+		_, err := sessions.Get(ctx, state.SessionKey(user, ident.HashHex(string(sid))))
 		return err == nil
 	}
 	signOut := func(origin string) *http.Response {

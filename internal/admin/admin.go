@@ -203,8 +203,9 @@ func (s *Service) names() []string {
 	return s.sorted
 }
 
-// Page is the page of the list q selects, from the caches.
-func (s *Service) Page(q Query, now time.Time) Page {
+// Page is the page of the list q selects, from the caches (and, for each
+// row's sessions, the sessions bucket).
+func (s *Service) Page(ctx context.Context, q Query, now time.Time) (Page, error) {
 	names, start := s.names(), 0
 	if q.Sort == "spend" {
 		names = s.spendOrder(names, state.Month(now))
@@ -229,7 +230,10 @@ func (s *Service) Page(q Query, now time.Time) Page {
 			}
 			break
 		}
-		r := s.row(name, now)
+		r, err := s.row(ctx, name, now)
+		if err != nil {
+			return Page{}, err
+		}
 		if q.Phase == dormantFilter && !r.Dormant || q.Phase != "" && q.Phase != dormantFilter && r.Phase != q.Phase {
 			continue
 		}
@@ -240,11 +244,15 @@ func (s *Service) Page(q Query, now time.Time) Page {
 		page.Users = append(page.Users, r)
 	}
 	page.Total = len(names)
-	return page
+	return page, nil
 }
 
-func (s *Service) row(name string, now time.Time) Row {
-	r := Row{User: name, Phase: "Unknown", Sessions: s.o.Auth.Store().Count(name)}
+func (s *Service) row(ctx context.Context, name string, now time.Time) (Row, error) {
+	sessions, err := s.o.Auth.Store().Count(ctx, name)
+	if err != nil {
+		return Row{}, err
+	}
+	r := Row{User: name, Phase: "Unknown", Sessions: sessions}
 	if u, ok := s.o.Users.Get(name); ok {
 		r.Managed, r.Created = u.Value.Managed, u.Value.Created
 	}
@@ -264,7 +272,7 @@ func (s *Service) row(name string, now time.Time) Row {
 		b := s.o.Spend.Budget(name)
 		r.SpentMicros, r.Budget = s.o.Spend.Spent(name, state.Month(now)).CostMicros, &b
 	}
-	return r
+	return r, nil
 }
 
 // servedHere reports whether the view and API are served on the
@@ -329,7 +337,10 @@ func (s *Service) list(c *fiber.Ctx) error {
 	if err != nil {
 		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 	}
-	p := s.Page(q, time.Now())
+	p, err := s.Page(httpguard.Context(c), q, time.Now())
+	if err != nil {
+		return web.Fail(c, web.Unavailable(err))
+	}
 	for i := range p.Users {
 		p.Users[i].URL = s.sandboxURL(c, p.Users[i].User)
 	}
@@ -346,7 +357,10 @@ func (s *Service) page(c *fiber.Ctx) error {
 	if err != nil {
 		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 	}
-	p := s.Page(q, time.Now())
+	p, err := s.Page(httpguard.Context(c), q, time.Now())
+	if err != nil {
+		return web.Fail(c, web.Unavailable(err))
+	}
 	d := web.Admin{Admin: id.User, Query: q.Prefix, Phase: q.Phase, Phases: phaseNames(), Total: p.Total, Actions: actions,
 		Spend: s.o.Spend != nil, Sort: q.Sort, Month: state.Month(time.Now())}
 	if d.Spend {
@@ -517,8 +531,8 @@ func (s *Service) run(ctx context.Context, user, action, by string, token *strin
 		*token = t
 		return "token replaced; the old one no longer works, sessions are kept", fiber.StatusOK, nil
 	case "revoke":
-		n := s.o.Auth.Store().Count(user)
-		if err := s.o.Auth.Store().RevokeAll(ctx, user); err != nil {
+		n, err := s.o.Auth.Store().RevokeAll(ctx, user)
+		if err != nil {
 			return "", 0, web.Unavailable(err)
 		}
 		// What revoke does not end, said where the administrator reads

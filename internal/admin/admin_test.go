@@ -79,12 +79,12 @@ func fixtureJS(t testing.TB, n int, where Options) (*Service, string, jetstream.
 	}
 	uc := cache(t, users)
 	bc := cache(t, boxes)
-	store, err := auth.NewStore(context.Background(), js, auth.StoreOptions{TTL: time.Hour, MaxPerUser: 10, Log: quiet})
+	store, err := auth.NewStore(context.Background(), js, auth.StoreOptions{TTL: time.Hour, MaxPerUser: 10, Limit: 1000, Log: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, time.Minute, func() error {
-		if uc.Len() != n || bc.Len() != n+1 || !store.Synced() {
+		if uc.Len() != n || bc.Len() != n+1 {
 			return fmt.Errorf("caches hold %d users, %d sandboxes", uc.Len(), bc.Len())
 		}
 		return nil
@@ -126,7 +126,7 @@ func TestPagesCoverEveryUserOnce(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			q, seen, prev := tc.q, 0, ""
 			for page := 0; ; page++ {
-				p := s.Page(q, time.Now())
+				p := mustPage(t, s, q)
 				if p.Total != 1235 {
 					t.Fatalf("total %d", p.Total)
 				}
@@ -159,7 +159,7 @@ func TestPagesCoverEveryUserOnce(t *testing.T) {
 			}
 		})
 	}
-	zed := s.Page(Query{Limit: 1, Prefix: "zed"}, time.Now()).Users[0]
+	zed := mustPage(t, s, Query{Limit: 1, Prefix: "zed"}).Users[0]
 	if zed.Managed || !zed.Created.IsZero() || zed.Phase != string(state.PhaseReady) {
 		t.Fatalf("a sandbox without an account: %+v", zed)
 	}
@@ -191,20 +191,30 @@ func BenchmarkPage10k(b *testing.B) {
 	q := Query{Limit: DefaultLimit, After: "u05000"}
 	b.Run("page", func(b *testing.B) {
 		for b.Loop() {
-			s.Page(q, time.Now())
+			mustPage(b, s, q)
 		}
 	})
 	b.Run("page-after-a-change", func(b *testing.B) {
 		for b.Loop() {
 			s.sorted = nil
-			s.Page(q, time.Now())
+			mustPage(b, s, q)
 		}
 	})
 	// By spend, every page sorts the names by this month's spend.
 	b.Run("page-by-spend", func(b *testing.B) {
 		q := Query{Limit: DefaultLimit, Sort: "spend"}
 		for b.Loop() {
-			s.Page(q, time.Now())
+			mustPage(b, s, q)
 		}
 	})
+}
+
+// mustPage is s.Page(q) now, which must not fail.
+func mustPage(t testing.TB, s *Service, q Query) Page {
+	t.Helper()
+	p, err := s.Page(context.Background(), q, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -130,7 +130,7 @@ func TestBudgetOverrides(t *testing.T) {
 		t.Fatalf("get: %d %s", status, body)
 	}
 	// The list shows it at once (this edge notes what it wrote).
-	if r := s.Page(Query{Limit: 1, Prefix: "u00002"}, time.Now()).Users[0]; r.Budget == nil || r.Budget.Micros != 2_500_000 || r.Budget.Scope != state.BudgetUser {
+	if r := mustPage(t, s, Query{Limit: 1, Prefix: "u00002"}).Users[0]; r.Budget == nil || r.Budget.Micros != 2_500_000 || r.Budget.Scope != state.BudgetUser {
 		t.Fatalf("row %+v", r)
 	}
 	if status, _, body = send(t, s, "DELETE", "/_/admin/budgets/user/u00002", `{"confirm":"u00002"}`, token, false); status != 200 || !strings.Contains(body, `"set":false`) {
@@ -207,7 +207,7 @@ func TestSpendListAndExport(t *testing.T) {
 	}
 	// The next page carries on in the same order: u00011, then everyone
 	// who spent nothing, by name.
-	p = s.Page(Query{Sort: "spend", After: "u00003", Limit: 3}, time.Now())
+	p = mustPage(t, s, Query{Sort: "spend", After: "u00003", Limit: 3})
 	if len(p.Users) != 3 || p.Users[0].User != "u00011" || p.Users[1].User != "u00000" || p.Users[2].User != "u00001" {
 		t.Fatalf("second page by spend: %+v", p.Users)
 	}

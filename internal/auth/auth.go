@@ -85,8 +85,8 @@ func (a *Authenticator) CookieName() string { return a.cookie }
 // Counter counts outcomes by endpoint ("sso" is authentication's own).
 func (a *Authenticator) Counter() *prometheus.CounterVec { return a.counter }
 
-// Synced reports whether the caches authentication reads are complete.
-func (a *Authenticator) Synced() bool { return a.o.Store.Synced() && a.o.Users.IsSynced() }
+// Synced reports whether the caches authentication reads have started.
+func (a *Authenticator) Synced() bool { return a.o.Users.IsSynced() }
 
 // Store is the session store.
 func (a *Authenticator) Store() *Store { return a.o.Store }
@@ -255,12 +255,14 @@ func (a *Authenticator) identify(c *fiber.Ctx, user string) (Identity, error) {
 }
 
 // session resolves the session the cookie name carries: from this edge's
-// cache, or, for one it has not seen yet, from the bucket under user (the
-// user the request names; with none, once the cache has caught up with
-// the bucket), so a session made on another edge a moment ago works here
-// too.
+// cache, or, for one it does not hold, from the bucket under the user the
+// cookie names (else the one the request names; with neither, under any),
+// so a session made on another edge, or never used here, works here too.
 func (a *Authenticator) session(c *fiber.Ctx, name, user string) (state.Session, [32]byte, error) {
-	sid := c.Request().Header.Cookie(name)
+	sid, named := SplitCredential(c.Request().Header.Cookie(name))
+	if named != "" {
+		user = named
+	}
 	if len(sid) == 0 {
 		return state.Session{}, [32]byte{}, ErrNoCredentials
 	}
@@ -276,7 +278,7 @@ func (a *Authenticator) session(c *fiber.Ctx, name, user string) (state.Session,
 			return state.Session{}, sum, ErrSessionUnavailable
 		}
 	}
-	if !ok {
+	if !ok || named != "" && sess.User != named {
 		return state.Session{}, sum, ErrBadCredentials
 	}
 	return sess, sum, nil

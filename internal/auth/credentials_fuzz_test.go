@@ -3,7 +3,6 @@ package auth_test
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -132,7 +131,7 @@ func authenticator(t testing.TB) (*auth.Authenticator, string) {
 		if _, ok := cache.Get("bob"); !ok {
 			return errors.New("bob's account not seen yet")
 		}
-		if _, ok := store.LookupSum(sha256.Sum256([]byte(sid))); !ok {
+		if _, ok := store.LookupSum(sumOf(sid)); !ok {
 			return errors.New("alice's session not seen yet")
 		}
 		return nil

@@ -22,10 +22,14 @@ import (
 )
 
 // Store keeps sessions in the shared bucket under <user>.<sha256(sid)>;
-// the sid itself never leaves the browser's cookie. Every edge holds a
-// watch cache indexed by the raw hash, so authenticating a request is a
-// hash and a map read, and a revocation anywhere reaches every edge. A
-// second index by user bounds how many sessions one user can hold.
+// the sid itself never leaves the browser's cookie. Each edge holds the
+// sessions it has seen used, in a bounded cache indexed by the raw hash
+// (kv.Bounded): authenticating a request it has served before is a hash
+// and a map read, a revocation anywhere reaches every edge that holds the
+// session, and what an edge holds grows with the users it serves, not
+// with every session ever made. A session it does not hold is read from
+// the bucket once (Fetch): the gateway's cookie names its user (Create),
+// so the read is of one key.
 type Store struct {
 	bucket   *kv.Bucket[state.Session]
 	cache    *kv.Cache[state.Session]
@@ -33,9 +37,6 @@ type Store struct {
 	max      int
 	log      *slog.Logger
 	onRevoke func()
-
-	mu     sync.Mutex
-	byUser map[string]map[string]time.Time // user → key → created
 
 	// now is the clock of Fetch's budgets and miss memory (StoreOptions).
 	now func() time.Time
@@ -73,8 +74,10 @@ type StoreOptions struct {
 	// (a new one ends the oldest).
 	TTL        time.Duration
 	MaxPerUser int
+	// Limit is how many sessions the cache holds at most.
+	Limit int
 	// OnRevoke, if set, runs (in the watch goroutine) whenever a session
-	// ends, here or on another edge.
+	// this edge holds ends, here or on another edge.
 	OnRevoke func()
 	Log      *slog.Logger
 	// Now, if set, is the clock of Fetch's budgets and miss memory (tests
@@ -92,9 +95,9 @@ func NewStore(ctx context.Context, js jetstream.JetStream, o StoreOptions) (*Sto
 	if now == nil {
 		now = time.Now
 	}
-	s := &Store{bucket: b, ttl: o.TTL, max: o.MaxPerUser, log: o.Log, onRevoke: o.OnRevoke, byUser: map[string]map[string]time.Time{},
+	s := &Store{bucket: b, ttl: o.TTL, max: o.MaxPerUser, log: o.Log, onRevoke: o.OnRevoke,
 		now: now, fetches: newFetchBudget(), misses: map[string]time.Time{}}
-	c, err := kv.NewCache(ctx, b, ">", o.Log, kv.IndexBy[state.Session](rawHash), kv.OnChange(s.index))
+	c, err := kv.NewCache(ctx, b, ">", o.Log, kv.Bounded[state.Session](o.Limit), kv.IndexBy[state.Session](rawHash), kv.OnChange(s.changed))
 	if err != nil {
 		return nil, err
 	}
@@ -102,30 +105,11 @@ func NewStore(ctx context.Context, js jetstream.JetStream, o StoreOptions) (*Sto
 	return s, nil
 }
 
-// index keeps byUser in step with the cache. It holds gateway sessions
-// only: a sandbox origin's session lives and dies with its gateway
-// session, so it neither counts toward MaxPerUser nor is trimmed by it.
-func (s *Store) index(key string, e kv.Entry[state.Session], deleted bool) {
-	user, _, _ := strings.Cut(key, ".")
+// changed tells OnRevoke of every held session that ends.
+func (s *Store) changed(_ string, _ kv.Entry[state.Session], deleted bool) {
 	if deleted && s.onRevoke != nil {
-		defer s.onRevoke()
+		s.onRevoke()
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if deleted {
-		delete(s.byUser[user], key)
-		if len(s.byUser[user]) == 0 {
-			delete(s.byUser, user)
-		}
-		return
-	}
-	if e.Value.Host != "" {
-		return
-	}
-	if s.byUser[user] == nil {
-		s.byUser[user] = map[string]time.Time{}
-	}
-	s.byUser[user][key] = e.Value.Created
 }
 
 // rawHash turns "<user>.<hex hash>" into the 32 raw hash bytes.
@@ -138,28 +122,48 @@ func rawHash(key string) string {
 	return string(raw)
 }
 
-// Synced reports whether the cache holds every session.
-func (s *Store) Synced() bool { return s.cache.IsSynced() }
+// A gateway session's credential, the cookie's value, is its id and its
+// user: "<sid>.<user>". The id alone is the secret (the key is its hash);
+// the user names the key, so an edge that does not hold the session reads
+// one key for it. Cookies from before this form are the id alone.
+const credentialSep = '.'
 
-// Create starts a session for user and returns its id once this edge's
-// cache holds it, so the browser's next request (often the redirect that
-// follows) is already authenticated here. Sessions of user beyond the cap
-// are ended, oldest first.
+// credential is the cookie value for sid of user.
+func credential(sid, user string) string { return sid + string(credentialSep) + user }
+
+// SplitCredential reads a gateway cookie's value: the session id and the
+// user it names ("" for a bare id). A value whose user part no account
+// can have is returned whole, an id of no valid shape.
+func SplitCredential(v []byte) (sid []byte, user string) {
+	if len(v) > ident.SecretLen && v[ident.SecretLen] == credentialSep {
+		if u := string(v[ident.SecretLen+1:]); ident.ValidUser(u) {
+			return v[:ident.SecretLen], u
+		}
+	}
+	return v, ""
+}
+
+// Create starts a session for user and returns its credential (the
+// cookie's value: its id and user) once this edge's cache holds it, so
+// the browser's next request (often the redirect that follows) is
+// already authenticated here. Sessions of user beyond the cap are ended,
+// oldest first.
 func (s *Store) Create(ctx context.Context, user, via string) (string, error) {
 	sid := ident.NewSecret()
 	now := time.Now().UTC()
 	key := state.SessionKey(user, ident.HashHex(sid))
 	sess := state.Session{User: user, Created: now, Expires: now.Add(s.ttl), Via: via}
-	rev, err := s.bucket.Create(ctx, key, sess, kv.WithTTL(s.ttl))
-	if err != nil {
-		return "", fmt.Errorf("create session: %w", err)
-	}
 	// The next request on this edge must find the session, even while the
 	// watch lags (after a NATS node loss it may take the cache's watchdog
 	// a few seconds to move it again).
-	s.cache.Note(key, sess, rev)
+	done := s.cache.Writing(key)
+	rev, err := s.bucket.Create(ctx, key, sess, kv.WithTTL(s.ttl))
+	done(sess, rev)
+	if err != nil {
+		return "", fmt.Errorf("create session: %w", err)
+	}
 	s.trim(ctx, user, key)
-	return sid, nil
+	return credential(sid, user), nil
 }
 
 // CreateSandbox starts a sandbox origin's session for user on host, made
@@ -175,54 +179,58 @@ func (s *Store) CreateSandbox(ctx context.Context, user, host, parent, bound str
 	}
 	key := state.SessionKey(user, ident.HashHex(sid))
 	sess := state.Session{User: user, Created: now, Expires: now.Add(ttl), Via: "sandbox", Host: host, Parent: parent, Bound: bound}
+	done := s.cache.Writing(key)
 	rev, err := s.bucket.Create(ctx, key, sess, kv.WithTTL(ttl))
+	done(sess, rev)
 	if err != nil {
 		return "", fmt.Errorf("create sandbox session: %w", err)
 	}
-	s.cache.Note(key, sess, rev)
 	return sid, nil
 }
 
-// trim ends user's oldest sessions beyond the cap, never keep. Edges that
-// trim at once purge the same keys, which is harmless.
+// trim ends user's oldest gateway sessions beyond the cap, never keep,
+// as the bucket lists them (a sandbox origin's session lives and dies
+// with its gateway session, so it neither counts nor is trimmed). Edges
+// that trim at once purge the same keys, which is harmless.
 func (s *Store) trim(ctx context.Context, user, keep string) {
-	type aged struct {
-		key     string
-		created time.Time
+	all, err := s.gatewaySessions(ctx, user)
+	if err != nil {
+		s.log.Warn("could not list a user's sessions to apply the per-user cap", "user", user, "err", err)
+		return
 	}
-	s.mu.Lock()
-	var all []aged
-	for k, c := range s.byUser[user] {
-		if k != keep {
-			all = append(all, aged{k, c})
-		}
-	}
-	s.mu.Unlock()
+	all = slices.DeleteFunc(all, func(e kv.Entry[state.Session]) bool { return e.Key == keep })
 	if extra := len(all) + 1 - s.max; extra > 0 {
-		slices.SortFunc(all, func(a, b aged) int { return a.created.Compare(b.created) })
-		for _, a := range all[:extra] {
-			if err := s.bucket.Purge(ctx, a.key); err != nil {
+		slices.SortFunc(all, func(a, b kv.Entry[state.Session]) int { return a.Value.Created.Compare(b.Value.Created) })
+		for _, e := range all[:extra] {
+			if err := s.bucket.Purge(ctx, e.Key); err != nil {
 				s.log.Warn("could not end a session over the per-user cap", "user", user, "err", err)
 			}
 		}
 	}
 }
 
-// Count is how many sessions user holds.
-func (s *Store) Count(user string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.byUser[user])
+// gatewaySessions lists user's gateway sessions from the bucket.
+func (s *Store) gatewaySessions(ctx context.Context, user string) ([]kv.Entry[state.Session], error) {
+	all, err := s.bucket.List(ctx, state.SessionKey(user, "*"))
+	return slices.DeleteFunc(all, func(e kv.Entry[state.Session]) bool { return e.Value.Host != "" }), err
 }
 
-// Lookup resolves a session id from the local cache. It allocates nothing
-// for ids of the right shape and refuses expired sessions even before
-// their key expires on the server.
-func (s *Store) Lookup(sid []byte) (state.Session, bool) {
+// Count is how many gateway sessions user holds, as the bucket says.
+func (s *Store) Count(ctx context.Context, user string) (int, error) {
+	all, err := s.gatewaySessions(ctx, user)
+	return len(all), err
+}
+
+// Lookup resolves a cookie's session from the local cache. It allocates
+// nothing for ids of the right shape and refuses expired sessions even
+// before their key expires on the server.
+func (s *Store) Lookup(cookie []byte) (state.Session, bool) {
+	sid, user := SplitCredential(cookie)
 	if !ident.ValidSecret(sid) {
 		return state.Session{}, false
 	}
-	return s.LookupSum(sha256.Sum256(sid))
+	sess, ok := s.LookupSum(sha256.Sum256(sid))
+	return sess, ok && (user == "" || sess.User == user)
 }
 
 // LookupSum is Lookup by the id's SHA-256: what a long-lived connection
@@ -236,17 +244,16 @@ func (s *Store) LookupSum(sum [32]byte) (state.Session, bool) {
 }
 
 // Fetch is LookupSum, after it missed, for a session this edge's cache
-// does not hold (yet): read from the bucket under the user the request
-// names (keys are <user>.<hash>). A session created on another edge a
-// moment ago reaches this cache through the watch, which can lag for
-// seconds after a NATS node loss; its browser must not be signed out
-// meanwhile. What is found is noted in the cache, which keeps it only
-// while the watch is behind it, so a revocation the watch has already
-// applied is never undone.
-// A request that names no user (the gateway's own pages, right after
-// signing in on another edge) cannot name the key: for it (user "") the
-// cache catches up with the bucket instead (kv.Cache.CatchUp), at the
-// same price of one request to the bucket.
+// does not hold: read from the bucket under the user the cookie or the
+// request names (keys are <user>.<hash>), and held from then on. A
+// session created on another edge a moment ago, or one this edge has
+// never served, works here at the price of one read. What is found is
+// noted in the cache, which keeps it only while the watch is behind it,
+// so a revocation the watch has already applied is never undone.
+// A cookie from before credentials named their user, on a request that
+// names none (the gateway's own pages), cannot name the key: for it (user
+// "") the session is looked for under any user (kv.Bucket.GetMatching),
+// a dearer read the same budgets bound.
 // Reads are budgeted per client (httpguard.Key) and per edge, joined when
 // several requests ask for the same key at once, and misses remembered
 // for missTTL: random cookies cost the bus little, and only the client
@@ -270,25 +277,15 @@ func (s *Store) Fetch(ctx context.Context, client, user string, sum [32]byte) (s
 		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fetchTimeout)
 		defer cancel()
+		read := s.bucket.Get
 		if user == "" {
-			if err := s.cache.CatchUp(ctx); err != nil {
-				return nil, err
-			}
-			if _, ok := s.cache.GetBytes(sum[:]); !ok {
-				s.miss(key)
-			}
-			return nil, nil
+			read = s.bucket.GetMatching
 		}
-		e, err := s.bucket.Get(ctx, key)
-		switch {
-		case errors.Is(err, kv.ErrNotFound):
+		_, ok, err := s.cache.LoadBy(ctx, string(sum[:]), func(ctx context.Context) (kv.Entry[state.Session], error) { return read(ctx, key) })
+		if err == nil && !ok {
 			s.miss(key)
-			return nil, nil
-		case err != nil:
-			return nil, err
 		}
-		s.cache.Note(key, e.Value, e.Revision)
-		return nil, nil
+		return nil, err
 	})
 	if err != nil {
 		return state.Session{}, false, err
@@ -382,20 +379,20 @@ func (s *Store) Revoke(ctx context.Context, user string, sum [32]byte) error {
 	return s.bucket.Purge(ctx, state.SessionKey(user, hex.EncodeToString(sum[:])))
 }
 
-// RevokeID ends the session of a session id, if it is one.
-func (s *Store) RevokeID(ctx context.Context, sid []byte) error {
-	sess, ok := s.Lookup(sid)
+// RevokeID ends the session of a cookie, if it is one.
+func (s *Store) RevokeID(ctx context.Context, cookie []byte) error {
+	sess, ok := s.Lookup(cookie)
 	if !ok {
 		return nil
 	}
+	sid, _ := SplitCredential(cookie)
 	return s.Revoke(ctx, sess.User, sha256.Sum256(sid))
 }
 
-// RevokeAll ends every session of user.
-func (s *Store) RevokeAll(ctx context.Context, user string) error {
-	_, err := s.bucket.PurgePrefix(ctx, user)
-	return err
+// RevokeAll ends every session of user, and says how many.
+func (s *Store) RevokeAll(ctx context.Context, user string) (int, error) {
+	return s.bucket.PurgePrefix(ctx, user)
 }
 
-// Len is the number of cached sessions.
+// Len is the number of sessions this edge holds.
 func (s *Store) Len() int { return s.cache.Len() }

@@ -73,6 +73,11 @@ type Edge struct {
 	// MaxAPITokensPerUser is MAX_API_TOKENS_PER_USER: how many named API
 	// tokens one user may hold.
 	MaxAPITokensPerUser int
+	// CacheUsers is EDGE_CACHE_USERS: how many users' records (account,
+	// sandbox, sessions, handshakes) an edge holds at most; a user beyond
+	// it costs a read of the bus when next served. The edge's memory is
+	// bounded by it, not by how many accounts exist (CacheLimits).
+	CacheUsers int
 	// ReadTimeout is HTTP_READ_TIMEOUT: the longest the edge waits for a
 	// client's next bytes (request headers, or a chunk of a body).
 	ReadTimeout time.Duration
@@ -179,6 +184,7 @@ func LoadEdge(e *Env) (Edge, error) {
 		AuthProxyAllow:      e.List("AUTH_PROXY_ALLOW", nil),
 		MaxSessionsPerUser:  e.Int("MAX_SESSIONS_PER_USER", 20, 1, 10_000),
 		MaxAPITokensPerUser: e.Int("MAX_API_TOKENS_PER_USER", 10, 1, 1_000),
+		CacheUsers:          e.Int("EDGE_CACHE_USERS", 50_000, 100, 10_000_000),
 		ReadTimeout:         e.Duration("HTTP_READ_TIMEOUT", time.Minute, time.Second, time.Hour),
 		WriteTimeout:        e.Duration("HTTP_WRITE_TIMEOUT", time.Minute, time.Second, time.Hour),
 		IdleTimeout:         e.Duration("HTTP_IDLE_TIMEOUT", 90*time.Second, time.Second, time.Hour),
@@ -781,4 +787,17 @@ func LoadSmoke(e *Env) (Smoke, error) {
 		e.Fail("SMOKE_HOST", "required: the gateway's public host name")
 	}
 	return c, e.Err()
+}
+
+// CacheLimits are the edge's bounded caches' limits for EDGE_CACHE_USERS:
+// per user, one account and one sandbox record, and room for the
+// sessions (a browser or two, and their sandbox origins') and the
+// handshakes (one per pod and host) of the users it serves.
+type CacheLimits struct {
+	Users, Sandboxes, Sessions, Handshakes int
+}
+
+// CacheLimits derives the caches' limits from CacheUsers.
+func (c Edge) CacheLimits() CacheLimits {
+	return CacheLimits{Users: c.CacheUsers, Sandboxes: c.CacheUsers, Sessions: 4 * c.CacheUsers, Handshakes: 2 * c.CacheUsers}
 }

@@ -51,7 +51,7 @@ func openState(ctx context.Context, p *process.Process, cfg config.Edge) (*edgeS
 	s := &edgeState{changes: make(chan struct{}, 1)}
 	var err error
 	if s.store, err = auth.NewStore(ctx, p.JS, auth.StoreOptions{
-		TTL: cfg.Buckets.SessionTTL, MaxPerUser: cfg.MaxSessionsPerUser, OnRevoke: s.changed, Log: p.Log,
+		TTL: cfg.Buckets.SessionTTL, MaxPerUser: cfg.MaxSessionsPerUser, Limit: cfg.CacheLimits().Sessions, OnRevoke: s.changed, Log: p.Log,
 	}); err != nil {
 		return nil, err
 	}

@@ -9,8 +9,8 @@ import (
 	"strings"
 )
 
-// secretLen is the encoded length of a secret: 32 random bytes, base64url.
-const secretLen = 43
+// SecretLen is the encoded length of a secret: 32 random bytes, base64url.
+const SecretLen = 43
 
 // NewSecret returns 256 random bits, URL-safe: a session id, a sign-in
 // code, the secret part of a token.
@@ -25,7 +25,7 @@ func NewSecret() string {
 // ValidSecret reports whether v has the shape NewSecret gives, so garbage
 // is refused before any hashing or lookup.
 func ValidSecret[T string | []byte](v T) bool {
-	if len(v) != secretLen {
+	if len(v) != SecretLen {
 		return false
 	}
 	for i := 0; i < len(v); i++ {
@@ -51,7 +51,7 @@ func NewToken(user string) string { return user + "." + NewSecret() }
 // TokenUser returns the account a token claims to belong to.
 func TokenUser(token string) (string, bool) {
 	user, secret, ok := strings.Cut(token, ".")
-	if !ok || len(secret) != secretLen || ValidateUser(user) != nil {
+	if !ok || len(secret) != SecretLen || ValidateUser(user) != nil {
 		return "", false
 	}
 	return user, true
@@ -73,7 +73,7 @@ func NewAPIToken(user, name string) string { return user + "." + name + "." + Ne
 // ParseAPIToken returns the user and name an API token claims.
 func ParseAPIToken(token string) (user, name string, ok bool) {
 	parts := strings.SplitN(token, ".", 3)
-	if len(parts) != 3 || len(parts[2]) != secretLen || ValidateUser(parts[0]) != nil || ValidateTokenName(parts[1]) != nil {
+	if len(parts) != 3 || len(parts[2]) != SecretLen || ValidateUser(parts[0]) != nil || ValidateTokenName(parts[1]) != nil {
 		return "", "", false
 	}
 	return parts[0], parts[1], true

@@ -144,20 +144,28 @@ func (c *Cache[T]) evict(keep string) {
 // callers refuse rather than act on what they could not read. In a full
 // copy it is Get.
 func (c *Cache[T]) Load(ctx context.Context, key string) (Entry[T], bool) {
-	idx := c.index(key)
+	e, ok, _ := c.LoadBy(ctx, c.index(key), func(ctx context.Context) (Entry[T], error) { return c.bucket.Get(ctx, key) })
+	return e, ok
+}
+
+// LoadBy is Load of the entry held under idx (the key's IndexBy index),
+// read by read when the cache does not hold it: a reader that finds the
+// key another way (by a wildcard) holds it all the same. read answers
+// ErrNotFound for an absent key; any other error is returned.
+func (c *Cache[T]) LoadBy(ctx context.Context, idx string, read func(context.Context) (Entry[T], error)) (Entry[T], bool, error) {
 	c.mu.RLock()
 	e, ok := c.items[idx]
 	_, known := c.absent[idx]
 	c.mu.RUnlock()
 	if ok || known || c.limit == 0 {
-		return e, ok
+		return e, ok, nil
 	}
-	v, err, _ := c.flights.Do(idx, func() (any, error) { return c.load(ctx, key, idx) })
+	v, err, _ := c.flights.Do(idx, func() (any, error) { return c.load(ctx, idx, read) })
 	if err != nil {
-		return Entry[T]{}, false
+		return Entry[T]{}, false, err
 	}
 	got := v.(loaded[T])
-	return got.e, got.ok
+	return got.e, got.ok, nil
 }
 
 type loaded[T any] struct {
@@ -169,7 +177,7 @@ type loaded[T any] struct {
 // meanwhile, so a change the watch brings is applied, and the read's
 // answer is kept only if nothing newer came. The answer is Load's either
 // way.
-func (c *Cache[T]) load(ctx context.Context, key, idx string) (loaded[T], error) {
+func (c *Cache[T]) load(ctx context.Context, idx string, read func(context.Context) (Entry[T], error)) (loaded[T], error) {
 	c.mu.Lock()
 	if e, ok := c.items[idx]; ok {
 		c.mu.Unlock()
@@ -183,12 +191,12 @@ func (c *Cache[T]) load(ctx context.Context, key, idx string) (loaded[T], error)
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), loadTimeout)
 	defer cancel()
-	e, err := c.bucket.Get(ctx, key)
+	e, err := read(ctx)
 	if err == nil {
 		cacheLoads[loadRead].Add(1)
 		// The key stops being read under the same lock that files the
 		// answer, so no change can pass between the two unseen.
-		c.set(key, idx, e, false, func(cur Entry[T], ok bool) bool {
+		c.set(e.Key, idx, e, false, func(cur Entry[T], ok bool) bool {
 			delete(c.reading, idx)
 			return (!ok || cur.Revision < e.Revision) && c.absent[idx] < e.Revision
 		})
@@ -207,16 +215,50 @@ func (c *Cache[T]) load(ctx context.Context, key, idx string) (loaded[T], error)
 	delete(c.reading, idx)
 	if !errors.Is(err, ErrNotFound) {
 		cacheLoads[loadFailed].Add(1)
-		c.log.Warn("key not read", "key", key, "err", err)
+		c.log.Warn("key not read", "err", err)
 		return loaded[T]{}, err
 	}
 	cacheLoads[loadAbsent].Add(1)
 	cur, ok := c.items[idx] // the watch may have brought it since
-	if _, known := c.absent[idx]; !ok && !known {
+	// Held absent, unless an index stands for the key: another key with
+	// the same index may be there (a session's hash under another user).
+	if _, known := c.absent[idx]; !ok && !known && !c.indexed {
 		c.absent[idx] = 0
 		c.evict(idx)
 	}
 	return loaded[T]{cur, ok}, nil
+}
+
+// Writing is how a process that is about to write key keeps what it
+// writes: the key is held from now on (the watch applies every change to
+// it), and done files the write (v at rev; rev 0 when nothing was
+// written) unless something newer came first. Unlike Note, the written
+// value is held however far the watch is: no change after it can pass
+// unseen. In a full copy, done is Note.
+func (c *Cache[T]) Writing(key string) (done func(v T, rev uint64)) {
+	idx := c.index(key)
+	if c.limit == 0 {
+		return func(v T, rev uint64) {
+			if rev > 0 {
+				c.Note(key, v, rev)
+			}
+		}
+	}
+	c.mu.Lock()
+	c.reading[idx] = struct{}{}
+	c.mu.Unlock()
+	return func(v T, rev uint64) {
+		if rev == 0 {
+			c.mu.Lock()
+			delete(c.reading, idx)
+			c.mu.Unlock()
+			return
+		}
+		c.set(key, idx, Entry[T]{Key: key, Value: v, Revision: rev, Created: time.Now()}, false, func(cur Entry[T], ok bool) bool {
+			delete(c.reading, idx)
+			return (!ok || cur.Revision < rev) && c.absent[idx] < rev
+		})
+	}
 }
 
 // forgetAll drops every held key of a bounded cache whose bucket was

@@ -2,6 +2,7 @@ package kv_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -309,5 +310,31 @@ func TestBoundedCacheFailedRead(t *testing.T) {
 	}
 	if _, ok := cache.Load(ctx, "future"); !ok {
 		t.Fatal("a key whose read failed stayed held absent")
+	}
+}
+
+// GetMatching finds a key by a wildcard, and not a deleted one.
+func TestGetMatching(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, time.Minute)
+	sessions := testutil.Open[state.Session](t, js, state.BucketSessions)
+	if _, err := sessions.Put(ctx, "ann.abc", state.Session{User: "ann"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sessions.Put(ctx, "bob.def", state.Session{User: "bob"}); err != nil {
+		t.Fatal(err)
+	}
+	e, err := sessions.GetMatching(ctx, "*.def")
+	if err != nil || e.Key != "bob.def" || e.Value.User != "bob" {
+		t.Fatalf("*.def: %+v %v", e, err)
+	}
+	if err := sessions.Purge(ctx, "bob.def"); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := sessions.GetMatching(ctx, "*.def"); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("a purged key: %+v %v", e, err)
+	}
+	if e, err := sessions.GetMatching(ctx, "*.nothing"); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("no key: %+v %v", e, err)
 	}
 }

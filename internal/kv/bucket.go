@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -259,6 +260,62 @@ func (b *Bucket[T]) Keys(ctx context.Context, filter string) ([]string, error) {
 		keys = append(keys, k)
 	}
 	return keys, nil
+}
+
+// List reads the live entries whose keys match a subject-style filter
+// (all of one user's sessions: "<user>.*"), in one consumer of the
+// stream.
+func (b *Bucket[T]) List(ctx context.Context, filter string) ([]Entry[T], error) {
+	w, err := b.kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("list %s/%s: %w", b.name, filter, err)
+	}
+	defer func() { _ = w.Stop() }()
+	var out []Entry[T]
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("list %s/%s: %w", b.name, filter, ctx.Err())
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, fmt.Errorf("list %s/%s: the watch ended", b.name, filter)
+			}
+			if e == nil {
+				return out, nil
+			}
+			v, err := b.decode(e)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, v)
+		}
+	}
+}
+
+// GetMatching reads the newest entry whose key matches a subject-style
+// filter with wildcards (a session by its hash under any user:
+// "*.<hash>"), ErrNotFound when it is absent or deleted. The server
+// looks through the keys the filter can match: for rare reads only.
+func (b *Bucket[T]) GetMatching(ctx context.Context, filter string) (Entry[T], error) {
+	s, err := b.js.Stream(ctx, "KV_"+b.name)
+	if err != nil {
+		return Entry[T]{}, fmt.Errorf("get %s/%s: %w", b.name, filter, err)
+	}
+	m, err := s.GetLastMsgForSubject(ctx, "$KV."+b.name+"."+filter)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return Entry[T]{}, fmt.Errorf("get %s/%s: %w", b.name, filter, ErrNotFound)
+	case err != nil:
+		return Entry[T]{}, fmt.Errorf("get %s/%s: %w", b.name, filter, err)
+	case m.Header.Get(kvOperation) != "", m.Header.Get(jetstream.MarkerReasonHeader) != "":
+		return Entry[T]{}, fmt.Errorf("get %s/%s: %w", b.name, filter, ErrNotFound)
+	}
+	var v T
+	if err := decodeInto(m.Data, &v); err != nil {
+		return Entry[T]{}, fmt.Errorf("decode %s/%s: %w", b.name, m.Subject, err)
+	}
+	key := strings.TrimPrefix(m.Subject, "$KV."+b.name+".")
+	return Entry[T]{Key: key, Value: v, Revision: m.Sequence, Created: m.Time}, nil
 }
 
 // Mutate applies fn to the current value of key (ok=false when absent) and
