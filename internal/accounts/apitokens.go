@@ -40,9 +40,9 @@ type tokenView struct {
 }
 
 // userTokens lists user's API tokens that hold now, by name.
-func (s *Service) userTokens(user string) []tokenView {
+func (s *Service) userTokens(ctx context.Context, user string) []tokenView {
 	out := []tokenView{}
-	u, _ := s.o.Users.Get(user)
+	u, _ := s.o.Users.Load(ctx, user)
 	now := time.Now()
 	s.o.APITokens.Cache.RangeGroup(user, func(e kv.Entry[state.APIToken]) bool {
 		if t := e.Value; t.User == user && t.Holds(u.Value, now) {
@@ -81,7 +81,7 @@ func (s *Service) listTokens(c *fiber.Ctx) error {
 		return s.refuse(c, err)
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
-	return c.JSON(fiber.Map{"user": id.User, "tokens": s.userTokens(id.User)})
+	return c.JSON(fiber.Map{"user": id.User, "tokens": s.userTokens(httpguard.Context(c), id.User)})
 }
 
 // createToken serves POST /_/tokens (name, and expires_days: none for a
@@ -108,11 +108,11 @@ func (s *Service) createToken(c *fiber.Ctx) error {
 		}
 		ttl = time.Duration(n) * 24 * time.Hour
 	}
-	u, found := s.o.Users.Get(id.User)
+	u, found := s.o.Users.Load(httpguard.Context(c), id.User)
 	if !found || u.Value.ClaimUID == "" {
 		return s.refuse(c, web.Refuse(fiber.StatusServiceUnavailable, "your account is not ready yet; try again shortly"))
 	}
-	if len(s.userTokens(id.User)) >= s.o.APITokens.MaxEach {
+	if len(s.userTokens(httpguard.Context(c), id.User)) >= s.o.APITokens.MaxEach {
 		return s.refuse(c, web.Refuse(fiber.StatusConflict, "you hold "+strconv.Itoa(s.o.APITokens.MaxEach)+" API tokens, the most allowed; delete one first"))
 	}
 	token := ident.NewAPIToken(id.User, name)

@@ -31,12 +31,12 @@ func (s *Service) landing(c *fiber.Ctx) error {
 	switch {
 	case err == nil:
 		d.User, d.Sandbox = id.User, s.sites.SandboxURL(c, id.User)
-		st := s.statusOf(id.User, d.Sandbox)
+		st := s.statusOf(httpguard.Context(c), id.User, d.Sandbox)
 		d.Phase, d.Reason, d.Sleep = st.Phase, st.Reason, s.sleep(st)
 		d.Models = s.landingModels(httpguard.Context(c), id.User)
 		if s.o.APITokens != nil && id.TokenName == "" {
 			d.TokensOn = true
-			for _, t := range s.userTokens(id.User) {
+			for _, t := range s.userTokens(httpguard.Context(c), id.User) {
 				v := web.APIToken{Name: t.Name, Created: t.Created.Format(time.DateOnly), Expires: "never"}
 				if !t.Expires.IsZero() {
 					v.Expires = t.Expires.Format(time.DateOnly)
@@ -60,8 +60,8 @@ func (s *Service) landing(c *fiber.Ctx) error {
 
 // state is the user's sandbox record as they should see it (Queued while
 // their wake waits for a place), or Claiming before the first one.
-func (s *Service) state(user string) state.Sandbox {
-	e, ok := s.o.Sandboxes.Get(user)
+func (s *Service) state(ctx context.Context, user string) state.Sandbox {
+	e, ok := s.o.Sandboxes.Load(ctx, user)
 	if !ok {
 		return state.Sandbox{User: user, Phase: state.PhaseClaiming}
 	}
@@ -100,11 +100,13 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	if err := ident.ValidateUser(user); err != nil {
 		return s.refuse(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 	}
-	if _, ok := s.o.Users.Get(user); ok {
+	if _, ok := s.o.Users.Load(httpguard.Context(c), user); ok {
 		s.o.Auth.Counter().WithLabelValues("signup", "conflict").Inc()
 		return s.refuse(c, web.Refuse(fiber.StatusConflict, "that user name is taken; sign in with your token instead"))
 	}
-	if s.full() {
+	if full, err := s.full(httpguard.Context(c)); err != nil {
+		return s.refuse(c, web.Unavailable(err))
+	} else if full {
 		s.o.Auth.Counter().WithLabelValues("signup", "full").Inc()
 		return s.refuse(c, web.Refuse(fiber.StatusForbidden, errFull(s.o.MaxUsers)))
 	}
@@ -172,7 +174,7 @@ func (s *Service) login(c *fiber.Ctx) error {
 		}
 		token = f["token"]
 	}
-	u, ok := s.o.Auth.CheckToken(token)
+	u, ok := s.o.Auth.CheckToken(httpguard.Context(c), token)
 	if !ok {
 		s.o.Auth.Counter().WithLabelValues("login", "rejected").Inc()
 		s.o.Auth.Refused(c, events.AuditEvent{Kind: events.AuditLogin, Outcome: "rejected"})
@@ -312,7 +314,7 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 		}
 	}
 	if !web.WantsHTML(c) || c.Method() != fiber.MethodPost {
-		return c.Status(fiber.StatusAccepted).JSON(fiber.Map{"user": id.User, "state": string(s.state(id.User).Phase)})
+		return c.Status(fiber.StatusAccepted).JSON(fiber.Map{"user": id.User, "state": string(s.state(httpguard.Context(c), id.User).Phase)})
 	}
 	return c.Redirect("/", fiber.StatusSeeOther)
 }
@@ -338,7 +340,7 @@ func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb) (st
 // are limited per user (RECREATE_RATE_LIMIT in AUTH_RATE_WINDOW): each
 // costs a pod and a volume. Any other error is the command's failure.
 func (s *Service) Act(ctx context.Context, user string, verb events.Verb) (state.Result, error) {
-	acct, found := s.o.Users.Get(user)
+	acct, found := s.o.Users.Load(ctx, user)
 	if !found {
 		return state.Result{}, &web.Error{Status: fiber.StatusNotFound, Detail: "no such account"}
 	}
@@ -385,7 +387,7 @@ func (s *Service) status(c *fiber.Ctx) error {
 		return s.refuse(c, err)
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
-	return c.JSON(s.statusOf(id.User, s.sites.SandboxURL(c, id.User)))
+	return c.JSON(s.statusOf(httpguard.Context(c), id.User, s.sites.SandboxURL(c, id.User)))
 }
 
 // statusStream sends the user's sandbox state as server-sent events, once
@@ -426,9 +428,9 @@ func (s *Service) statusStream(c *fiber.Ctx) error {
 		// said changes with the sandbox's record or the user's place in
 		// the queue.
 		for s.o.Auth.Valid(id) && !httpguard.Gone(conn) {
-			e, _ := s.o.Sandboxes.Get(user)
+			e, _ := s.o.Sandboxes.Load(ctx, user)
 			last = e.Revision
-			if b, _ := json.Marshal(s.statusOf(user, url)); string(b) != said {
+			if b, _ := json.Marshal(s.statusOf(ctx, user, url)); string(b) != said {
 				if !send("event: state\ndata: " + string(b) + "\n\n") {
 					return
 				}

@@ -39,6 +39,8 @@ type Options struct {
 	Actions   *ratelimit.Limiter
 	Publisher *events.Publisher
 	Users     *kv.Cache[state.User]
+	// UserNames is every account's name, for MaxUsers.
+	UserNames *kv.Names
 	// APITokens are users' named API tokens; nil: not served.
 	APITokens *APITokens
 	Sandboxes *kv.Cache[state.Sandbox]
@@ -181,7 +183,9 @@ func (s *Service) Register(app *fiber.App) {
 // the stream keeps once; lifecycle answers a repeat with the same binding
 // as created, and a name already bound to another identity as a conflict.
 func (s *Service) provision(c *fiber.Ctx, missing *auth.NoAccount) error {
-	if s.full() {
+	if full, err := s.full(httpguard.Context(c)); err != nil {
+		return web.Unavailable(err)
+	} else if full {
 		return web.Refuse(fiber.StatusForbidden, errFull(s.o.MaxUsers))
 	}
 	ctx, user, bound := httpguard.Context(c), missing.Name, missing.Bound
@@ -242,10 +246,17 @@ func (s *Service) refuse(c *fiber.Ctx, err error) error {
 }
 
 // full reports whether the gateway has MaxUsers accounts. Edges count the
-// same bucket, so they agree; signups on several edges at the very moment
-// the last place goes can each take it (at most one per edge).
-func (s *Service) full() bool {
-	return s.o.MaxUsers > 0 && s.o.Users.Len() >= s.o.MaxUsers
+// same bucket's keys (UserNames, loaded by the first signup an edge sees
+// under a cap), so they agree; signups on several edges at the very
+// moment the last place goes can each take it (at most one per edge).
+func (s *Service) full(ctx context.Context) (bool, error) {
+	if s.o.MaxUsers == 0 {
+		return false, nil
+	}
+	if err := s.o.UserNames.Load(ctx); err != nil {
+		return false, err
+	}
+	return s.o.UserNames.Len() >= s.o.MaxUsers, nil
 }
 
 func errFull(max int) string {

@@ -44,8 +44,8 @@ type statusBody struct {
 
 // statusOf is user's status; url is where their sandbox is reached
 // (Sites.SandboxURL of the request asking).
-func (s *Service) statusOf(user, url string) statusBody {
-	st := s.state(user)
+func (s *Service) statusOf(ctx context.Context, user, url string) statusBody {
+	st := s.state(ctx, user)
 	b := statusBody{User: user, Phase: string(st.Phase), Reason: st.Reason, URL: url, LastSuspend: st.LastSuspend, Slept: web.Slept(st.LastSuspend)}
 	if st.Phase != state.PhaseReady || s.o.Clocks == nil {
 		return b
@@ -101,7 +101,7 @@ func (s *Service) keepAwake(c *fiber.Ctx) error {
 	if err != nil || d < 0 || d > s.o.MaxKeepAwake || d > 0 && d < time.Second {
 		return s.refuse(c, web.Refuse(fiber.StatusBadRequest, "for: give a duration from 1s to "+s.o.MaxKeepAwake.String()+" (e.g. 2h), or 0 to end the keep-awake"))
 	}
-	if st := s.state(id.User); d > 0 && st.Phase != state.PhaseReady {
+	if st := s.state(httpguard.Context(c), id.User); d > 0 && st.Phase != state.PhaseReady {
 		return s.refuse(c, web.Refuse(fiber.StatusConflict, "your sandbox is "+string(st.Phase)+", not running: open it first, then keep it awake"))
 	}
 	ctx, cancel := context.WithTimeout(httpguard.Context(c), 10*time.Second)
@@ -132,7 +132,7 @@ func (s *Service) suspendNow(c *fiber.Ctx) error {
 	if !ok {
 		return err
 	}
-	e, found := s.o.Sandboxes.Get(id.User)
+	e, found := s.o.Sandboxes.Load(httpguard.Context(c), id.User)
 	if !found || e.Value.Phase != state.PhaseReady {
 		return s.refuse(c, web.Refuse(fiber.StatusConflict, "your sandbox is not running"))
 	}
@@ -186,7 +186,7 @@ func (s *Service) dormancy(st statusBody) string {
 func (s *Service) done(c *fiber.Ctx, user string) error {
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	if !web.WantsHTML(c) {
-		return c.JSON(s.statusOf(user, s.sites.SandboxURL(c, user)))
+		return c.JSON(s.statusOf(httpguard.Context(c), user, s.sites.SandboxURL(c, user)))
 	}
 	return c.Redirect("/", fiber.StatusSeeOther)
 }

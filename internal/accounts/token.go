@@ -31,7 +31,7 @@ func (s *Service) ReplaceToken(ctx context.Context, user, by string) (string, er
 	if s.o.SSO {
 		return "", ErrSSOHasNoToken
 	}
-	acct, found := s.o.Users.Get(user)
+	acct, found := s.o.Users.Load(ctx, user)
 	if !found || !acct.Value.DeletingSince.IsZero() {
 		return "", &web.Error{Status: fiber.StatusNotFound, Detail: "no such account"}
 	}

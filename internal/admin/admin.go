@@ -64,7 +64,10 @@ type Options struct {
 	Accounts  Accounts
 	Users     *kv.Cache[state.User]
 	Sandboxes *kv.Cache[state.Sandbox]
-	Activity  *idle.Clocks
+	// UserNames and SandboxNames are every account's and sandbox's name,
+	// for the list.
+	UserNames, SandboxNames *kv.Names
+	Activity                *idle.Clocks
 	// Idle is the idle rule's settings: the view marks dormant accounts
 	// (DORMANT_AFTER) and when they will be deleted.
 	Idle      idle.Policy
@@ -188,25 +191,60 @@ func (s *Service) parseQuery(c *fiber.Ctx) (Query, error) {
 	return q, nil
 }
 
-// names are every user the caches know, by name: accounts, and sandboxes
-// without one. The sorted list is kept until either cache changes, so
-// paging through 10k users does not sort them for every page.
-func (s *Service) names() []string {
+// names are every user there is, by name: accounts, and sandboxes
+// without one, from the buckets' key sets (kv.Names, loaded on the first
+// page this edge serves). The merged list is kept until either changes,
+// so paging through a million users merges them once per change, never
+// once per page.
+func (s *Service) names(ctx context.Context) ([]string, error) {
+	if err := s.o.UserNames.Load(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.o.SandboxNames.Load(ctx); err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	at := [2]uint64{s.o.Users.Updates(), s.o.Sandboxes.Updates()}
+	at := [2]uint64{s.o.UserNames.Updates(), s.o.SandboxNames.Updates()}
 	if s.sorted == nil || at != s.sortedAt {
-		names := append(s.o.Users.Keys(), s.o.Sandboxes.Keys()...)
-		slices.Sort(names)
-		s.sorted, s.sortedAt = slices.Compact(names), at
+		s.sorted, s.sortedAt = mergeUnique(s.o.UserNames.Sorted(), s.o.SandboxNames.Sorted()), at
 	}
-	return s.sorted
+	return s.sorted, nil
 }
+
+// mergeUnique is the sorted union of two sorted lists.
+func mergeUnique(a, b []string) []string {
+	out := make([]string, 0, max(len(a), len(b)))
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		switch {
+		case j == len(b) || i < len(a) && a[i] < b[j]:
+			out = append(out, a[i])
+			i++
+		case i == len(a) || b[j] < a[i]:
+			out = append(out, b[j])
+			j++
+		default:
+			out = append(out, a[i])
+			i, j = i+1, j+1
+		}
+	}
+	return out
+}
+
+// maxScanned bounds the rows one page looks at per row it may show: a
+// filter that matches few users ends its page early, with Next where it
+// stopped, rather than reading every account to fill it.
+const maxScanned = 20
 
 // Page is the page of the list q selects, from the caches (and, for each
 // row's sessions, the sessions bucket).
 func (s *Service) Page(ctx context.Context, q Query, now time.Time) (Page, error) {
-	names, start := s.names(), 0
+	names, err := s.names(ctx)
+	if err != nil {
+		return Page{}, err
+	}
+	start := 0
 	if q.Sort == "spend" {
 		names = s.spendOrder(names, state.Month(now))
 		if q.After != "" {
@@ -223,7 +261,11 @@ func (s *Service) Page(ctx context.Context, q Query, now time.Time) (Page, error
 		}
 	}
 	page := Page{Users: []Row{}}
-	for _, name := range names[start:] {
+	for scanned, name := range names[start:] {
+		if scanned == maxScanned*q.Limit {
+			page.Next = names[start+scanned-1]
+			break
+		}
 		if !strings.HasPrefix(name, q.Prefix) {
 			if q.Sort == "spend" {
 				continue
@@ -253,10 +295,10 @@ func (s *Service) row(ctx context.Context, name string, now time.Time) (Row, err
 		return Row{}, err
 	}
 	r := Row{User: name, Phase: "Unknown", Sessions: sessions}
-	if u, ok := s.o.Users.Get(name); ok {
+	if u, ok := s.o.Users.Load(ctx, name); ok {
 		r.Managed, r.Created = u.Value.Managed, u.Value.Created
 	}
-	if b, ok := s.o.Sandboxes.Get(name); ok {
+	if b, ok := s.o.Sandboxes.Load(ctx, name); ok {
 		r.Phase, r.Reason, r.Pod, r.ReadySince = string(b.Value.Phase), b.Value.Reason, b.Value.PodName, b.Value.ReadySince
 		r.Managed = r.Managed || b.Value.Managed
 		if ls := b.Value.LastSuspend; ls != nil && b.Value.Phase == state.PhaseSuspended && b.Value.Managed {
@@ -499,8 +541,8 @@ func refused(err error) error {
 // answer with, or why it could not be done (a *web.Error). A token reset puts the new
 // token in token.
 func (s *Service) run(ctx context.Context, user, action, by string, token *string) (string, int, error) {
-	box, boxed := s.o.Sandboxes.Get(user)
-	_, account := s.o.Users.Get(user)
+	box, boxed := s.o.Sandboxes.Load(ctx, user)
+	_, account := s.o.Users.Load(ctx, user)
 	if !boxed && !account {
 		return "", 0, web.Refuse(fiber.StatusNotFound, "no such user")
 	}

@@ -93,7 +93,7 @@ func fixtureJS(t testing.TB, n int, where Options) (*Service, string, jetstream.
 	budgets := testutil.Open[state.Budget](t, js, state.BucketBudgets)
 	book := &spend.Book{Usage: cache(t, testutil.Open[state.Usage](t, js, state.BucketUsage)), Budgets: cache(t, budgets),
 		Groups: cache(t, testutil.Open[state.UserGroups](t, js, state.BucketUserGroups)), DefaultMicros: 20_000_000}
-	return New(Options{Auth: a, Users: uc, Sandboxes: bc, Activity: idle.NewClocks(), Log: quiet, Publisher: events.NewPublisher(js, "edge-test", quiet),
+	return New(Options{Auth: a, Users: uc, Sandboxes: bc, UserNames: kv.NewNames(context.Background(), users, quiet), SandboxNames: kv.NewNames(context.Background(), boxes, quiet), Activity: idle.NewClocks(), Log: quiet, Publisher: events.NewPublisher(js, "edge-test", quiet),
 		Hosts: where.Hosts, SandboxDomain: where.SandboxDomain, PublicHosts: where.PublicHosts, Spend: book, Budgets: budgets, JS: js}), token, js
 }
 

@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"context"
 	"time"
 
 	"github.com/aaas-project/aaas/internal/ident"
@@ -10,7 +11,7 @@ import (
 // checkAPIToken returns the account an API token authenticates, and the
 // token's record; false unless the record exists, its hash is the token's
 // and it holds for the account now (state.APIToken.Holds).
-func (a *Authenticator) checkAPIToken(token string) (state.User, state.APIToken, bool) {
+func (a *Authenticator) checkAPIToken(ctx context.Context, token string) (state.User, state.APIToken, bool) {
 	user, name, ok := ident.ParseAPIToken(token)
 	if !ok || a.o.APITokens == nil {
 		return state.User{}, state.APIToken{}, false
@@ -19,7 +20,7 @@ func (a *Authenticator) checkAPIToken(token string) (state.User, state.APIToken,
 	if !ok || !ident.TokenMatches(token, t.Value.Hash) {
 		return state.User{}, state.APIToken{}, false
 	}
-	u, ok := a.o.Users.Get(user)
+	u, ok := a.o.Users.Load(ctx, user)
 	if !ok || !t.Value.Holds(u.Value, time.Now()) {
 		return state.User{}, state.APIToken{}, false
 	}

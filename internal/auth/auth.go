@@ -204,7 +204,7 @@ func (a *Authenticator) AuthenticateFor(c *fiber.Ctx, user string) (Identity, er
 	// A sandbox origin's session administers nothing: no admin route is
 	// served there, and its rights must not outlive the page they came on.
 	httpguard.SetUser(c, id.User)
-	id.Admin = id.host == "" && a.admin(id)
+	id.Admin = id.host == "" && a.admin(httpguard.Context(c), id)
 	if id.Method == MethodSSO && !id.Admin && len(a.o.AdminGroups) > 0 {
 		groups := c.Get(a.o.SSO.GroupsHeader)
 		id.Admin = slices.ContainsFunc(a.o.AdminGroups, func(g string) bool { return inGroups(groups, g) })
@@ -232,10 +232,10 @@ func (a *Authenticator) identify(c *fiber.Ctx, user string) (Identity, error) {
 		if !ok {
 			return Identity{}, ErrBadCredentials
 		}
-		if u, ok := a.CheckToken(token); ok {
+		if u, ok := a.CheckToken(httpguard.Context(c), token); ok {
 			return Identity{User: u.Name, Method: MethodBearer, bound: u.TokenHash}, nil
 		}
-		if u, t, ok := a.checkAPIToken(token); ok {
+		if u, t, ok := a.checkAPIToken(httpguard.Context(c), token); ok {
 			return Identity{User: u.Name, Method: MethodBearer, bound: t.Hash, TokenName: t.Name}, nil
 		}
 		return Identity{}, ErrBadCredentials
@@ -292,7 +292,9 @@ func (a *Authenticator) Valid(id Identity) bool {
 		sess, ok := a.o.Store.LookupSum(id.sum)
 		return ok && sess.User == id.User && sess.Host == id.host && (sess.Host == "" || a.parentHolds(nil, sess))
 	}
-	u, ok := a.o.Users.Get(id.User)
+	// Not a request's: a live exchange's periodic check, of a user this
+	// edge served (held, unless forgotten since: then read again).
+	u, ok := a.o.Users.Load(context.Background(), id.User)
 	if id.TokenName != "" {
 		t, found := a.o.APITokens.Get(state.APITokenKey(id.User, id.TokenName))
 		return ok && found && SecretEqual(t.Value.Hash, id.bound) && t.Value.Holds(u.Value, time.Now())
@@ -301,12 +303,12 @@ func (a *Authenticator) Valid(id Identity) bool {
 }
 
 // CheckToken returns the account a bearer token belongs to.
-func (a *Authenticator) CheckToken(token string) (state.User, bool) {
+func (a *Authenticator) CheckToken(ctx context.Context, token string) (state.User, bool) {
 	user, ok := ident.TokenUser(token)
 	if !ok {
 		return state.User{}, false
 	}
-	u, ok := a.o.Users.Get(user)
+	u, ok := a.o.Users.Load(ctx, user)
 	if !ok || !u.Value.DeletingSince.IsZero() {
 		return state.User{}, false
 	}
@@ -333,7 +335,7 @@ func (a *Authenticator) ssoIdentity(c *fiber.Ctx, login string) (Identity, error
 		}
 	}
 	bound := ident.HashHex("sso\x00" + subject)
-	if u, ok := a.o.Users.Get(name); ok {
+	if u, ok := a.o.Users.Load(httpguard.Context(c), name); ok {
 		if !u.Value.DeletingSince.IsZero() {
 			return Identity{}, ErrBadCredentials
 		}
@@ -384,13 +386,14 @@ func inGroups(groups, g string) bool {
 // Administers reports whether the account u, signing in by its token,
 // is one ADMIN_USERS binds: the rights its gateway session will carry.
 func (a *Authenticator) Administers(u state.User) bool {
-	return a.admin(Identity{User: u.Name, Method: MethodBearer, bound: u.TokenHash})
+	// A bearer's rights need no read: the account is at hand.
+	return a.admin(context.Background(), Identity{User: u.Name, Method: MethodBearer, bound: u.TokenHash})
 }
 
-func (a *Authenticator) admin(id Identity) bool {
+func (a *Authenticator) admin(ctx context.Context, id Identity) bool {
 	identity := id.bound
 	if id.Method == MethodCookie {
-		u, ok := a.o.Users.Get(id.User)
+		u, ok := a.o.Users.Load(ctx, id.User)
 		if !ok || !u.Value.DeletingSince.IsZero() {
 			return false
 		}

@@ -1,6 +1,7 @@
 package auth_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -287,7 +288,7 @@ func TestCheckToken(t *testing.T) {
 		{"empty", "", ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			u, ok := p.a.CheckToken(tt.token)
+			u, ok := p.a.CheckToken(context.Background(), tt.token)
 			if ok != (tt.want != "") || ok && u.Name != tt.want {
 				t.Fatalf("CheckToken = %q %v, want %q", u.Name, ok, tt.want)
 			}

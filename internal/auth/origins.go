@@ -8,6 +8,7 @@
 package auth
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -86,7 +87,11 @@ func (a *Authenticator) sandboxIdentity(c *fiber.Ctx, user string) (Identity, er
 // it on every edge at once.
 func (a *Authenticator) parentHolds(c *fiber.Ctx, sess state.Session) bool {
 	if sess.Parent == "" {
-		u, ok := a.o.Users.Get(sess.User)
+		ctx := context.Background() // a live exchange's periodic check (c nil)
+		if c != nil {
+			ctx = httpguard.Context(c)
+		}
+		u, ok := a.o.Users.Load(ctx, sess.User)
 		return sess.Bound != "" && ok && u.Value.DeletingSince.IsZero() && SecretEqual(u.Value.TokenHash, sess.Bound)
 	}
 	_, ok := a.gatewaySession(c, sess.User, sess.Parent)

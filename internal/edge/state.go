@@ -19,6 +19,9 @@ type edgeState struct {
 	limiter, actions *ratelimit.Limiter
 	users            *kv.Cache[state.User]
 	boxes            *kv.Cache[state.Sandbox]
+	// userNames and boxNames are every account's and sandbox's name, for
+	// the admin list and MAX_USERS, loaded when first needed.
+	userNames, boxNames *kv.Names
 	tokensBucket     *kv.Bucket[state.APIToken]
 	apiTokens        *kv.Cache[state.APIToken]
 	handshakes       *kv.Cache[state.Handshake]
@@ -61,12 +64,24 @@ func openState(ctx context.Context, p *process.Process, cfg config.Edge) (*edgeS
 	if s.actions, err = ratelimit.New(ctx, p.JS, cfg.RecreateRateLimit, cfg.Buckets.RateWindow); err != nil {
 		return nil, err
 	}
-	if s.users, err = cache(ctx, p, state.BucketUsers, kv.OnChange(func(string, kv.Entry[state.User], bool) { s.changed() })); err != nil {
+	// The records of users this edge serves: bounded (EDGE_CACHE_USERS),
+	// read on first use.
+	limits := cfg.CacheLimits()
+	users, err := kv.Open[state.User](ctx, p.JS, state.BucketUsers)
+	if err != nil {
 		return nil, err
 	}
-	if s.boxes, err = cache[state.Sandbox](ctx, p, state.BucketSandboxes); err != nil {
+	if s.users, err = kv.NewCache(ctx, users, ">", p.Log, kv.Bounded[state.User](limits.Users), kv.OnChange(func(string, kv.Entry[state.User], bool) { s.changed() })); err != nil {
 		return nil, err
 	}
+	boxes, err := kv.Open[state.Sandbox](ctx, p.JS, state.BucketSandboxes)
+	if err != nil {
+		return nil, err
+	}
+	if s.boxes, err = kv.NewCache(ctx, boxes, ">", p.Log, kv.Bounded[state.Sandbox](limits.Sandboxes)); err != nil {
+		return nil, err
+	}
+	s.userNames, s.boxNames = kv.NewNames(ctx, users, p.Log), kv.NewNames(ctx, boxes, p.Log)
 	// An API token deleted or lapsed anywhere ends the streams it opened.
 	if s.tokensBucket, err = kv.Open[state.APIToken](ctx, p.JS, state.BucketAPITokens); err != nil {
 		return nil, err
@@ -75,7 +90,7 @@ func openState(ctx context.Context, p *process.Process, cfg config.Edge) (*edgeS
 		kv.OnChange(func(string, kv.Entry[state.APIToken], bool) { s.changed() })); err != nil {
 		return nil, err
 	}
-	if s.handshakes, err = cache[state.Handshake](ctx, p, state.BucketHandshakes); err != nil {
+	if s.handshakes, err = cache(ctx, p, state.BucketHandshakes, kv.Bounded[state.Handshake](limits.Handshakes)); err != nil {
 		return nil, err
 	}
 	if s.requests, err = cache[state.Result](ctx, p, state.BucketRequests); err != nil {

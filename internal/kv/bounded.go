@@ -95,9 +95,9 @@ func (c *Cache[T]) newerThanHeld(idx string, rev uint64) func(Entry[T], bool) bo
 	}
 }
 
-// held records idx as held present or, deleted at rev, absent, and
+// keep records idx as held present or, deleted at rev, absent, and
 // forgets keys beyond the limit; mu is held.
-func (c *Cache[T]) held(idx string, rev uint64, deleted bool) {
+func (c *Cache[T]) keep(idx string, rev uint64, deleted bool) {
 	if deleted {
 		c.absent[idx] = rev
 	} else {
@@ -144,8 +144,24 @@ func (c *Cache[T]) evict(keep string) {
 // callers refuse rather than act on what they could not read. In a full
 // copy it is Get.
 func (c *Cache[T]) Load(ctx context.Context, key string) (Entry[T], bool) {
-	e, ok, _ := c.LoadBy(ctx, c.index(key), func(ctx context.Context) (Entry[T], error) { return c.bucket.Get(ctx, key) })
+	idx := c.index(key)
+	// A held key (the hot path) allocates nothing: no read to describe.
+	if e, ok, held := c.held(idx); held {
+		return e, ok
+	}
+	e, ok, _ := c.LoadBy(ctx, idx, func(ctx context.Context) (Entry[T], error) { return c.bucket.Get(ctx, key) })
 	return e, ok
+}
+
+// held is idx's entry and whether the cache's answer is final: a full
+// copy's always is, a bounded cache's when it holds idx, present or
+// absent.
+func (c *Cache[T]) held(idx string) (e Entry[T], ok, final bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	e, ok = c.items[idx]
+	_, known := c.absent[idx]
+	return e, ok, ok || known || c.limit == 0
 }
 
 // LoadBy is Load of the entry held under idx (the key's IndexBy index),
@@ -153,11 +169,7 @@ func (c *Cache[T]) Load(ctx context.Context, key string) (Entry[T], bool) {
 // key another way (by a wildcard) holds it all the same. read answers
 // ErrNotFound for an absent key; any other error is returned.
 func (c *Cache[T]) LoadBy(ctx context.Context, idx string, read func(context.Context) (Entry[T], error)) (Entry[T], bool, error) {
-	c.mu.RLock()
-	e, ok := c.items[idx]
-	_, known := c.absent[idx]
-	c.mu.RUnlock()
-	if ok || known || c.limit == 0 {
+	if e, ok, final := c.held(idx); final {
 		return e, ok, nil
 	}
 	v, err, _ := c.flights.Do(idx, func() (any, error) { return c.load(ctx, idx, read) })

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -336,5 +337,55 @@ func TestGetMatching(t *testing.T) {
 	}
 	if e, err := sessions.GetMatching(ctx, "*.nothing"); !errors.Is(err, kv.ErrNotFound) {
 		t.Fatalf("no key: %+v %v", e, err)
+	}
+}
+
+// Names loads every key of a bucket only when asked, keeps them sorted
+// through writes and deletions, and counts them.
+func TestNames(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, time.Minute)
+	boxes := testutil.Open[state.Sandbox](t, js, state.BucketSandboxes)
+	fill(t, ctx, boxes, 300)
+	names := kv.NewNames(ctx, boxes, quiet)
+	if err := names.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := names.Len(); n != 300 {
+		t.Fatalf("%d names loaded, want 300", n)
+	}
+	before := names.Updates()
+	if err := boxes.Purge(ctx, "box-7"); err != nil {
+		t.Fatal(err)
+	}
+	if err := boxes.Delete(ctx, "box-8", 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"aa", "zz", "box-7"} {
+		if _, err := boxes.Put(ctx, u, state.Sandbox{User: u}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := boxes.Purge(ctx, "zz"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if n := names.Len(); n != 300 {
+			return fmt.Errorf("%d names", n)
+		}
+		if names.Updates()-before < 6 {
+			return fmt.Errorf("%d changes applied", names.Updates()-before)
+		}
+		return nil
+	})
+	want := []string{"aa"}
+	for i := range 300 {
+		if i != 8 {
+			want = append(want, "box-"+strconv.Itoa(i))
+		}
+	}
+	slices.Sort(want)
+	if got := names.Sorted(); !slices.Equal(got, want) {
+		t.Fatalf("sorted names: %d of them, first %v; want %d, first %v", len(got), got[:3], len(want), want[:3])
 	}
 }

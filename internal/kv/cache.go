@@ -436,7 +436,7 @@ func (c *Cache[T]) set(key, idx string, entry Entry[T], deleted bool, newer func
 		c.items[idx] = entry
 	}
 	if c.limit > 0 {
-		c.held(idx, entry.Revision, deleted)
+		c.keep(idx, entry.Revision, deleted)
 	}
 	if c.group != nil {
 		c.regroup(c.group(key), idx, deleted)

@@ -78,8 +78,8 @@ func (r *Resolver) Preview(ctx context.Context, user string, port int, wait, bac
 // Exists reports whether user has a sandbox record: an account's is
 // written at its signup, so a preview of a name without one would only
 // wait for it.
-func (r *Resolver) Exists(user string) bool {
-	_, ok := r.Sandboxes.Get(user)
+func (r *Resolver) Exists(ctx context.Context, user string) bool {
+	_, ok := r.Sandboxes.Load(ctx, user)
 	return ok
 }
 

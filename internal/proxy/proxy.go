@@ -328,7 +328,7 @@ func (p *Proxy) serveUser(c *fiber.Ctx, user, rest string, port int, ws bool) er
 		return p.refuse(c, ws, web.AsError(err))
 	case id.User != user && port != 0 && !p.o.PreviewUsers:
 		return p.refuse(c, ws, errNotYourPreview)
-	case id.User != user && port != 0 && !p.resolver.Exists(user):
+	case id.User != user && port != 0 && !p.resolver.Exists(httpguard.Context(c), user):
 		// Another user's preview of a sandbox there is not: no wait for it.
 		return p.refuse(c, ws, errNoSandbox)
 	case id.User != user && port == 0:

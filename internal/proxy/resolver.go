@@ -174,7 +174,7 @@ func usable(e kv.Entry[state.Sandbox], ok bool) bool {
 // suspend it caused. It is told the sandbox is paused; the user's
 // navigation wakes it.
 func (r *Resolver) ready(ctx context.Context, user string, wait, background bool) (state.Sandbox, error) {
-	e, ok := r.Sandboxes.Get(user)
+	e, ok := r.Sandboxes.Load(ctx, user)
 	if usable(e, ok) {
 		return e.Value, nil
 	}
@@ -250,7 +250,7 @@ func (r *Resolver) cookie(ctx context.Context, t Target, box state.Sandbox, stal
 		return up, nil
 	}
 	key := state.HandshakeKey(t.User, box.PodUID, host)
-	e, ok := r.Handshakes.Get(key)
+	e, ok := r.Handshakes.Load(ctx, key)
 	if ok && e.Revision > stale {
 		if e.Value.Error == "" {
 			if c, err := r.Sealer.Open(e.Value.Sealed, []byte(key)); err == nil {
