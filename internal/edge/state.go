@@ -22,17 +22,17 @@ type edgeState struct {
 	// userNames and boxNames are every account's and sandbox's name, for
 	// the admin list and MAX_USERS, loaded when first needed.
 	userNames, boxNames *kv.Names
-	tokensBucket     *kv.Bucket[state.APIToken]
-	apiTokens        *kv.Cache[state.APIToken]
-	handshakes       *kv.Cache[state.Handshake]
-	requests         *kv.Cache[state.Result]
-	queued           *kv.Cache[state.Queued]
-	queue            capacity.Queue
-	book             *spend.Book
-	recorder         *spend.Recorder
-	budgets          *kv.Bucket[state.Budget]
-	keepAwake        *kv.Bucket[state.KeepAwake]
-	keepAwakes       *kv.Cache[state.KeepAwake]
+	tokensBucket        *kv.Bucket[state.APIToken]
+	apiTokens           *kv.Cache[state.APIToken]
+	handshakes          *kv.Cache[state.Handshake]
+	requests            *kv.Cache[state.Result]
+	queued              *kv.Cache[state.Queued]
+	queue               capacity.Queue
+	book                *spend.Book
+	recorder            *spend.Recorder
+	budgets             *kv.Bucket[state.Budget]
+	keepAwake           *kv.Bucket[state.KeepAwake]
+	keepAwakes          *kv.Cache[state.KeepAwake]
 	// codes is the sign-in codes of sandbox origins (SANDBOX_DOMAIN set).
 	codes *kv.Bucket[state.SigninCode]
 	// credentials is users' own provider keys (BYOK set).
