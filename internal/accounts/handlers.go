@@ -135,7 +135,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	if err != nil {
 		return s.refuse(c, web.Unavailable(fmt.Errorf("signup: session not created: %w", err)))
 	}
-	s.setCookie(c, sid)
+	s.setCookie(c, sid, user)
 	s.audit(c, events.AuditEvent{Kind: events.AuditSignup, User: user, Outcome: state.OutcomeCreated})
 	s.o.Auth.Counter().WithLabelValues("signup", "created").Inc()
 
@@ -190,7 +190,7 @@ func (s *Service) login(c *fiber.Ctx) error {
 	if old := c.Request().Header.Cookie(s.cookie); len(old) > 0 {
 		_ = s.o.Auth.Store().RevokeID(httpguard.Context(c), old)
 	}
-	s.setCookie(c, sid)
+	s.setCookie(c, sid, user)
 	s.o.Auth.Counter().WithLabelValues("login", "ok").Inc()
 	s.audit(c, events.AuditEvent{Kind: events.AuditLogin, User: user, Outcome: "ok"})
 	if !web.WantsHTML(c) {
@@ -310,7 +310,7 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 	s.audit(c, events.AuditEvent{Kind: events.AuditRecreate, User: id.User, Outcome: "requested", Detail: "by " + id.Method})
 	if id.Method == auth.MethodCookie {
 		if sid, err := s.o.Auth.Store().Create(httpguard.Context(c), id.User, "recreate"); err == nil {
-			s.setCookie(c, sid)
+			s.setCookie(c, sid, id.User)
 		}
 	}
 	if !web.WantsHTML(c) || c.Method() != fiber.MethodPost {

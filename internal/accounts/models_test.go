@@ -399,9 +399,8 @@ func TestSSOSignOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	sessions := testutil.Open[state.Session](t, p.js, state.BucketSessions)
-	exists := func(user, cookie string) bool {
-		sid, _ := auth.SplitCredential([]byte(cookie))
-		_, err := sessions.Get(ctx, state.SessionKey(user, ident.HashHex(string(sid))))
+	exists := func(user, sid string) bool {
+		_, err := sessions.Get(ctx, state.SessionKey(user, ident.HashHex(sid)))
 		return err == nil
 	}
 	signOut := func(origin string) *http.Response {

@@ -282,16 +282,22 @@ func (s *Service) limit(c *fiber.Ctx, endpoint string) (bool, error) {
 	return true, nil
 }
 
-func (s *Service) setCookie(c *fiber.Ctx, sid string) {
-	c.Cookie(&fiber.Cookie{
-		Name: s.cookie, Value: sid, Path: "/", MaxAge: int(s.o.CookieMaxAge.Seconds()),
-		HTTPOnly: true, Secure: s.o.CookieSecure, SameSite: fiber.CookieSameSiteLaxMode,
-	})
+// setCookie gives the browser user's session sid, and beside it the
+// cookie that names the user (auth.UserCookie), with the same lifetime.
+func (s *Service) setCookie(c *fiber.Ctx, sid, user string) {
+	for name, v := range map[string]string{s.cookie: sid, auth.UserCookie(s.cookie): user} {
+		c.Cookie(&fiber.Cookie{
+			Name: name, Value: v, Path: "/", MaxAge: int(s.o.CookieMaxAge.Seconds()),
+			HTTPOnly: true, Secure: s.o.CookieSecure, SameSite: fiber.CookieSameSiteLaxMode,
+		})
+	}
 }
 
 func (s *Service) clearCookie(c *fiber.Ctx) {
-	c.Cookie(&fiber.Cookie{
-		Name: s.cookie, Value: "", Path: "/", MaxAge: -1, Expires: time.Unix(1, 0),
-		HTTPOnly: true, Secure: s.o.CookieSecure, SameSite: fiber.CookieSameSiteLaxMode,
-	})
+	for _, name := range []string{s.cookie, auth.UserCookie(s.cookie)} {
+		c.Cookie(&fiber.Cookie{
+			Name: name, Value: "", Path: "/", MaxAge: -1, Expires: time.Unix(1, 0),
+			HTTPOnly: true, Secure: s.o.CookieSecure, SameSite: fiber.CookieSameSiteLaxMode,
+		})
+	}
 }

@@ -63,15 +63,18 @@ type Options struct {
 
 // Authenticator resolves requests' identities.
 type Authenticator struct {
-	o        Options
-	cookie   string
-	counter  *prometheus.CounterVec
-	refusals *refusalAudits
+	o      Options
+	cookie string
+	// userCookie names the cookie beside the session's that names its
+	// user (UserCookie).
+	userCookie string
+	counter    *prometheus.CounterVec
+	refusals   *refusalAudits
 }
 
 // New returns an Authenticator.
 func New(o Options) *Authenticator {
-	a := &Authenticator{o: o, cookie: o.CookieName, counter: prometheus.NewCounterVec(prometheus.CounterOpts{
+	a := &Authenticator{o: o, cookie: o.CookieName, userCookie: UserCookie(o.CookieName), counter: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "aaas_edge_auth_total", Help: "Authentication and account endpoint outcomes.",
 	}, []string{"endpoint", "outcome"})}
 	o.Metrics.MustRegister(a.counter)
@@ -243,7 +246,7 @@ func (a *Authenticator) identify(c *fiber.Ctx, user string) (Identity, error) {
 	if origin {
 		return a.sandboxIdentity(c, user)
 	}
-	sess, sum, err := a.session(c, a.cookie, user)
+	sess, sum, err := a.session(c, a.cookie, a.userCookie, user)
 	if err != nil {
 		return Identity{}, err
 	}
@@ -256,29 +259,34 @@ func (a *Authenticator) identify(c *fiber.Ctx, user string) (Identity, error) {
 
 // session resolves the session the cookie name carries: from this edge's
 // cache, or, for one it does not hold, from the bucket under the user the
-// cookie names (else the one the request names; with neither, under any),
-// so a session made on another edge, or never used here, works here too.
-func (a *Authenticator) session(c *fiber.Ctx, name, user string) (state.Session, [32]byte, error) {
-	sid, named := SplitCredential(c.Request().Header.Cookie(name))
-	if named != "" {
-		user = named
-	}
+// cookie userName names (else the one the request names; with neither,
+// under any), so a session made on another edge, or never used here,
+// works here too. A session of another user than userName's is refused.
+func (a *Authenticator) session(c *fiber.Ctx, name, userName, user string) (state.Session, [32]byte, error) {
+	sid := c.Request().Header.Cookie(name)
 	if len(sid) == 0 {
 		return state.Session{}, [32]byte{}, ErrNoCredentials
 	}
 	if !ident.ValidSecret(sid) {
 		return state.Session{}, [32]byte{}, ErrBadCredentials
 	}
+	var named []byte
+	if userName != "" {
+		named = c.Request().Header.Cookie(userName)
+	}
 	sum := sha256.Sum256(sid)
 	sess, ok := a.o.Store.LookupSum(sum)
 	if !ok {
+		if u := string(named); ident.ValidUser(u) {
+			user = u
+		}
 		var err error
 		if sess, ok, err = a.o.Store.Fetch(c.UserContext(), httpguard.Key(c), user, sum); err != nil {
 			a.counter.WithLabelValues("session", "unavailable").Inc()
 			return state.Session{}, sum, ErrSessionUnavailable
 		}
 	}
-	if !ok || named != "" && sess.User != named {
+	if !ok || len(named) > 0 && string(named) != sess.User {
 		return state.Session{}, sum, ErrBadCredentials
 	}
 	return sess, sum, nil

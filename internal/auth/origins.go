@@ -70,7 +70,7 @@ func (a *Authenticator) sandboxIdentity(c *fiber.Ctx, user string) (Identity, er
 	if a.o.Origins.CookieName == "" {
 		return Identity{}, ErrNoCredentials
 	}
-	sess, sum, err := a.session(c, a.o.Origins.CookieName, user)
+	sess, sum, err := a.session(c, a.o.Origins.CookieName, "", user)
 	if err != nil {
 		return Identity{}, err
 	}

@@ -28,8 +28,8 @@ import (
 // and a map read, a revocation anywhere reaches every edge that holds the
 // session, and what an edge holds grows with the users it serves, not
 // with every session ever made. A session it does not hold is read from
-// the bucket once (Fetch): the gateway's cookie names its user (Create),
-// so the read is of one key.
+// the bucket once (Fetch): a cookie beside the session's names its user
+// (UserCookie), so the read is of one key.
 type Store struct {
 	bucket   *kv.Bucket[state.Session]
 	cache    *kv.Cache[state.Session]
@@ -122,31 +122,17 @@ func rawHash(key string) string {
 	return string(raw)
 }
 
-// A gateway session's credential, the cookie's value, is its id and its
-// user: "<sid>.<user>". The id alone is the secret (the key is its hash);
-// the user names the key, so an edge that does not hold the session reads
-// one key for it. Cookies from before this form are the id alone.
-const credentialSep = '.'
+// UserCookie is the name of the cookie that names a gateway session's
+// user beside the session cookie name (which carries the id alone, as it
+// always has, so a release before this one still reads it): an edge that
+// does not hold the session reads the one key it names. It is no secret;
+// under the __Host- prefix no other origin can set it, and a wrong one
+// only fails the lookup.
+func UserCookie(name string) string { return name + "_user" }
 
-// credential is the cookie value for sid of user.
-func credential(sid, user string) string { return sid + string(credentialSep) + user }
-
-// SplitCredential reads a gateway cookie's value: the session id and the
-// user it names ("" for a bare id). A value whose user part no account
-// can have is returned whole, an id of no valid shape.
-func SplitCredential(v []byte) (sid []byte, user string) {
-	if len(v) > ident.SecretLen && v[ident.SecretLen] == credentialSep {
-		if u := string(v[ident.SecretLen+1:]); ident.ValidUser(u) {
-			return v[:ident.SecretLen], u
-		}
-	}
-	return v, ""
-}
-
-// Create starts a session for user and returns its credential (the
-// cookie's value: its id and user) once this edge's cache holds it, so
-// the browser's next request (often the redirect that follows) is
-// already authenticated here. Sessions of user beyond the cap are ended,
+// Create starts a session for user and returns its id once this edge's
+// cache holds it, so the browser's next request (often the redirect that
+// follows) is already authenticated here. Sessions of user beyond the cap are ended,
 // oldest first.
 func (s *Store) Create(ctx context.Context, user, via string) (string, error) {
 	sid := ident.NewSecret()
@@ -163,7 +149,7 @@ func (s *Store) Create(ctx context.Context, user, via string) (string, error) {
 		return "", fmt.Errorf("create session: %w", err)
 	}
 	s.trim(ctx, user, key)
-	return credential(sid, user), nil
+	return sid, nil
 }
 
 // CreateSandbox starts a sandbox origin's session for user on host, made
@@ -221,16 +207,14 @@ func (s *Store) Count(ctx context.Context, user string) (int, error) {
 	return len(all), err
 }
 
-// Lookup resolves a cookie's session from the local cache. It allocates
-// nothing for ids of the right shape and refuses expired sessions even
-// before their key expires on the server.
-func (s *Store) Lookup(cookie []byte) (state.Session, bool) {
-	sid, user := SplitCredential(cookie)
+// Lookup resolves a session id from the local cache. It allocates nothing
+// for ids of the right shape and refuses expired sessions even before
+// their key expires on the server.
+func (s *Store) Lookup(sid []byte) (state.Session, bool) {
 	if !ident.ValidSecret(sid) {
 		return state.Session{}, false
 	}
-	sess, ok := s.LookupSum(sha256.Sum256(sid))
-	return sess, ok && (user == "" || sess.User == user)
+	return s.LookupSum(sha256.Sum256(sid))
 }
 
 // LookupSum is Lookup by the id's SHA-256: what a long-lived connection
@@ -244,16 +228,16 @@ func (s *Store) LookupSum(sum [32]byte) (state.Session, bool) {
 }
 
 // Fetch is LookupSum, after it missed, for a session this edge's cache
-// does not hold: read from the bucket under the user the cookie or the
-// request names (keys are <user>.<hash>), and held from then on. A
+// does not hold: read from the bucket under the user the request or the
+// UserCookie names (keys are <user>.<hash>), and held from then on. A
 // session created on another edge a moment ago, or one this edge has
 // never served, works here at the price of one read. What is found is
 // noted in the cache, which keeps it only while the watch is behind it,
 // so a revocation the watch has already applied is never undone.
-// A cookie from before credentials named their user, on a request that
-// names none (the gateway's own pages), cannot name the key: for it (user
-// "") the session is looked for under any user (kv.Bucket.GetMatching),
-// a dearer read the same budgets bound.
+// A session cookie without its UserCookie (set by a release before this
+// one), on a request that names no user (the gateway's own pages), cannot
+// name the key: for it (user "") the session is looked for under any user
+// (kv.Bucket.GetMatching), a dearer read the same budgets bound.
 // Reads are budgeted per client (httpguard.Key) and per edge, joined when
 // several requests ask for the same key at once, and misses remembered
 // for missTTL: random cookies cost the bus little, and only the client
@@ -379,13 +363,12 @@ func (s *Store) Revoke(ctx context.Context, user string, sum [32]byte) error {
 	return s.bucket.Purge(ctx, state.SessionKey(user, hex.EncodeToString(sum[:])))
 }
 
-// RevokeID ends the session of a cookie, if it is one.
-func (s *Store) RevokeID(ctx context.Context, cookie []byte) error {
-	sess, ok := s.Lookup(cookie)
+// RevokeID ends the session of a session id, if it is one.
+func (s *Store) RevokeID(ctx context.Context, sid []byte) error {
+	sess, ok := s.Lookup(sid)
 	if !ok {
 		return nil
 	}
-	sid, _ := SplitCredential(cookie)
 	return s.Revoke(ctx, sess.User, sha256.Sum256(sid))
 }
 
