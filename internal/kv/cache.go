@@ -41,6 +41,7 @@ type Cache[T any] struct {
 
 	synced     chan struct{}
 	syncedOnce sync.Once
+	turnOnce   sync.Once
 	updates    atomic.Uint64
 	resumes    atomic.Uint64
 	// last is the highest revision applied (revisions are the bucket
@@ -103,7 +104,9 @@ func OnChange[T any](fn func(key string, e Entry[T], deleted bool)) CacheOption[
 }
 
 // NewCache starts watching b (keys matching filter, ">" for all) until ctx
-// ends. Synced is closed once the initial contents are loaded.
+// ends. Synced is closed once the initial contents are loaded: a full
+// copy loads in its turn (one at a time per process) and keeps trying
+// while NATS cannot start its watch.
 func NewCache[T any](ctx context.Context, b *Bucket[T], filter string, log *slog.Logger, opts ...CacheOption[T]) (*Cache[T], error) {
 	c := &Cache[T]{
 		bucket:  b,
@@ -118,23 +121,82 @@ func NewCache[T any](ctx context.Context, b *Bucket[T], filter string, log *slog
 	}
 	// The initial contents are the bucket's as of some moment after this
 	// one: once loaded, the cache is current as of it.
-	started := time.Now()
 	if c.limit > 0 {
-		return c, c.startBounded(ctx, filter, started)
+		return c, c.startBounded(ctx, filter, time.Now())
 	}
-	w, err := b.kv.Watch(ctx, filter)
-	if err != nil {
-		return nil, fmt.Errorf("watch %s: %w", b.name, err)
+	go c.start(ctx, filter)
+	return c, nil
+}
+
+// replaying paces the full copies' initial loads: one at a time in a
+// process, so that a process starting against large buckets never has
+// several replays in flight at once (which once got an edge cut off as a
+// slow consumer). A load that takes longer than replayTurn lets the next
+// one start beside it rather than hold it back.
+var replaying = make(chan struct{}, 1)
+
+const replayTurn = 30 * time.Second
+
+// start starts a full copy's watch in its turn, trying again (with a
+// growing pause) while the watch cannot be made, and runs it: a cache
+// that cannot start yet is not synced (readiness says so), never an
+// error that ends the process.
+func (c *Cache[T]) start(ctx context.Context, filter string) {
+	select {
+	case replaying <- struct{}{}:
+	case <-ctx.Done():
+		return
 	}
-	if filter == ">" {
-		// Which stream this is, so that its loss is noticed (else the
-		// first look says).
-		if _, created, ok := c.peek(ctx); ok {
-			c.created = created
+	loadsInTurn(1)
+	turn := time.AfterFunc(replayTurn, func() { c.endTurn() })
+	go func() {
+		select {
+		case <-c.synced:
+		case <-ctx.Done():
+		}
+		if turn.Stop() {
+			c.endTurn()
+		}
+	}()
+	for attempt := 1; ; attempt++ {
+		started := time.Now()
+		w, err := c.bucket.kv.Watch(ctx, filter)
+		if err == nil {
+			if filter == ">" {
+				// Which stream this is, so that its loss is noticed
+				// (else the first look says).
+				if _, created, ok := c.peek(ctx); ok {
+					c.created = created
+				}
+			}
+			c.run(ctx, w, filter, started)
+			return
+		}
+		c.log.Warn("cache not started; trying again", "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(min(time.Duration(attempt)*time.Second, 10*time.Second)):
 		}
 	}
-	go c.run(ctx, w, filter, started)
-	return c, nil
+}
+
+// endTurn lets the next full copy load.
+func (c *Cache[T]) endTurn() {
+	c.turnOnce.Do(func() {
+		loadsInTurn(-1)
+		<-replaying
+	})
+}
+
+// loading is how many full copies are loading in their turn now, and
+// loadingMost the most there ever were at once (for tests).
+var loading, loadingMost atomic.Int64
+
+func loadsInTurn(d int64) {
+	if n := loading.Add(d); n > loadingMost.Load() {
+		loadingMost.Store(n)
+	}
 }
 
 // watchdogEvery is how often the watchdog compares; a watch that has not
