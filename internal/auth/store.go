@@ -36,7 +36,7 @@ type Store struct {
 	ttl      time.Duration
 	max      int
 	log      *slog.Logger
-	onRevoke func()
+	onRevoke func(user string)
 
 	// now is the clock of Fetch's budgets and miss memory (StoreOptions).
 	now func() time.Time
@@ -76,9 +76,9 @@ type StoreOptions struct {
 	MaxPerUser int
 	// Limit is how many sessions the cache holds at most.
 	Limit int
-	// OnRevoke, if set, runs (in the watch goroutine) whenever a session
-	// this edge holds ends, here or on another edge.
-	OnRevoke func()
+	// OnRevoke, if set, runs (in the watch goroutine) with the user
+	// whenever a session this edge holds ends, here or on another edge.
+	OnRevoke func(user string)
 	Log      *slog.Logger
 	// Now, if set, is the clock of Fetch's budgets and miss memory (tests
 	// move it by hand); time.Now otherwise.
@@ -106,9 +106,10 @@ func NewStore(ctx context.Context, js jetstream.JetStream, o StoreOptions) (*Sto
 }
 
 // changed tells OnRevoke of every held session that ends.
-func (s *Store) changed(_ string, _ kv.Entry[state.Session], deleted bool) {
+func (s *Store) changed(key string, _ kv.Entry[state.Session], deleted bool) {
 	if deleted && s.onRevoke != nil {
-		s.onRevoke()
+		user, _, _ := strings.Cut(key, ".")
+		s.onRevoke(user)
 	}
 }
 

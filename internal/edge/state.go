@@ -8,6 +8,7 @@ import (
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/process"
+	"github.com/aaas-project/aaas/internal/proxy"
 	"github.com/aaas-project/aaas/internal/ratelimit"
 	"github.com/aaas-project/aaas/internal/spend"
 	"github.com/aaas-project/aaas/internal/state"
@@ -37,24 +38,17 @@ type edgeState struct {
 	codes *kv.Bucket[state.SigninCode]
 	// credentials is users' own provider keys (BYOK set).
 	credentials *kv.Bucket[state.Credential]
-	// changes is told of every session ended and every account or API
-	// token changed, here or on another edge: a moment for the proxy to
-	// re-check its open streams. It holds one pending signal at most.
-	changes chan struct{}
-}
-
-func (s *edgeState) changed() {
-	select {
-	case s.changes <- struct{}{}:
-	default:
-	}
+	// changes is told whose session ended and whose account or API token
+	// changed, here or on another edge: the proxy re-checks their open
+	// streams.
+	changes *proxy.Changes
 }
 
 func openState(ctx context.Context, p *process.Process, cfg config.Edge) (*edgeState, error) {
-	s := &edgeState{changes: make(chan struct{}, 1)}
+	s := &edgeState{changes: proxy.NewChanges()}
 	var err error
 	if s.store, err = auth.NewStore(ctx, p.JS, auth.StoreOptions{
-		TTL: cfg.Buckets.SessionTTL, MaxPerUser: cfg.MaxSessionsPerUser, Limit: cfg.CacheLimits().Sessions, OnRevoke: s.changed, Log: p.Log,
+		TTL: cfg.Buckets.SessionTTL, MaxPerUser: cfg.MaxSessionsPerUser, Limit: cfg.CacheLimits().Sessions, OnRevoke: s.changes.User, Log: p.Log,
 	}); err != nil {
 		return nil, err
 	}
@@ -71,7 +65,7 @@ func openState(ctx context.Context, p *process.Process, cfg config.Edge) (*edgeS
 	if err != nil {
 		return nil, err
 	}
-	if s.users, err = kv.NewCache(ctx, users, ">", p.Log, kv.Bounded[state.User](limits.Users), kv.OnChange(func(string, kv.Entry[state.User], bool) { s.changed() })); err != nil {
+	if s.users, err = kv.NewCache(ctx, users, ">", p.Log, kv.Bounded[state.User](limits.Users), kv.OnChange(func(user string, _ kv.Entry[state.User], _ bool) { s.changes.User(user) })); err != nil {
 		return nil, err
 	}
 	boxes, err := kv.Open[state.Sandbox](ctx, p.JS, state.BucketSandboxes)
@@ -87,7 +81,7 @@ func openState(ctx context.Context, p *process.Process, cfg config.Edge) (*edgeS
 		return nil, err
 	}
 	if s.apiTokens, err = kv.NewCache(ctx, s.tokensBucket, ">", p.Log, kv.GroupBy[state.APIToken](state.APITokenUser),
-		kv.OnChange(func(string, kv.Entry[state.APIToken], bool) { s.changed() })); err != nil {
+		kv.OnChange(func(key string, _ kv.Entry[state.APIToken], _ bool) { s.changes.User(state.APITokenUser(key)) })); err != nil {
 		return nil, err
 	}
 	if s.handshakes, err = cache(ctx, p, state.BucketHandshakes, kv.Bounded[state.Handshake](limits.Handshakes)); err != nil {

@@ -26,52 +26,128 @@ type exchange struct {
 	cancel context.CancelFunc
 }
 
-// live is every exchange open on this edge.
+// live is every exchange open on this edge, by user.
 type live struct {
-	mu sync.Mutex
-	m  map[*exchange]struct{}
+	mu     sync.Mutex
+	byUser map[string]map[*exchange]struct{}
 }
 
 func (l *live) add(x *exchange) {
 	l.mu.Lock()
-	l.m[x] = struct{}{}
-	l.mu.Unlock()
+	defer l.mu.Unlock()
+	if l.byUser == nil {
+		l.byUser = map[string]map[*exchange]struct{}{}
+	}
+	xs := l.byUser[x.id.User]
+	if xs == nil {
+		xs = map[*exchange]struct{}{}
+		l.byUser[x.id.User] = xs
+	}
+	xs[x] = struct{}{}
 }
 
 func (l *live) remove(x *exchange) {
 	l.mu.Lock()
-	delete(l.m, x)
-	l.mu.Unlock()
+	defer l.mu.Unlock()
+	if xs := l.byUser[x.id.User]; xs != nil {
+		delete(xs, x)
+		if len(xs) == 0 {
+			delete(l.byUser, x.id.User)
+		}
+	}
 }
 
-func (l *live) snapshot() []*exchange {
+// of is the open exchanges of users (every user's when all).
+func (l *live) of(users map[string]struct{}, all bool) []*exchange {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make([]*exchange, 0, len(l.m))
-	for x := range l.m {
-		out = append(out, x)
+	var out []*exchange
+	add := func(xs map[*exchange]struct{}) {
+		for x := range xs {
+			out = append(out, x)
+		}
+	}
+	if all {
+		for _, xs := range l.byUser {
+			add(xs)
+		}
+		return out
+	}
+	for u := range users {
+		add(l.byUser[u])
 	}
 	return out
+}
+
+// Changes collects the users whose credentials changed (a session ended,
+// an account or API token changed or went), here or on another edge, for
+// the proxy to re-check their open exchanges at once, and only theirs.
+// C holds one pending signal at most.
+type Changes struct {
+	C     chan struct{}
+	mu    sync.Mutex
+	users map[string]struct{}
+	all   bool
+}
+
+// maxChanged bounds the users a burst of changes names before the next
+// check looks at every exchange instead.
+const maxChanged = 4096
+
+// NewChanges is an empty Changes.
+func NewChanges() *Changes {
+	return &Changes{C: make(chan struct{}, 1), users: map[string]struct{}{}}
+}
+
+// User records that user's credentials changed.
+func (c *Changes) User(user string) {
+	c.mu.Lock()
+	if len(c.users) < maxChanged {
+		c.users[user] = struct{}{}
+	} else {
+		c.all = true
+	}
+	c.mu.Unlock()
+	select {
+	case c.C <- struct{}{}:
+	default:
+	}
+}
+
+// take is what changed since the last take.
+func (c *Changes) take() (map[string]struct{}, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	users, all := c.users, c.all
+	c.users, c.all = map[string]struct{}{}, false
+	return users, all
 }
 
 // revalidate ends the exchanges whose credentials no longer hold
 // (WebSockets with 4401: the page signs in again) and those whose sandbox
 // is being suspended (4408, with why: the page tells the user rather
 // than reconnecting into a sleeping sandbox), streamed responses by
-// aborting them. It checks on every change to sessions or accounts
-// (Options.Changes), and every interval in case one was missed; the
-// checks are cache reads.
+// aborting them. It checks the exchanges of the users a change names
+// (Options.Changes) at once, and every exchange every interval in case a
+// change was missed; the checks are cache reads.
 func (p *Proxy) revalidate(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	var changed <-chan struct{}
+	if p.o.Changes != nil {
+		changed = p.o.Changes.C
+	}
 	for {
+		var users map[string]struct{}
+		all := true
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-p.o.Changes:
+		case <-changed:
+			users, all = p.o.Changes.take()
 		}
-		for _, x := range p.live.snapshot() {
+		for _, x := range p.live.of(users, all) {
 			code, why := closeUnauthorized, "signed out"
 			if p.o.Auth.Valid(x.id) {
 				if code, why = p.asleep(x); code == 0 {

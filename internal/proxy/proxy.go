@@ -90,9 +90,9 @@ type Options struct {
 	ReadTimeout  time.Duration
 	WriteTimeout time.Duration
 	Revalidate   time.Duration
-	// Changes signals a change to sessions or accounts: a moment to
-	// re-check at once.
-	Changes <-chan struct{}
+	// Changes names the users whose sessions or accounts changed: their
+	// exchanges are re-checked at once.
+	Changes *Changes
 	Log     *slog.Logger
 	Metrics prometheus.Registerer
 }
@@ -131,7 +131,6 @@ func New(o Options) *Proxy {
 			ReadBufferSize: wsReadBufferSize, WriteBufferSize: wsWriteBufferSize, WriteBufferPool: wsWriteBuffers,
 		},
 		tracker: newTracker(o.Publisher, o.Edge, o.BeaconInterval, o.BeaconTTL, o.IdleConnected, o.Log),
-		live:    live{m: map[*exchange]struct{}{}},
 	}
 }
 
@@ -237,7 +236,7 @@ func (p *Proxy) Run(ctx context.Context) {
 // 1001 (going away) so browsers reconnect through another edge.
 func (p *Proxy) Drain() {
 	p.draining.Store(true)
-	for _, x := range p.live.snapshot() {
+	for _, x := range p.live.of(nil, true) {
 		if x.ws != nil {
 			closeWith(x.ws, websocket.CloseGoingAway, "edge shutting down")
 		}
