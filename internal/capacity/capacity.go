@@ -12,6 +12,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/aaas-project/aaas/internal/kv"
@@ -31,23 +32,64 @@ func (l Limits) On() bool { return l.MaxRunning > 0 || l.MaxStarts > 0 }
 // (Suspending: places about to be free).
 type Usage struct{ Running, Starting, Stopping int }
 
-// Count is the usage the sandboxes cache shows. Claims applied by hand
-// (not managed) are not the gateway's to count.
+// Count is the usage the sandboxes cache shows, walking every sandbox.
+// Claims applied by hand (not managed) are not the gateway's to count.
+// Tally keeps the same figure as the cache changes.
 func Count(boxes *kv.Cache[state.Sandbox]) Usage {
 	var u Usage
 	boxes.Range(func(e kv.Entry[state.Sandbox]) bool {
-		if e.Value.Managed && e.Value.Phase.Running() {
-			u.Running++
-			switch e.Value.Phase {
-			case state.PhaseWaking:
-				u.Starting++
-			case state.PhaseSuspending:
-				u.Stopping++
-			}
-		}
+		u.add(e.Value, 1)
 		return true
 	})
 	return u
+}
+
+// add counts box's contribution to u, n times (-1 takes it back).
+func (u *Usage) add(box state.Sandbox, n int) {
+	if !box.Managed || !box.Phase.Running() {
+		return
+	}
+	u.Running += n
+	switch box.Phase {
+	case state.PhaseWaking:
+		u.Starting += n
+	case state.PhaseSuspending:
+		u.Stopping += n
+	}
+}
+
+// Tally is Count kept as the sandboxes cache changes (Observe is its
+// kv.OnChange): reading it costs nothing per sandbox, where Count walks
+// them all (34 ms at 200k sandboxes, every admission round).
+type Tally struct {
+	mu  sync.Mutex
+	was map[string]state.Sandbox // the counted sandboxes, as counted
+	u   Usage
+}
+
+// Observe takes in one change of the sandboxes cache.
+func (t *Tally) Observe(key string, e kv.Entry[state.Sandbox], deleted bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old, ok := t.was[key]; ok {
+		t.u.add(old, -1)
+		delete(t.was, key)
+	}
+	if deleted || !e.Value.Managed || !e.Value.Phase.Running() {
+		return
+	}
+	if t.was == nil {
+		t.was = map[string]state.Sandbox{}
+	}
+	t.u.add(e.Value, 1)
+	t.was[key] = state.Sandbox{Managed: true, Phase: e.Value.Phase}
+}
+
+// Usage is the usage now.
+func (t *Tally) Usage() Usage {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.u
 }
 
 // free is how many more sandboxes may start now under l.
@@ -117,7 +159,21 @@ func Evict(waiting int, u Usage, l Limits, freeing int, cands []Candidate) []str
 }
 
 // Queue is the edge's view of the queue: whether and where a user waits.
-type Queue struct{ Cache *kv.Cache[state.Queued] }
+type Queue struct {
+	Cache *kv.Cache[state.Queued]
+	// places is every waiting user's place, made once per change of the
+	// cache rather than by a walk of the queue per status read.
+	places *places
+}
+
+// NewQueue is the view of the queue cache c.
+func NewQueue(c *kv.Cache[state.Queued]) Queue { return Queue{Cache: c, places: &places{}} }
+
+type places struct {
+	mu sync.Mutex
+	at uint64 // the cache's Updates when made
+	of map[string]int
+}
 
 // Position is user's place in the queue (1 is next) and the queue's
 // length; 0 when user does not wait.
@@ -125,18 +181,28 @@ func (q Queue) Position(user string) (pos, of int) {
 	if q.Cache == nil {
 		return 0, 0
 	}
-	mine, ok := q.Cache.Get(user)
-	if !ok {
+	if _, ok := q.Cache.Get(user); !ok {
 		return 0, 0
 	}
-	q.Cache.Range(func(e kv.Entry[state.Queued]) bool {
-		of++
-		if Order(e.Value, mine.Value) <= 0 {
-			pos++
+	p := q.places
+	if p == nil {
+		p = &places{}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if at := q.Cache.Updates(); p.of == nil || at != p.at {
+		var all []state.Queued
+		q.Cache.Range(func(e kv.Entry[state.Queued]) bool {
+			all = append(all, e.Value)
+			return true
+		})
+		slices.SortFunc(all, Order)
+		p.of, p.at = make(map[string]int, len(all)), at
+		for i, w := range all {
+			p.of[w.User] = i + 1
 		}
-		return true
-	})
-	return pos, of
+	}
+	return p.of[user], len(p.of)
 }
 
 // Describe is box as a waiting user should see it: while they wait in the

@@ -2,9 +2,12 @@ package capacity
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
 )
 
@@ -75,5 +78,38 @@ func TestPhasesThatCount(t *testing.T) {
 		if p.Running() != want[p] {
 			t.Errorf("%s.Running() = %v", p, p.Running())
 		}
+	}
+}
+
+// Tally, kept change by change, always says what a walk of the same
+// sandboxes says: through creations, phase changes, managed flips and
+// deletions in any order.
+func TestTallyIsCount(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var tally Tally
+	now := map[string]state.Sandbox{}
+	walk := func() Usage {
+		var u Usage
+		for _, b := range now {
+			u.add(b, 1)
+		}
+		return u
+	}
+	for i := range 20_000 {
+		key := "u" + strconv.Itoa(rng.IntN(300))
+		if rng.IntN(5) == 0 {
+			delete(now, key)
+			tally.Observe(key, kv.Entry[state.Sandbox]{Key: key}, true)
+		} else {
+			b := state.Sandbox{User: key, Phase: state.Phases[rng.IntN(len(state.Phases))], Managed: rng.IntN(10) > 0}
+			now[key] = b
+			tally.Observe(key, kv.Entry[state.Sandbox]{Key: key, Value: b}, false)
+		}
+		if got, want := tally.Usage(), walk(); got != want {
+			t.Fatalf("after change %d: tally %+v, walk %+v", i, got, want)
+		}
+	}
+	if u := tally.Usage(); u.Running == 0 || u.Starting == 0 || u.Stopping == 0 {
+		t.Fatalf("the changes never made every count move: %+v", u)
 	}
 }

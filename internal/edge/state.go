@@ -93,7 +93,7 @@ func openState(ctx context.Context, p *process.Process, cfg config.Edge) (*edgeS
 	if s.queued, err = cache[state.Queued](ctx, p, state.BucketQueue); err != nil {
 		return nil, err
 	}
-	s.queue = capacity.Queue{Cache: s.queued}
+	s.queue = capacity.NewQueue(s.queued)
 	if err := s.openSpending(ctx, p, cfg); err != nil {
 		return nil, err
 	}

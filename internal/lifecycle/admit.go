@@ -74,7 +74,7 @@ func (w *Worker) admitOnce(ctx context.Context, pending admitted, now time.Time)
 			return err
 		}
 	}
-	use := capacity.Count(w.boxCache)
+	use := w.usage.Usage()
 	for user, at := range pending {
 		if b, ok := w.boxCache.Get(user); (ok && b.Value.Phase != state.PhaseSuspended) || now.Sub(at) > admitLag {
 			delete(pending, user)

@@ -81,6 +81,8 @@ type Worker struct {
 	userCache  *kv.Cache[state.User]
 	boxCache   *kv.Cache[state.Sandbox]
 	queueCache *kv.Cache[state.Queued]
+	// usage is the capacity caps' count, kept as boxCache changes.
+	usage capacity.Tally
 
 	locks  keyedMutex
 	mirror *mirror
@@ -129,7 +131,7 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 	if w.userCache, err = kv.NewCache(ctx, w.users, ">", o.Log, requeue[state.User](w.mirror)); err != nil {
 		return nil, err
 	}
-	if w.boxCache, err = kv.NewCache(ctx, w.sandboxes, ">", o.Log, requeue[state.Sandbox](w.mirror)); err != nil {
+	if w.boxCache, err = kv.NewCache(ctx, w.sandboxes, ">", o.Log, requeue[state.Sandbox](w.mirror), kv.OnChange(w.usage.Observe)); err != nil {
 		return nil, err
 	}
 	if w.queue, err = kv.Open[state.Queued](ctx, o.JS, state.BucketQueue); err != nil {

@@ -47,6 +47,9 @@ type Sweeper struct {
 	m      *metrics
 	clocks *idle.Clocks
 	boxes  *kv.Cache[state.Sandbox]
+	// usage is IDLE_EVICT's count of running sandboxes, kept as boxes
+	// changes.
+	usage  capacity.Tally
 	users  *kv.Cache[state.User]
 	queue  *kv.Cache[state.Queued]
 	awake  *kv.Cache[state.KeepAwake]
@@ -82,7 +85,7 @@ func New(ctx context.Context, o Options) (*Sweeper, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.boxes, err = kv.NewCache(ctx, boxes, ">", o.Log); err != nil {
+	if s.boxes, err = kv.NewCache(ctx, boxes, ">", o.Log, kv.OnChange(s.usage.Observe)); err != nil {
 		return nil, err
 	}
 	if s.users, err = kv.NewCache(ctx, users, ">", o.Log); err != nil {
@@ -236,7 +239,7 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 	// Wakes waiting for a place: make room by suspending the longest-idle
 	// sandboxes too (IDLE_EVICT), beyond the places already being freed.
 	if s.o.IdleEvict && s.queue.Len() > 0 {
-		use := capacity.Count(s.boxes)
+		use := s.usage.Usage()
 		for _, u := range capacity.Evict(s.queue.Len(), use, capacity.Limits{MaxRunning: s.o.MaxRunning}, freeing+use.Stopping+len(asks), evictable) {
 			a := seen[u]
 			a.reason = idle.ReasonEvicted
