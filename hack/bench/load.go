@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/aaas-project/aaas/internal/dev/procstat"
 )
 
 // wrkArgs are the settings of every closed-loop run, whatever the target.
@@ -46,12 +48,12 @@ func wrk(t *target, path string, d time.Duration) (wrkResult, error) {
 	for _, h := range t.headers() {
 		args = append(args, "-H", h)
 	}
-	cpu := cpuTime(t.pid)
+	cpu := procstat.CPUTime(t.pid)
 	outb, err := exec.Command("wrk", append(args, t.url(path))...).CombinedOutput()
 	if err != nil {
 		return wrkResult{}, fmt.Errorf("wrk: %v\n%s", err, outb)
 	}
-	r := wrkResult{cpu: cpuTime(t.pid) - cpu}
+	r := wrkResult{cpu: procstat.CPUTime(t.pid) - cpu}
 	out := string(outb)
 	if strings.Contains(out, "Non-2xx") {
 		return r, fmt.Errorf("wrk saw errors through %s:\n%s", t.name, out)

@@ -39,6 +39,7 @@ import (
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/dev/devstack"
 	"github.com/aaas-project/aaas/internal/dev/embednats"
+	"github.com/aaas-project/aaas/internal/dev/procstat"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
@@ -362,9 +363,9 @@ func (r *results) latency(ctx context.Context, order []*target) error {
 		}
 		var res rateResult
 		other, err := r.measured(what, func() (err error) {
-			cpu := procCPU(os.Getpid())
+			cpu := procstat.ProcCPU(os.Getpid())
 			res, err = g.run(r.rate, r.opts.dur)
-			res.clientCPU = (procCPU(os.Getpid()) - cpu) / time.Duration(max(res.sent, 1))
+			res.clientCPU = (procstat.ProcCPU(os.Getpid()) - cpu) / time.Duration(max(res.sent, 1))
 			return err
 		})
 		if err != nil {
@@ -573,7 +574,7 @@ func wsRTT(t *target, n int) ([2]time.Duration, error) {
 // RSS growth per socket.
 func idleSockets(edge *target, n int) (float64, error) {
 	runtime.GC()
-	before, err := rss(edge.pid)
+	before, err := procstat.RSS(edge.pid)
 	if err != nil {
 		return 0, err
 	}
@@ -592,7 +593,7 @@ func idleSockets(edge *target, n int) (float64, error) {
 		conns = append(conns, c)
 	}
 	time.Sleep(2 * time.Second) // let the edge settle its buffers
-	after, err := rss(edge.pid)
+	after, err := procstat.RSS(edge.pid)
 	if err != nil {
 		return 0, err
 	}

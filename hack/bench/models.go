@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/aaas-project/aaas/internal/dev/devstack"
+	"github.com/aaas-project/aaas/internal/dev/procstat"
 	"github.com/aaas-project/aaas/internal/state"
 )
 
@@ -97,14 +98,14 @@ func (r *results) modelCalls(ctx context.Context, info devstack.Info, e *env) er
 			}
 			for _, t := range order {
 				fmt.Fprintf(os.Stderr, "round %d/%d: %d model stream(s) %s\n", round+1, r.opts.rounds, n, t.name)
-				before := cpuTime(pid)
+				before := procstat.CPUTime(pid)
 				res, err := modelRun(ctx, clients[0], t, n, modelCallsPerStream[n])
 				if err != nil {
 					return err
 				}
 				m.ttft[n][t.name] = append(m.ttft[n][t.name], res.ttft...)
 				if t.name == "broker" {
-					m.cpu += cpuTime(pid) - before
+					m.cpu += procstat.CPUTime(pid) - before
 					m.calls += len(res.ttft)
 					m.tokens += res.tokens
 				}
@@ -231,7 +232,7 @@ func (m *modelResults) idleStreams(ctx context.Context, clients []*http.Client, 
 		return nil
 	}
 	var err error
-	if m.rssBefore, err = rss(pid); err != nil {
+	if m.rssBefore, err = procstat.RSS(pid); err != nil {
 		return err
 	}
 	if m.idleRuntime[0], err = readGoRuntime(metrics); err != nil {
@@ -262,7 +263,7 @@ func (m *modelResults) idleStreams(ctx context.Context, clients []*http.Client, 
 			return ctx.Err()
 		}
 	}
-	m.rssIdle, err = rss(pid)
+	m.rssIdle, err = procstat.RSS(pid)
 	if err == nil {
 		m.idleRuntime[1], err = readGoRuntime(metrics)
 	}

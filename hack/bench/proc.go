@@ -1,60 +1,14 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
-	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/aaas-project/aaas/internal/dev/procstat"
 )
-
-// rss is a process's resident set size in bytes.
-func rss(pid int) (int64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if fs := strings.Fields(s.Text()); len(fs) >= 2 && fs[0] == "VmRSS:" {
-			kb, _ := strconv.ParseInt(fs[1], 10, 64)
-			return kb << 10, nil
-		}
-	}
-	return 0, errors.New("no VmRSS")
-}
-
-// cpuTime is the CPU time pid and its live children have used.
-func cpuTime(pid int) time.Duration {
-	if pid == 0 {
-		return 0
-	}
-	total := procCPU(pid)
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
-	for _, f := range tasks {
-		b, _ := os.ReadFile(f)
-		for _, c := range strings.Fields(string(b)) {
-			if child, err := strconv.Atoi(c); err == nil {
-				total += procCPU(child)
-			}
-		}
-	}
-	return total
-}
-
-// procCPU reads utime+stime of one process (all its threads).
-func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if f := statFields(b); err == nil && len(f) > 12 {
-		return ticks(f[11:13]...)
-	}
-	return 0
-}
 
 // loadSample is the CPU time of every process at one moment, so that what
 // processes outside this one's tree (the stack, the peers, wrk) used in
@@ -81,16 +35,16 @@ func sampleLoad() loadSample {
 			continue
 		}
 		pid, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(d, "/proc/"), "/stat"))
-		if f := statFields(b); len(f) > 19 {
+		if f := procstat.StatFields(b); len(f) > 19 {
 			ppid, _ := strconv.Atoi(f[1])
-			s.procs[pid] = procTimes{ppid: ppid, start: f[19], cpu: ticks(f[11:15]...)}
+			s.procs[pid] = procTimes{ppid: ppid, start: f[19], cpu: procstat.Ticks(f[11:15]...)}
 		}
 	}
 	// The machine lost steal time just the same.
 	b, _ := os.ReadFile("/proc/stat")
 	line, _, _ := strings.Cut(string(b), "\n")
 	if f := strings.Fields(line); len(f) > 8 {
-		s.steal = ticks(f[8])
+		s.steal = procstat.Ticks(f[8])
 	}
 	return s
 }
@@ -133,24 +87,4 @@ func (s loadSample) tree(root int) map[int]bool {
 		in[pid] = true
 	}
 	return in
-}
-
-// statFields are the fields of /proc/<pid>/stat after the command, from
-// the state on (proc(5) numbers them from 3).
-func statFields(b []byte) []string {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return nil
-	}
-	return strings.Fields(string(b[i+1:]))
-}
-
-// ticks sums clock ticks (1/100 s on Linux).
-func ticks(fs ...string) time.Duration {
-	var n int64
-	for _, f := range fs {
-		v, _ := strconv.ParseInt(f, 10, 64)
-		n += v
-	}
-	return time.Duration(n) * 10 * time.Millisecond
 }

@@ -286,15 +286,23 @@ func (s *Service) Page(ctx context.Context, q Query, now time.Time) (Page, error
 		page.Users = append(page.Users, r)
 	}
 	page.Total = len(names)
+	shown := make([]string, len(page.Users))
+	for i, r := range page.Users {
+		shown[i] = r.User
+	}
+	sessions, err := s.o.Auth.Store().Count(ctx, shown...)
+	if err != nil {
+		return Page{}, err
+	}
+	for i := range page.Users {
+		page.Users[i].Sessions = sessions[page.Users[i].User]
+	}
 	return page, nil
 }
 
+// row is name's row but for its sessions (Page counts a page's at once).
 func (s *Service) row(ctx context.Context, name string, now time.Time) (Row, error) {
-	sessions, err := s.o.Auth.Store().Count(ctx, name)
-	if err != nil {
-		return Row{}, err
-	}
-	r := Row{User: name, Phase: "Unknown", Sessions: sessions}
+	r := Row{User: name, Phase: "Unknown"}
 	if u, ok := s.o.Users.Load(ctx, name); ok {
 		r.Managed, r.Created = u.Value.Managed, u.Value.Created
 	}

@@ -16,7 +16,7 @@ func TestFetchBudget(t *testing.T) {
 	b := newFetchBudget()
 	take := func(client string, n int) (got int) {
 		for range n {
-			if b.allow(client, now) {
+			if _, ok := b.allow(client, now); ok {
 				got++
 			}
 		}
@@ -84,5 +84,31 @@ func TestMissMemoryKeepsLiveMisses(t *testing.T) {
 	s.miss("after")
 	if !s.missed("after") || len(s.misses) != 1 {
 		t.Fatalf("faded misses not forgotten: %d remembered", len(s.misses))
+	}
+}
+
+// A read that found a session earns back what it spent: a client whose
+// reads all find sessions is never refused, and one whose reads then
+// find nothing is, after its credits and its burst.
+func TestFetchBudgetGivesBackWhatFound(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	b := newFetchBudget()
+	for i := range 10 * fetchBurst {
+		found, ok := b.allow("nat", now)
+		if !ok {
+			t.Fatalf("read %d of sessions found, from one client at one instant, refused", i)
+		}
+		found()
+	}
+	got := 0
+	for range 100 {
+		if _, ok := b.allow("nat", now); ok {
+			got++
+		}
+	}
+	// The first read spent a token and earned the credit every later one
+	// spent and earned back: one credit and the burst less one are left.
+	if got != clientBurst {
+		t.Fatalf("after the found reads, %d misses allowed at once, want %d", got, clientBurst)
 	}
 }

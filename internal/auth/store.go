@@ -202,10 +202,24 @@ func (s *Store) gatewaySessions(ctx context.Context, user string) ([]kv.Entry[st
 	return slices.DeleteFunc(all, func(e kv.Entry[state.Session]) bool { return e.Value.Host != "" }), err
 }
 
-// Count is how many gateway sessions user holds, as the bucket says.
-func (s *Store) Count(ctx context.Context, user string) (int, error) {
-	all, err := s.gatewaySessions(ctx, user)
-	return len(all), err
+// Count is how many gateway sessions each of users holds, as the bucket
+// says, read at once.
+func (s *Store) Count(ctx context.Context, users ...string) (map[string]int, error) {
+	n := make(map[string]int, len(users))
+	if len(users) == 0 {
+		return n, nil
+	}
+	filters := make([]string, len(users))
+	for i, u := range users {
+		filters[i] = state.SessionKey(u, "*")
+	}
+	all, err := s.bucket.List(ctx, filters...)
+	for _, e := range all {
+		if e.Value.Host == "" {
+			n[e.Value.User]++
+		}
+	}
+	return n, err
 }
 
 // Lookup resolves a session id from the local cache. It allocates nothing
@@ -239,10 +253,11 @@ func (s *Store) LookupSum(sum [32]byte) (state.Session, bool) {
 // one), on a request that names no user (the gateway's own pages), cannot
 // name the key: for it (user "") the session is looked for under any user
 // (kv.Bucket.GetMatching), a dearer read the same budgets bound.
-// Reads are budgeted per client (httpguard.Key) and per edge, joined when
-// several requests ask for the same key at once, and misses remembered
-// for missTTL: random cookies cost the bus little, and only the client
-// sending them loses its budget. An error means the bucket could not be
+// Reads that find nothing are budgeted per client (httpguard.Key) and per
+// edge, reads of one key at once are joined, and misses remembered for
+// missTTL: random cookies cost the bus little, and only the client
+// sending them loses its budget; a read that finds a session costs no
+// budget. An error means the bucket could not be
 // read (or the read budget is spent), not that there is no such session.
 func (s *Store) Fetch(ctx context.Context, client, user string, sum [32]byte) (state.Session, bool, error) {
 	key := state.SessionKey(user, hex.EncodeToString(sum[:]))
@@ -257,7 +272,8 @@ func (s *Store) Fetch(ctx context.Context, client, user string, sum [32]byte) (s
 	}
 	// Detached from the first requester: the others wait for the same.
 	_, err, _ := s.flights.Do(key, func() (any, error) {
-		if !s.fetches.allow(client, s.now()) {
+		found, ok := s.fetches.allow(client, s.now())
+		if !ok {
 			return nil, errFetchBudget
 		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fetchTimeout)
@@ -267,7 +283,10 @@ func (s *Store) Fetch(ctx context.Context, client, user string, sum [32]byte) (s
 			read = s.bucket.GetMatching
 		}
 		_, ok, err := s.cache.LoadBy(ctx, string(sum[:]), func(ctx context.Context) (kv.Entry[state.Session], error) { return read(ctx, key) })
-		if err == nil && !ok {
+		switch {
+		case ok:
+			found()
+		case err == nil:
 			s.miss(key)
 		}
 		return nil, err
@@ -283,24 +302,36 @@ var errFetchBudget = errors.New("too many unknown session cookies at once")
 
 // fetchBudget is Fetch's read budget: a token bucket per client and one
 // for the edge. Clients beyond maxFetchClients share one bucket until
-// idle ones (whose bucket is full again) are forgotten.
+// idle ones (whose bucket is full again) are forgotten. A read that found
+// a session earns its client and the edge a credit, spent before tokens:
+// only misses (random or stale cookies) and failures drain the budgets,
+// so an edge that starts empty serves its users' first requests (one read
+// each, then held) at the bus's pace, from behind one address or many.
 type fetchBudget struct {
 	mu      sync.Mutex
 	edge    *rate.Limiter
-	clients map[string]*rate.Limiter
+	credit  int // the edge's
+	clients map[string]*clientBudget
 	swept   time.Time
 }
 
+type clientBudget struct {
+	*rate.Limiter
+	credit int
+}
+
 func newFetchBudget() *fetchBudget {
-	return &fetchBudget{edge: rate.NewLimiter(fetchRate, fetchBurst), clients: map[string]*rate.Limiter{}}
+	return &fetchBudget{edge: rate.NewLimiter(fetchRate, fetchBurst), clients: map[string]*clientBudget{}}
 }
 
 // overflowClient is the budget clients share while maxFetchClients others
 // are busy.
 const overflowClient = "\x00overflow"
 
-// allow takes one read from client's budget and the edge's, or neither.
-func (b *fetchBudget) allow(client string, now time.Time) bool {
+// allow takes one read from client's budget and the edge's, or neither:
+// credits first, then tokens. found, called when the read found a
+// session, credits both.
+func (b *fetchBudget) allow(client string, now time.Time) (found func(), ok bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	l := b.clients[client]
@@ -319,14 +350,24 @@ func (b *fetchBudget) allow(client string, now time.Time) bool {
 			client = overflowClient
 		}
 		if l = b.clients[client]; l == nil {
-			l = rate.NewLimiter(clientRate, clientBurst)
+			l = &clientBudget{Limiter: rate.NewLimiter(clientRate, clientBurst)}
 			b.clients[client] = l
 		}
 	}
-	if l.TokensAt(now) < 1 || !b.edge.AllowN(now, 1) {
-		return false
+	found = func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		l.credit, b.credit = min(l.credit+1, clientBurst), min(b.credit+1, fetchBurst)
 	}
-	return l.AllowN(now, 1)
+	switch {
+	case l.credit > 0 && b.credit > 0:
+		l.credit--
+		b.credit--
+		return found, true
+	case l.TokensAt(now) < 1 || !b.edge.AllowN(now, 1):
+		return nil, false
+	}
+	return found, l.AllowN(now, 1)
 }
 
 // missed reports whether key was looked for in the bucket within missTTL.

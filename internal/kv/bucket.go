@@ -262,11 +262,12 @@ func (b *Bucket[T]) Keys(ctx context.Context, filter string) ([]string, error) {
 	return keys, nil
 }
 
-// List reads the live entries whose keys match a subject-style filter
-// (all of one user's sessions: "<user>.*"), in one consumer of the
-// stream.
-func (b *Bucket[T]) List(ctx context.Context, filter string) ([]Entry[T], error) {
-	w, err := b.kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
+// List reads the live entries whose keys match any of the subject-style
+// filters (all of one user's sessions: "<user>.*"; a page of users'), in
+// one consumer of the stream.
+func (b *Bucket[T]) List(ctx context.Context, filters ...string) ([]Entry[T], error) {
+	filter := strings.Join(filters, ",")
+	w, err := b.kv.WatchFiltered(ctx, filters, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, fmt.Errorf("list %s/%s: %w", b.name, filter, err)
 	}

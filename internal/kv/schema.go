@@ -58,6 +58,11 @@ func schemaVersion[T any]() int {
 	return 0
 }
 
+// Encode is a record as a bucket holds it: v's JSON, with its schema
+// version first when T has one. For writers that publish records
+// themselves (a benchmark filling a bucket in bulk).
+func Encode[T any](v T) ([]byte, error) { return encode(v) }
+
 // encode is v's JSON, with its schema version first when T has one.
 func encode[T any](v T) ([]byte, error) {
 	data, err := json.Marshal(v)

@@ -153,6 +153,9 @@ func (m *mirror) reconcile(ctx context.Context, user string) error {
 	if st.Claim == nil {
 		return m.claimGone(ctx, user)
 	}
+	if live, err := m.claimLive(ctx, user, st); err != nil || !live {
+		return err
+	}
 	if err := m.syncUser(ctx, user, st); err != nil {
 		return err
 	}
@@ -240,6 +243,33 @@ func (m *mirror) syncUser(ctx context.Context, user string, st sandbox.State) er
 	w.userCache.Note(user, rec, rev)
 	w.m.mirrorWrites.WithLabelValues(state.BucketUsers).Inc()
 	return nil
+}
+
+// claimLive reports whether the cached claim may have its records
+// written. Where a record is missing, a claim being deleted may not, nor
+// one the API server no longer has as cached. A delete command
+// purges the records while the informer may still hold the claim, and
+// writing them back from it would bring the deleted account back (its
+// token working) until the informer caught up. One read per reconcile of
+// a user without both records: signups, and deletions.
+func (m *mirror) claimLive(ctx context.Context, user string, st sandbox.State) (bool, error) {
+	w := m.w
+	_, hasUser := w.userCache.Get(user)
+	_, hasBox := w.boxCache.Get(user)
+	switch {
+	case hasUser && hasBox:
+		return true, nil // updated, a claim being deleted to Deleting
+	case st.Claim.DeletionTimestamp != nil:
+		return false, nil
+	}
+	live, err := w.k8s.GetClaim(ctx, user)
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, nil // the informer brings the deletion: claimGone then
+	case err != nil:
+		return false, w.kubeErr("get claim", err)
+	}
+	return live.UID == st.Claim.UID && live.DeletionTimestamp == nil, nil
 }
 
 // claimGone removes a user whose claim was deleted outside the gateway

@@ -1,0 +1,513 @@
+// Command scale is the scale benchmark (issue 28): it fills a real
+// JetStream server with the project's own buckets and records, as many
+// accounts as each size asks (five sessions each, a fifth of the
+// sandboxes running with a cached handshake), and at each size starts a
+// real edge against it and measures what grows with accounts: how long
+// the edge takes to be ready and its memory, then, once it has served
+// the active users, its memory again, a cached proxied request's CPU, how
+// long a revocation takes to reach it, the admin list's first page and a
+// page right after a write, and the store's size on disk. The sizes fill
+// one server in turn (each adds to the last), and the first, a handful of
+// accounts, is the baseline the cached request's CPU is compared with.
+//
+// It writes its section of docs/BENCHMARKS.md (between the scale
+// markers, after `make bench` has written the rest).
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/aaas-project/aaas/internal/dev/child"
+	"github.com/aaas-project/aaas/internal/dev/embednats"
+	"github.com/aaas-project/aaas/internal/dev/procstat"
+	"github.com/aaas-project/aaas/internal/handshake"
+	"github.com/aaas-project/aaas/internal/ident"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/state"
+)
+
+type options struct {
+	bin, out string
+	sizes    []int
+	active   int
+	requests int
+}
+
+func main() {
+	var o options
+	sizes := flag.String("sizes", "10,10000,100000", "account counts to measure, ascending; the first is the baseline")
+	flag.StringVar(&o.bin, "bin", "bin", "directory of the aaas binaries")
+	flag.StringVar(&o.out, "out", "docs/BENCHMARKS.md", "report file (its scale section is replaced)")
+	flag.IntVar(&o.active, "active", 10000, "users the edge serves at each size (at most the size)")
+	flag.IntVar(&o.requests, "requests", 20000, "cached proxied requests whose CPU is measured")
+	flag.Parse()
+	for _, s := range strings.Split(*sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 || len(o.sizes) > 0 && n <= o.sizes[len(o.sizes)-1] {
+			fmt.Fprintf(os.Stderr, "scale: -sizes must be ascending positive counts, got %q\n", *sizes)
+			os.Exit(2)
+		}
+		o.sizes = append(o.sizes, n)
+	}
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "scale:", err)
+		os.Exit(1)
+	}
+}
+
+// world is the filled server and what the measurements need of it.
+type world struct {
+	o        options
+	dir      string
+	ns       *embednats.Server
+	js       jetstream.JetStream
+	key      []byte
+	sealer   *handshake.Sealer
+	upstream string // the stand-in pods' address
+	// The first users' credentials, kept for the requests.
+	tokens   []string
+	sessions []string
+	filled   int
+}
+
+// row is one size's figures.
+type row struct {
+	accounts                    int
+	ready                       time.Duration
+	rssReady, rssServed         int64
+	cpuPerRequest               time.Duration
+	revocation                  time.Duration
+	adminFirst, adminAfterWrite time.Duration
+	storeBytes                  int64
+	fillRate                    float64
+}
+
+func run(o options) error {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "aaas-scale-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	ns, err := embednats.Start(embednats.Options{Dir: filepath.Join(dir, "nats")})
+	if err != nil {
+		return err
+	}
+	defer ns.Stop()
+	nc, err := nats.Connect(ns.URL())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	setup, err := child.Start(child.Options{Name: "setup", Path: filepath.Join(o.bin, "setup"), Env: child.Environ(map[string]string{
+		"NATS_URL": ns.URL(), "NATS_ALLOW_ANONYMOUS": "true", "PATH": os.Getenv("PATH"),
+	}), Output: os.Stderr})
+	if err != nil {
+		return err
+	}
+	if err := setup.Wait(ctx, time.Minute); err != nil {
+		return err
+	}
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	sealer, err := handshake.NewSealer(key)
+	if err != nil {
+		return err
+	}
+	up, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	page := bytes.Repeat([]byte("x"), 1024)
+	go func() {
+		_ = http.Serve(up, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(page) }))
+	}()
+	w := &world{o: o, dir: dir, ns: ns, js: js, key: key, sealer: sealer, upstream: up.Addr().String()}
+	if err := w.admin(ctx); err != nil {
+		return err
+	}
+	var rows []row
+	for _, n := range o.sizes {
+		start := time.Now()
+		if err := w.fill(ctx, n); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "scale: %d accounts filled in %s\n", n, time.Since(start).Round(time.Millisecond))
+		r, err := w.measure(ctx, n)
+		if err != nil {
+			return fmt.Errorf("at %d accounts: %w", n, err)
+		}
+		r.fillRate = float64(n) / time.Since(start).Seconds()
+		rows = append(rows, r)
+		fmt.Fprintf(os.Stderr, "scale: %+v\n", r)
+	}
+	return writeSection(o.out, report(o, rows))
+}
+
+// user is the i-th account's name.
+func user(i int) string { return fmt.Sprintf("u%07d", i) }
+
+// running says whether the i-th account's sandbox is running (one in
+// five).
+func running(i int) bool { return i%5 == 0 }
+
+// edgeHost is the Host the requests carry, the one the handshakes are
+// sealed for (path mode: the browser's host).
+const edgeHost = "scale.test"
+
+// adminHost serves the admin view (path mode needs one apart).
+const adminHost = "admin.scale.test"
+
+// adminName is the administrator the admin list is read as.
+const adminName = "scale-admin"
+
+var adminToken = ident.NewToken(adminName)
+
+func (w *world) admin(ctx context.Context) error {
+	v, err := kv.Encode(state.User{Name: adminName, TokenHash: ident.HashHex(adminToken), Managed: true, Created: time.Now()})
+	if err != nil {
+		return err
+	}
+	_, err = w.js.Publish(ctx, "$KV."+state.BucketUsers+"."+adminName, v)
+	return err
+}
+
+// fill adds accounts up to n: their account, sandbox, five sessions and,
+// running, a handshake; published in flight, a few thousand at a time.
+func (w *world) fill(ctx context.Context, n int) error {
+	type rec struct {
+		subject string
+		data    []byte
+	}
+	recs := make(chan rec, 1024)
+	errs := make(chan error, 1)
+	var wg sync.WaitGroup
+	inflight := make(chan struct{}, 2000) // under the client's 4000 async publishes
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for r := range recs {
+			f, err := w.js.PublishAsync(r.subject, r.data)
+			if err != nil {
+				select {
+				case errs <- err:
+				default:
+				}
+				continue
+			}
+			inflight <- struct{}{}
+			go func() {
+				defer func() { <-inflight }()
+				select {
+				case <-f.Ok():
+				case err := <-f.Err():
+					select {
+					case errs <- err:
+					default:
+					}
+				}
+			}()
+		}
+	}()
+	put := func(bucket, key string, v []byte) { recs <- rec{"$KV." + bucket + "." + key, v} }
+	now := time.Now()
+	for i := w.filled; i < n; i++ {
+		name := user(i)
+		token := ident.NewToken(name)
+		u, _ := kv.Encode(state.User{Name: name, TokenHash: ident.HashHex(token), Managed: true, Created: now})
+		put(state.BucketUsers, name, u)
+		box := state.Sandbox{User: name, Phase: state.PhaseSuspended, Managed: true}
+		if running(i) {
+			box.Phase, box.Address, box.PodUID, box.PodName, box.ReadySince = state.PhaseReady, w.upstream, "pod-"+name, "dsh-"+name, now
+			hk := state.HandshakeKey(name, box.PodUID, edgeHost)
+			h, _ := kv.Encode(state.Handshake{User: name, PodUID: box.PodUID, Host: edgeHost, Sealed: w.sealer.Seal([]byte("dsh-auth=scale"), []byte(hk)), At: now})
+			put(state.BucketHandshakes, hk, h)
+		}
+		b, _ := kv.Encode(box)
+		put(state.BucketSandboxes, name, b)
+		for s := range 5 {
+			sid := ident.NewSecret()
+			v, _ := kv.Encode(state.Session{User: name, Created: now, Expires: now.Add(7 * 24 * time.Hour), Via: "login"})
+			put(state.BucketSessions, state.SessionKey(name, ident.HashHex(sid)), v)
+			if s == 0 && i < w.o.active {
+				w.sessions = append(w.sessions, sid)
+			}
+		}
+		if i < w.o.active {
+			w.tokens = append(w.tokens, token)
+		}
+	}
+	close(recs)
+	wg.Wait()
+	select {
+	case <-w.js.PublishAsyncComplete():
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	for range cap(inflight) {
+		inflight <- struct{}{}
+	}
+	for range cap(inflight) {
+		<-inflight
+	}
+	select {
+	case err := <-errs:
+		return err
+	default:
+	}
+	w.filled = n
+	return nil
+}
+
+// edge is a started edge process.
+type edge struct {
+	p             *child.Process
+	addr, metrics string
+}
+
+func (w *world) startEdge() (*edge, error) {
+	ports := make([]int, 2)
+	for i := range ports {
+		p, err := embednats.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		ports[i] = p
+	}
+	e := &edge{addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), metrics: fmt.Sprintf("127.0.0.1:%d", ports[1])}
+	env := map[string]string{
+		"PATH": os.Getenv("PATH"), "NATS_URL": w.ns.URL(), "NATS_ALLOW_ANONYMOUS": "true",
+		"LISTEN_ADDR": e.addr, "METRICS_ADDR": e.metrics, "INSTANCE_ID": "edge-scale",
+		"PUBLIC_HOSTS": edgeHost, "OPEN_SIGNUP": "true", "COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1",
+		"HANDSHAKE_KEYS": base64.StdEncoding.EncodeToString(w.key), "LOG_LEVEL": "debug",
+		"ADMIN_USERS": adminName + ":" + ident.HashHex(adminToken), "ADMIN_HOSTS": adminHost,
+	}
+	p, err := child.Start(child.Options{Name: "edge", Path: filepath.Join(w.o.bin, "edge"), Env: child.Environ(env), Log: filepath.Join(w.dir, "edge.log")})
+	if err != nil {
+		return nil, err
+	}
+	e.p = p
+	return e, nil
+}
+
+var client = &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+
+// get asks the edge for path as Host edgeHost with header pairs; it
+// returns the status.
+func (e *edge) get(path string, header ...string) (int, error) {
+	return e.getAt(edgeHost, path, header...)
+}
+
+// getAt is get with Host host.
+func (e *edge) getAt(host, path string, header ...string) (int, error) {
+	req, err := http.NewRequest(http.MethodGet, "http://"+e.addr+path, nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Host = host
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 500 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return resp.StatusCode, fmt.Errorf("%d: %s", resp.StatusCode, b)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, nil
+}
+
+func (w *world) measure(ctx context.Context, n int) (row, error) {
+	r := row{accounts: n}
+	start := time.Now()
+	e, err := w.startEdge()
+	if err != nil {
+		return r, err
+	}
+	defer e.p.Stop(10 * time.Second)
+	for {
+		resp, err := client.Get("http://" + e.metrics + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if e.p.Exited() || time.Since(start) > 5*time.Minute {
+			return r, fmt.Errorf("edge not ready after %s: %s", time.Since(start).Round(time.Second), e.p.LogTail(20))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.ready = time.Since(start)
+	if r.rssReady, err = procstat.RSS(e.p.PID()); err != nil {
+		return r, err
+	}
+	// The active users, each once: a page that reads their session,
+	// account and sandbox.
+	active := min(w.o.active, n)
+	if err := parallel(active, func(i int) error {
+		if code, err := e.get("/_/status", "Cookie", "dsh_gw_session="+w.sessions[i]+"; dsh_gw_session_user="+user(i)); err != nil || code != http.StatusOK {
+			return fmt.Errorf("%s's status: %d %v\n%s", user(i), code, err, e.p.LogTail(10))
+		}
+		return nil
+	}); err != nil {
+		return r, err
+	}
+	if r.rssServed, err = procstat.RSS(e.p.PID()); err != nil {
+		return r, err
+	}
+	// Cached proxied requests of the running among them.
+	var runners []int
+	for i := 0; i < active && len(runners) < 100; i++ {
+		if running(i) {
+			runners = append(runners, i)
+		}
+	}
+	warm := func(i int) error {
+		u := runners[i%len(runners)]
+		if code, err := e.get("/u/"+user(u)+"/x", "Authorization", "Bearer "+w.tokens[u]); err != nil || code != http.StatusOK {
+			return fmt.Errorf("%s's sandbox: %d %v", user(u), code, err)
+		}
+		return nil
+	}
+	if err := parallel(len(runners), warm); err != nil {
+		return r, err
+	}
+	before := procstat.CPUTime(e.p.PID())
+	if err := parallel(w.o.requests, warm); err != nil {
+		return r, err
+	}
+	r.cpuPerRequest = (procstat.CPUTime(e.p.PID()) - before) / time.Duration(w.o.requests)
+	// A revocation elsewhere: the session of a user this edge served.
+	sessions, err := kv.Open[state.Session](ctx, w.js, state.BucketSessions)
+	if err != nil {
+		return r, err
+	}
+	victim := active - 1
+	cookie := "dsh_gw_session=" + w.sessions[victim] + "; dsh_gw_session_user=" + user(victim)
+	revoked := time.Now()
+	if err := sessions.Purge(ctx, state.SessionKey(user(victim), ident.HashHex(w.sessions[victim]))); err != nil {
+		return r, err
+	}
+	for {
+		code, err := e.get("/_/status", "Cookie", cookie)
+		if err != nil {
+			return r, err
+		}
+		if code == http.StatusUnauthorized {
+			break
+		}
+		if time.Since(revoked) > time.Minute {
+			return r, errors.New("the revocation never reached the edge")
+		}
+	}
+	r.revocation = time.Since(revoked)
+	// The victim signs in again, for the next size.
+	w.sessions[victim] = ident.NewSecret()
+	if _, err := sessions.Put(ctx, state.SessionKey(user(victim), ident.HashHex(w.sessions[victim])), state.Session{User: user(victim), Created: time.Now(), Expires: time.Now().Add(time.Hour), Via: "login"}); err != nil {
+		return r, err
+	}
+	// The admin list: its first page (the names load) and one right
+	// after a write.
+	admin := func() (time.Duration, error) {
+		t := time.Now()
+		code, err := e.getAt(adminHost, "/_/admin/users?limit=50&after="+user(n/2), "Authorization", "Bearer "+adminToken)
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("admin list: %d", code)
+		}
+		return time.Since(t), err
+	}
+	if r.adminFirst, err = admin(); err != nil {
+		return r, err
+	}
+	users, err := kv.Open[state.User](ctx, w.js, state.BucketUsers)
+	if err != nil {
+		return r, err
+	}
+	if _, err := users.Put(ctx, "written-"+strconv.Itoa(n), state.User{Name: "written-" + strconv.Itoa(n), Created: time.Now()}); err != nil {
+		return r, err
+	}
+	time.Sleep(100 * time.Millisecond) // the write reaches the edge's key set
+	if r.adminAfterWrite, err = admin(); err != nil {
+		return r, err
+	}
+	r.storeBytes, err = dirSize(w.ns.Dir())
+	return r, err
+}
+
+// parallel runs fn(0..n-1) on 8 workers, stopping at the first error.
+func parallel(n int, fn func(i int) error) error {
+	var next, failed sync.Mutex
+	var first error
+	i := 0
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				next.Lock()
+				j := i
+				i++
+				next.Unlock()
+				failed.Lock()
+				stop := first != nil
+				failed.Unlock()
+				if j >= n || stop {
+					return
+				}
+				if err := fn(j); err != nil {
+					failed.Lock()
+					if first == nil {
+						first = err
+					}
+					failed.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+func dirSize(dir string) (int64, error) {
+	var total int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		info, err := d.Info()
+		if err == nil {
+			total += info.Size()
+		}
+		return err
+	})
+	return total, err
+}
