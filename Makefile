@@ -83,8 +83,9 @@ lint: tools
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(STATICCHECK) ./...
 
-## bench: micro-benchmarks, devcluster benchmarks, and the proxy benchmark: the edge beside direct
-## access, nginx, haproxy, Caddy, Traefik and configurable-http-proxy (writes docs/BENCHMARKS.md)
+## bench: micro-benchmarks, devcluster benchmarks, the proxy benchmark (the edge beside direct
+## access, nginx, haproxy, Caddy, Traefik and configurable-http-proxy) and the scale benchmark
+## (an edge against a server filled with accounts) (writes docs/BENCHMARKS.md)
 bench: tools build
 	@hack/tools.sh debian wrk haproxy strace
 	@hack/tools.sh bench
@@ -93,6 +94,7 @@ bench: tools build
 	go test -run '^$$' -bench ClaimsFromWarmPool -benchtime 5x -count=1 ./internal/lifecycle/
 	go test -run '^$$' -bench SignupLatency -benchtime 30x -count=1 ./test/e2e/accounts/
 	go run ./hack/bench -bin $(BIN) -out docs/BENCHMARKS.md
+	go run ./hack/scale -bin $(BIN) -out docs/BENCHMARKS.md
 
 ## reliability: the fault suite (test/e2e/faults) at full scale, printing each scenario's table
 ## (the figures of docs/RELIABILITY.md); make test runs it smaller

@@ -172,6 +172,12 @@ func run(o options) error {
 	}
 
 	report := r.report()
+	// The scale section (hack/scale) is another run's: kept as it was.
+	if old, err := os.ReadFile(o.out); err == nil {
+		if i := bytes.Index(old, []byte("<!-- scale:")); i >= 0 {
+			report = append(append(bytes.TrimRight(report, "\n"), "\n\n"...), old[i:]...)
+		}
+	}
 	if err := os.WriteFile(o.out, report, 0o644); err != nil {
 		return err
 	}
