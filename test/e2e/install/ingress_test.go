@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
+	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/dev/devcluster"
 	"github.com/aaas-project/aaas/internal/dev/testenv"
 )
@@ -206,11 +208,17 @@ func TestBrowserOnTheSandboxOrigin(t *testing.T) {
 	if len(sb) != 1 || sb[0].Name != "__Host-aaas-sandbox" || sb[0].Domain != "carol."+sandboxDomain || sb[0].Path != "/" || !sb[0].Secure || !sb[0].HTTPOnly || sb[0].SameSite != network.CookieSameSiteLax {
 		t.Fatalf("the sandbox origin's cookies: %s", describe(sb))
 	}
-	// Positive control: the browser holds the gateway's session, for the
-	// gateway only.
+	// Positive control: the browser holds the gateway's session and the
+	// cookie naming its user, for the gateway only.
 	gw := cookies("https://" + domain + "/")
-	if len(gw) != 1 || gw[0].Name != "__Host-dsh_gw_session" || gw[0].Domain != domain || !gw[0].Secure || !gw[0].HTTPOnly {
+	slices.SortFunc(gw, func(a, b *network.Cookie) int { return strings.Compare(a.Name, b.Name) })
+	if len(gw) != 2 || gw[0].Name != "__Host-dsh_gw_session" || gw[1].Name != auth.UserCookie("__Host-dsh_gw_session") {
 		t.Fatalf("the gateway's cookies: %s", describe(gw))
+	}
+	for _, c := range gw {
+		if c.Domain != domain || !c.Secure || !c.HTTPOnly {
+			t.Fatalf("the gateway's cookies: %s", describe(gw))
+		}
 	}
 	t.Logf("sandbox origin: %s; gateway: %s", describe(sb), describe(gw))
 }
