@@ -2,11 +2,13 @@ package admin
 
 import (
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/aaas-project/aaas/internal/dev/embednats"
 	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/natsauth"
 	"github.com/nats-io/nats.go"
@@ -29,6 +31,22 @@ func TestReadThroughEveryNodeOfACluster(t *testing.T) {
 	if err := events.EnsureStreams(ctx, admin, events.DefaultStreamsConfig()); err != nil {
 		t.Fatal(err)
 	}
+	// A stream just made in a cluster just formed answers once it has
+	// elected its leader (CI once published before: no response).
+	testutil.Eventually(t, time.Minute, func() error {
+		s, err := admin.Stream(ctx, events.StreamAudit)
+		if err != nil {
+			return err
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.Cluster == nil || info.Cluster.Leader == "" {
+			return errors.New("the audit stream has no leader yet")
+		}
+		return nil
+	})
 	const n = 30
 	for i := range n {
 		e := events.AuditEvent{V: events.SchemaVersion, Kind: events.AuditLogin, User: "ann", Outcome: "ok", At: time.Now().Add(time.Duration(i))}
