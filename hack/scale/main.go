@@ -36,6 +36,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/aaas-project/aaas/internal/dev/bulk"
 	"github.com/aaas-project/aaas/internal/dev/child"
 	"github.com/aaas-project/aaas/internal/dev/embednats"
 	"github.com/aaas-project/aaas/internal/dev/procstat"
@@ -198,41 +199,8 @@ func (w *world) admin(ctx context.Context) error {
 // fill adds accounts up to n: their account, sandbox, five sessions and,
 // running, a handshake; published in flight, a few thousand at a time.
 func (w *world) fill(ctx context.Context, n int) error {
-	type rec struct {
-		subject string
-		data    []byte
-	}
-	recs := make(chan rec, 1024)
-	errs := make(chan error, 1)
-	var wg sync.WaitGroup
-	inflight := make(chan struct{}, 2000) // under the client's 4000 async publishes
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for r := range recs {
-			f, err := w.js.PublishAsync(r.subject, r.data)
-			if err != nil {
-				select {
-				case errs <- err:
-				default:
-				}
-				continue
-			}
-			inflight <- struct{}{}
-			go func() {
-				defer func() { <-inflight }()
-				select {
-				case <-f.Ok():
-				case err := <-f.Err():
-					select {
-					case errs <- err:
-					default:
-					}
-				}
-			}()
-		}
-	}()
-	put := func(bucket, key string, v []byte) { recs <- rec{"$KV." + bucket + "." + key, v} }
+	bw := bulk.New(w.js)
+	put := func(bucket, key string, v []byte) { bw.Put("$KV."+bucket+"."+key, v) }
 	now := time.Now()
 	for i := w.filled; i < n; i++ {
 		name := user(i)
@@ -260,23 +228,8 @@ func (w *world) fill(ctx context.Context, n int) error {
 			w.tokens = append(w.tokens, token)
 		}
 	}
-	close(recs)
-	wg.Wait()
-	select {
-	case <-w.js.PublishAsyncComplete():
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	for range cap(inflight) {
-		inflight <- struct{}{}
-	}
-	for range cap(inflight) {
-		<-inflight
-	}
-	select {
-	case err := <-errs:
+	if err := bw.Wait(ctx); err != nil {
 		return err
-	default:
 	}
 	w.filled = n
 	return nil

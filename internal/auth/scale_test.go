@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/dev/bulk"
 	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/state"
@@ -15,7 +16,7 @@ import (
 // 100k sessions (20k accounts, five each) it holds none until one is
 // used, then exactly that one, found by the key its cookies name. The
 // bucket's own count, the control, says all 100k are there. (The scale
-// benchmark, hack/bench -scale, measures the times.)
+// benchmark, hack/scale, measures the times.)
 func TestStoreStartsEmptyAgainst100kSessions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fills a bucket with 100k sessions")
@@ -24,41 +25,18 @@ func TestStoreStartsEmptyAgainst100kSessions(t *testing.T) {
 	ctx := natstest.Context(t, 5*time.Minute)
 	const accounts, each = 20_000, 5
 	var last, lastUser string
-	futures := make(chan struct{}, 2000) // under the client's 4000 async publishes in flight
-	errs := make(chan error, 1)
+	bw := bulk.New(js)
 	for i := range accounts {
 		user := fmt.Sprintf("u%06d", i)
 		for range each {
 			sid := ident.NewSecret()
 			v, _ := json.Marshal(state.Session{User: user, Created: time.Now(), Expires: time.Now().Add(time.Hour), Via: "login"})
-			f, err := js.PublishAsync("$KV."+state.BucketSessions+"."+state.SessionKey(user, ident.HashHex(sid)), v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			futures <- struct{}{}
-			go func() {
-				defer func() { <-futures }()
-				select {
-				case <-f.Ok():
-				case err := <-f.Err():
-					select {
-					case errs <- err:
-					default:
-					}
-				}
-			}()
+			bw.Put("$KV."+state.BucketSessions+"."+state.SessionKey(user, ident.HashHex(sid)), v)
 			last, lastUser = sid, user
 		}
 	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-ctx.Done():
-		t.Fatal(ctx.Err())
-	}
-	select {
-	case err := <-errs:
+	if err := bw.Wait(ctx); err != nil {
 		t.Fatal(err)
-	default:
 	}
 
 	store := newStore(t, ctx, js, 10)
