@@ -21,12 +21,23 @@ type Publisher struct {
 	js     jetstream.JetStream
 	source string
 	log    *slog.Logger
+	// settle bounds how long Command keeps asking about a copy of its
+	// command that another publisher is storing.
+	settle time.Duration
 }
 
 // NewPublisher returns a publisher that stamps source (the process's
 // instance id) on what it sends.
 func NewPublisher(js jetstream.JetStream, source string, log *slog.Logger) *Publisher {
-	return &Publisher{js: js, source: source, log: log}
+	p := &Publisher{js: js, source: source, log: log, settle: minSettle}
+	// A copy being stored by a leader elected a moment ago commits when
+	// its new quorum does, which can take as long as the election itself:
+	// a connection that rides out elections (natsconn's) waits as long
+	// for the copy.
+	if f, ok := js.(interface{ FailoverWait() time.Duration }); ok {
+		p.settle = max(p.settle, f.FailoverWait())
+	}
+	return p
 }
 
 // Command publishes c with its ID as Nats-Msg-Id. It reports whether the
@@ -45,6 +56,7 @@ func (p *Publisher) Command(ctx context.Context, c Command) (duplicate bool, err
 	if err != nil {
 		return false, fmt.Errorf("publish %s command: %w", c.Verb, err)
 	}
+	deadline := time.Now().Add(p.settle)
 	for attempt := 1; ; attempt++ {
 		ack, err := p.js.PublishMsg(ctx, &nats.Msg{Subject: c.Subject(), Data: data}, jetstream.WithMsgID(c.ID))
 		switch {
@@ -55,11 +67,11 @@ func (p *Publisher) Command(ctx context.Context, c Command) (duplicate bool, err
 		// stream says so instead of waiting. Ask again shortly: the answer
 		// is then "duplicate" once that one is stored, or this one is
 		// stored if that one failed.
-		case inProcess(err) && attempt < maxInProcessRetries:
+		case inProcess(err) && time.Now().Before(deadline):
 			select {
 			case <-ctx.Done():
 				return false, fmt.Errorf("publish %s command for %s: %w", c.Verb, c.User, ctx.Err())
-			case <-time.After(time.Duration(attempt) * 20 * time.Millisecond):
+			case <-time.After(min(time.Duration(attempt)*20*time.Millisecond, maxSettlePause)):
 			}
 		default:
 			return false, fmt.Errorf("publish %s command for %s: %w", c.Verb, c.User, err)
@@ -70,9 +82,13 @@ func (p *Publisher) Command(ctx context.Context, c Command) (duplicate bool, err
 // errCodeInProcess is JetStream's "duplicate message id is in process".
 const errCodeInProcess jetstream.ErrorCode = 10158
 
-// maxInProcessRetries bounds the retries of a command another publisher
-// is storing (about a second in all).
-const maxInProcessRetries = 10
+// minSettle is how long Command asks about a copy of its command another
+// publisher is storing, on a connection that does not ride out elections;
+// maxSettlePause is the longest pause between two asks.
+const (
+	minSettle      = time.Second
+	maxSettlePause = 250 * time.Millisecond
+)
 
 func inProcess(err error) bool {
 	var apiErr *jetstream.APIError

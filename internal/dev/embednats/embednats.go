@@ -230,13 +230,17 @@ func (c *Cluster) Stop(i int) {
 	}
 }
 
-// Restart brings node i back with its store and ports.
-func (c *Cluster) Restart(i int) error {
-	s, err := Start(c.opts[i])
-	if err != nil {
-		return err
+// Restart brings nodes back with their stores and ports, all of them
+// before it waits for the cluster: a cluster that lost its quorum forms
+// again only once enough of them run.
+func (c *Cluster) Restart(nodes ...int) error {
+	for _, i := range nodes {
+		s, err := Start(c.opts[i])
+		if err != nil {
+			return err
+		}
+		c.Nodes[i] = s
 	}
-	c.Nodes[i] = s
 	return c.waitJetStream(30 * time.Second)
 }
 

@@ -2,6 +2,7 @@ package faults
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -114,10 +115,19 @@ func TestNATSNodeLoss(t *testing.T) {
 			c := s.users[u]
 			wg.Go(func() {
 				r, err := c.HTTP.Do(mustRequest(t, s.front.URL()+"/u/"+u+"/api/files"))
-				if err == nil {
-					r.Body.Close()
+				if err != nil {
+					note("wake", r, err)
+					return
 				}
-				note("wake", r, err)
+				body, _ := io.ReadAll(io.LimitReader(r.Body, 300))
+				r.Body.Close()
+				note("wake", r, nil)
+				if r.StatusCode >= 300 {
+					// The answer's detail says which step refused.
+					mu.Lock()
+					failures = append(failures, fmt.Sprintf("wake %s: %s", u, body))
+					mu.Unlock()
+				}
 			})
 		}
 	}
