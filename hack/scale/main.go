@@ -40,6 +40,7 @@ import (
 	"github.com/aaas-project/aaas/internal/dev/child"
 	"github.com/aaas-project/aaas/internal/dev/embednats"
 	"github.com/aaas-project/aaas/internal/dev/procstat"
+	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
@@ -109,7 +110,12 @@ func run(o options) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	ns, err := embednats.Start(embednats.Options{Dir: filepath.Join(dir, "nats")})
+	// The buckets are sized for the largest size (README, Sizing), and
+	// the store reserves what that takes.
+	sizing := state.DefaultBucketsConfig()
+	sizing.Accounts = max(sizing.Accounts, o.sizes[len(o.sizes)-1])
+	reserve := events.DefaultStreamsConfig().StoreBytes() + sizing.StoreBytes()
+	ns, err := embednats.Start(embednats.Options{Dir: filepath.Join(dir, "nats"), MaxStore: reserve + 1<<30})
 	if err != nil {
 		return err
 	}
@@ -125,6 +131,7 @@ func run(o options) error {
 	}
 	setup, err := child.Start(child.Options{Name: "setup", Path: filepath.Join(o.bin, "setup"), Env: child.Environ(map[string]string{
 		"NATS_URL": ns.URL(), "NATS_ALLOW_ANONYMOUS": "true", "PATH": os.Getenv("PATH"),
+		"EXPECTED_ACCOUNTS": strconv.Itoa(sizing.Accounts),
 	}), Output: os.Stderr})
 	if err != nil {
 		return err

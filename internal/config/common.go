@@ -74,8 +74,24 @@ func LoadCommon(e *Env, defaultMetrics string) Common {
 	// origin, one redirect: a minute is ample, and the less time a code
 	// (which is in a URL) is good for, the less a leaked one is worth.
 	c.Buckets.SigninCodeTTL = e.Duration("SIGNIN_CODE_TTL", c.Buckets.SigninCodeTTL, 5*time.Second, time.Minute)
+	// The caps of the buckets that grow with accounts (README, Sizing).
+	c.Buckets.Accounts = e.Int("EXPECTED_ACCOUNTS", DefaultExpectedAccounts, 1000, 100_000_000)
+	c.Buckets.SessionsPerUser = e.Int("EXPECTED_SESSIONS_PER_USER", DefaultExpectedSessionsPerUser, 1, 1000)
 	return c
 }
+
+// DefaultExpectedAccounts and DefaultExpectedSessionsPerUser size a
+// deployment's buckets when EXPECTED_ACCOUNTS and
+// EXPECTED_SESSIONS_PER_USER are not set: a million accounts, signed in
+// from five browsers each.
+const (
+	DefaultExpectedAccounts        = 1_000_000
+	DefaultExpectedSessionsPerUser = 5
+)
+
+// NATSStoreBytes is what the streams and buckets reserve on each NATS
+// node: its max_file_store must be at least this (README, Sizing).
+func (c Common) NATSStoreBytes() int64 { return c.Streams.StoreBytes() + c.Buckets.StoreBytes() }
 
 func defaultInstanceID() string {
 	host, _ := os.Hostname()

@@ -54,13 +54,24 @@ func DefaultStreamsConfig() StreamsConfig {
 		ActivityMaxAge:  7 * 24 * time.Hour,
 		AuditMaxAge:     30 * 24 * time.Hour,
 		UsageMaxAge:     93 * 24 * time.Hour,
-		// 1.75 GiB in all; with the buckets' 2.6 GiB within the 6 GiB the
-		// embedded server and the manifests' 8 GiB store reserve.
+		// 1.75 GiB in all: with the buckets (state.BucketsConfig's
+		// StoreBytes) what each NATS node reserves (README, Sizing).
 		CommandsMaxBytes: 256 << 20,
 		ActivityMaxBytes: 256 << 20,
 		AuditMaxBytes:    1 << 30,
 		UsageMaxBytes:    256 << 20,
 	}
+}
+
+// StoreBytes is what the streams reserve in all on each NATS node that
+// holds a replica of every one (JetStream reserves each cap against the
+// node's max_file_store).
+func (c StreamsConfig) StoreBytes() int64 {
+	var sum int64
+	for _, sc := range StreamConfigs(c) {
+		sum += sc.MaxBytes
+	}
+	return sum
 }
 
 // StreamConfigs returns the stream definitions.

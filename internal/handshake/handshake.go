@@ -115,11 +115,20 @@ func Exchange(ctx context.Context, client *http.Client, r Request) (string, erro
 	}
 	for _, c := range resp.Cookies() {
 		if strings.HasPrefix(c.Name, "dsh-auth-") && c.Value != "" {
+			if n := len(c.Name) + 1 + len(c.Value); n > MaxCookieLen {
+				return "", &Error{Status: resp.StatusCode, Reason: fmt.Sprintf("DSH set a dsh-auth cookie of %d bytes; the gateway keeps at most %d", n, MaxCookieLen)}
+			}
 			return c.Name + "=" + c.Value, nil
 		}
 	}
 	return "", &Error{Status: resp.StatusCode, Reason: fmt.Sprintf("DSH answered the handshake with %d but set no dsh-auth cookie", resp.StatusCode)}
 }
+
+// MaxCookieLen bounds the auth cookie a handshake keeps (name=value).
+// DSH's is a short token; the pod answering is the tenant's, and what it
+// sets is sealed into the shared handshakes bucket, whose cap is sized
+// per record (state's capacities).
+const MaxCookieLen = 512
 
 // Timeout bounds one exchange: DSH answers a handshake at once, and a pod
 // that accepts the connection and stays silent must not hold a worker.

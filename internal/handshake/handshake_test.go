@@ -136,3 +136,30 @@ func TestExchangeAgainstDSH(t *testing.T) {
 		t.Fatalf("unreachable DSH: error %v must exist and must not carry the token", err)
 	}
 }
+
+// TestExchangeRefusesAnOversizedCookie: a pod answering the handshake is
+// the tenant's, and may set any cookie; one longer than MaxCookieLen is a
+// failed handshake (nothing kept), and one at the bound is kept.
+func TestExchangeRefusesAnOversizedCookie(t *testing.T) {
+	for _, tc := range []struct {
+		n    int
+		kept bool
+	}{{handshake.MaxCookieLen, true}, {handshake.MaxCookieLen + 1, false}, {1 << 20, false}} {
+		name := "dsh-auth-8888"
+		value := strings.Repeat("v", tc.n-len(name)-1)
+		ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.SetCookie(w, &http.Cookie{Name: name, Value: value, Path: "/"})
+			w.Header().Set("Location", "/")
+			w.WriteHeader(http.StatusSeeOther)
+		}))
+		cookie, err := handshake.Exchange(context.Background(), handshake.Client(), handshake.Request{Address: strings.TrimPrefix(ts.URL, "http://"), Token: "tok", Host: "localhost"})
+		ts.Close()
+		var herr *handshake.Error
+		switch {
+		case tc.kept && (err != nil || cookie != name+"="+value):
+			t.Errorf("a %d-byte cookie: %d bytes kept, %v", tc.n, len(cookie), err)
+		case !tc.kept && (cookie != "" || !errors.As(err, &herr) || !strings.Contains(err.Error(), "at most")):
+			t.Errorf("a %d-byte cookie: %d bytes kept, %v", tc.n, len(cookie), err)
+		}
+	}
+}

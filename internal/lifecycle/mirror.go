@@ -184,6 +184,7 @@ func (m *mirror) reconcile(ctx context.Context, user string) error {
 	case next.Phase == state.PhaseReady:
 		delete(m.restarts, user)
 	}
+	next = next.Clipped()
 	if sameRecord(prev.Value, next) {
 		return nil
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -158,13 +159,20 @@ func nkeyOption(file string) (nats.Option, error) {
 // bucket and the commands' consumer, with the setup identity (the only one
 // allowed to). A JetStream cluster that is still electing its leaders
 // refuses for a while; Provision retries until it succeeds or ctx ends.
+//
+// A NATS whose store cannot hold the caps (max_file_store below what
+// EXPECTED_ACCOUNTS needs) is not waited for: Provision says how much
+// each node needs and returns (ErrStoreTooSmall).
 func Provision(ctx context.Context, js jetstream.JetStream, s events.StreamsConfig, b state.BucketsConfig, commands events.ConsumerConfig, log *slog.Logger) error {
 	return retry(ctx, log, "nats not ready for provisioning", func(ctx context.Context) error {
-		if err := events.EnsureStreams(ctx, js, s); err != nil {
+		if err := reserve(ctx, js, s, b); err != nil {
 			return err
 		}
+		if err := events.EnsureStreams(ctx, js, s); err != nil {
+			return tooSmall(err, s, b)
+		}
 		if err := state.EnsureBuckets(ctx, js, b); err != nil {
-			return err
+			return tooSmall(err, s, b)
 		}
 		_, err := events.EnsureConsumer(ctx, js, commands)
 		return err
@@ -190,13 +198,99 @@ func Require(ctx context.Context, js jetstream.JetStream, streams, buckets []str
 	})
 }
 
+// reserve makes sure, before anything is created or grown, that NATS can
+// reserve what the caps add to those already in place: it creates a probe
+// stream of that size, replicated like the others, and deletes it. A store
+// too small then refuses the probe, not the fifth of a dozen buckets, and
+// nothing is left half provisioned (which a cluster cannot always shrink
+// back: it checks a lowered cap against the room left as if the stream
+// did not hold its own reservation).
+func reserve(ctx context.Context, js jetstream.JetStream, s events.StreamsConfig, b state.BucketsConfig) error {
+	var grow int64
+	for _, sc := range events.StreamConfigs(s) {
+		g, err := growth(ctx, js, sc.Name, sc.MaxBytes)
+		if err != nil {
+			return err
+		}
+		grow += g
+	}
+	for _, bc := range state.BucketConfigs(b) {
+		g, err := growth(ctx, js, "KV_"+bc.Bucket, bc.MaxBytes)
+		if err != nil {
+			return err
+		}
+		grow += g
+	}
+	// A probe a setup killed midway left would hold its reservation.
+	if err := js.DeleteStream(ctx, probeStream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("delete stream %s: %w", probeStream, err)
+	}
+	if grow == 0 {
+		return nil
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: probeStream, Description: "setup's check that the caps fit; deleted at once",
+		Subjects: []string{probeStream}, MaxBytes: grow, Replicas: b.Replicas, Storage: jetstream.FileStorage,
+	}); err != nil {
+		return tooSmall(fmt.Errorf("reserve %d MiB more: %w", grow>>20, err), s, b)
+	}
+	if err := js.DeleteStream(ctx, probeStream); err != nil {
+		return fmt.Errorf("delete stream %s: %w", probeStream, err)
+	}
+	return nil
+}
+
+// probeStream is reserve's stream.
+const probeStream = "AAAS_SIZING_PROBE"
+
+// growth is how much more than now stream name's cap reserves at want.
+func growth(ctx context.Context, js jetstream.JetStream, name string, want int64) (int64, error) {
+	st, err := js.Stream(ctx, name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return want, nil
+	case err != nil:
+		return 0, fmt.Errorf("stream %s: %w", name, err)
+	}
+	return max(0, want-st.CachedInfo().Config.MaxBytes), nil
+}
+
+// ErrStoreTooSmall: a NATS node cannot reserve the caps of the streams
+// and buckets (README, Sizing).
+var ErrStoreTooSmall = errors.New("the NATS store is too small for the streams' and buckets' caps")
+
+// JetStream's codes for a cap it cannot reserve (nats.go names none).
+const (
+	errCodeNoPeers         jetstream.ErrorCode = 10005
+	errCodeInsufficient    jetstream.ErrorCode = 10023
+	errCodeStorageExceeded jetstream.ErrorCode = 10047
+)
+
+// tooSmall is err, explained, when it is JetStream refusing to reserve a
+// cap: in a cluster "no suitable peers for placement, insufficient
+// storage", on one server "insufficient storage resources available".
+func tooSmall(err error, s events.StreamsConfig, b state.BucketsConfig) error {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return err
+	}
+	switch {
+	case apiErr.ErrorCode == errCodeStorageExceeded, apiErr.ErrorCode == errCodeInsufficient,
+		apiErr.ErrorCode == errCodeNoPeers && strings.Contains(apiErr.Description, "insufficient storage"):
+		return fmt.Errorf("%w: every NATS node needs a max_file_store of at least %d MiB for EXPECTED_ACCOUNTS=%d and EXPECTED_SESSIONS_PER_USER=%d (README, Sizing); raise it, or lower those: %w",
+			ErrStoreTooSmall, (s.StoreBytes()+b.StoreBytes()+1<<20-1)>>20, b.Accounts, b.SessionsPerUser, err)
+	}
+	return err
+}
+
 func retry(ctx context.Context, log *slog.Logger, what string, f func(context.Context) error) error {
 	delay := 250 * time.Millisecond
 	for {
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := f(actx)
 		cancel()
-		if err == nil || ctx.Err() != nil {
+		// A store too small stays so until an operator resizes NATS.
+		if err == nil || ctx.Err() != nil || errors.Is(err, ErrStoreTooSmall) {
 			return err
 		}
 		log.Warn(what+"; retrying", "err", err, "in", delay)

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -49,6 +50,10 @@ type BucketsConfig struct {
 	// SigninCodeTTL is SIGNIN_CODE_TTL: how long a sign-in code for a
 	// sandbox origin stays good (at most a minute).
 	SigninCodeTTL time.Duration
+	// Accounts is EXPECTED_ACCOUNTS and SessionsPerUser
+	// EXPECTED_SESSIONS_PER_USER: the caps of the buckets whose records
+	// grow with accounts are derived from them (MaxBytes).
+	Accounts, SessionsPerUser int
 }
 
 // DefaultBucketsConfig is the development sizing.
@@ -60,35 +65,103 @@ func DefaultBucketsConfig() BucketsConfig {
 		RequestTTL:    15 * time.Minute,
 		RateWindow:    time.Minute,
 		SigninCodeTTL: 30 * time.Second,
+		// Small enough that every cap is its floor: what a development
+		// server (embednats: 6 GiB) can reserve.
+		Accounts:        10_000,
+		SessionsPerUser: 5,
 	}
+}
+
+// capacity is how one bucket's cap is derived: record is the most one
+// record takes in the store (its subject, headers and JSON, and the
+// store's own framing: TestRecordBytes stores the largest record of each
+// kind and checks), perMille how many records a thousand accounts hold
+// there (sessions: SessionsPerUser each), and floor the cap a small
+// deployment keeps. Buckets that traffic fills, not accounts (rate limits,
+// command answers, sign-in codes, leases, calls in flight, budgets an
+// administrator sets), keep their floor.
+type capacity struct {
+	record, perMille, floor int64
+}
+
+var capacities = map[string]capacity{
+	BucketSessions: {record: 640, floor: 512 << 20},
+	BucketUsers:    {record: 512, perMille: 1000, floor: 256 << 20},
+	// Reason and Detail at MaxReasonLen.
+	BucketSandboxes: {record: 1280, perMille: 1000, floor: 256 << 20},
+	// A cookie at handshake.MaxCookieLen; one a day per account (the
+	// records of pods gone are purged, the rest expire with HandshakeTTL).
+	BucketHandshakes:  {record: 1280, perMille: 1000, floor: 512 << 20},
+	BucketRequests:    {floor: 256 << 20},
+	BucketRateLimit:   {floor: 256 << 20},
+	BucketLocks:       {floor: 16 << 20},
+	BucketSigninCodes: {floor: 32 << 20},
+	// A month's record of an account that calls models (64 recent call
+	// ids make it the largest): a month of calls by every account, or a
+	// year's by one in twelve.
+	BucketUsage:      {record: 2560, perMille: 1000, floor: 256 << 20},
+	BucketBudgets:    {floor: 32 << 20},
+	BucketModelCalls: {floor: 32 << 20},
+	// A provider key of the longest kind; one account in four brings one.
+	BucketCredentials: {record: 2048, perMille: 250, floor: 64 << 20},
+	// Groups are bounded (MaxGroups), but a user in more than a dozen is
+	// rare: a dozen long names is what is budgeted.
+	BucketUserGroups: {record: 1024, perMille: 1000, floor: 64 << 20},
+	BucketKeepAwake:  {record: 256, perMille: 1000, floor: 16 << 20},
+	BucketAPITokens:  {record: 512, perMille: 1000, floor: 64 << 20},
+	// Every account waiting at once (a Monday morning under a tight cap).
+	BucketQueue: {record: 256, perMille: 1000, floor: 16 << 20},
+}
+
+// MaxBytes is bucket's cap under c: its floor, or what c.Accounts
+// accounts hold there, whichever is more.
+func (c BucketsConfig) MaxBytes(bucket string) int64 {
+	cp := capacities[bucket]
+	perMille := cp.perMille
+	if bucket == BucketSessions {
+		perMille = 1000 * int64(c.SessionsPerUser)
+	}
+	return max(cp.floor, int64(c.Accounts)*perMille/1000*cp.record)
+}
+
+// StoreBytes is what the buckets reserve in all on each NATS node that
+// holds a replica of every one (every node, with STREAM_REPLICAS equal to
+// the nodes): JetStream reserves each cap against the node's
+// max_file_store when the bucket is created.
+func (c BucketsConfig) StoreBytes() int64 {
+	var sum int64
+	for _, bc := range BucketConfigs(c) {
+		sum += bc.MaxBytes
+	}
+	return sum
 }
 
 // markerTTL is how long delete markers of expired keys stay, long enough for
 // every watcher to see them.
 const markerTTL = time.Minute
 
-// BucketConfigs returns every bucket definition. Each has a MaxBytes (2.6 GiB
-// in all) so that no flood of sessions, handshakes or rate-limit entries
-// can fill the JetStream store the others share; a full bucket refuses
-// writes, which the edge answers with 503.
+// BucketConfigs returns every bucket definition. Each has a MaxBytes
+// (c.MaxBytes) so that no flood of sessions, handshakes or rate-limit
+// entries can fill the JetStream store the others share; a full bucket
+// refuses writes, which the edge answers with 503.
 func BucketConfigs(c BucketsConfig) []jetstream.KeyValueConfig {
 	return []jetstream.KeyValueConfig{
-		{Bucket: BucketSessions, Description: "browser sessions by user and sid hash", TTL: c.SessionTTL, LimitMarkerTTL: markerTTL, MaxBytes: 512 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketUsers, Description: "accounts, mirrored from SandboxClaims", MaxBytes: 256 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketSandboxes, Description: "sandbox phase per user, written by lifecycle", MaxBytes: 256 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketHandshakes, Description: "sealed DSH auth cookies by user, pod and host", TTL: c.HandshakeTTL, LimitMarkerTTL: markerTTL, MaxBytes: 512 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketRequests, Description: "outcomes of commands a requester waits for", TTL: c.RequestTTL, MaxBytes: 256 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketRateLimit, Description: "auth attempts per client per window", TTL: 2 * c.RateWindow, LimitMarkerTTL: markerTTL, MaxBytes: 256 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketLocks, Description: "leases for one-active-replica roles", LimitMarkerTTL: markerTTL, MaxBytes: 16 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketSigninCodes, Description: "single-use sign-in codes for sandbox origins, by sha256 of the code", TTL: c.SigninCodeTTL, LimitMarkerTTL: markerTTL, MaxBytes: 32 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketUsage, Description: "model-call totals per user and month, written by the brokers", TTL: 400 * 24 * time.Hour, MaxBytes: 256 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketBudgets, Description: "monthly model budgets set by administrators, per user and SSO group", MaxBytes: 32 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketModelCalls, Description: "model calls in flight per user, for the concurrency cap", TTL: 24 * time.Hour, LimitMarkerTTL: markerTTL, MaxBytes: 32 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketCredentials, Description: "provider keys users brought, sealed to the brokers", MaxBytes: 64 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketUserGroups, Description: "SSO groups each user last signed in with", TTL: c.SessionTTL, LimitMarkerTTL: markerTTL, MaxBytes: 64 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketKeepAwake, Description: "users' keep-awakes, written by the edges, honoured by the sweeper and lifecycle", TTL: 31 * 24 * time.Hour, LimitMarkerTTL: markerTTL, MaxBytes: 16 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketAPITokens, Description: "users' named API tokens (hashes), by user and name", LimitMarkerTTL: markerTTL, MaxBytes: 64 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
-		{Bucket: BucketQueue, Description: "wakes waiting for a free place (MAX_RUNNING_SANDBOXES, MAX_CONCURRENT_STARTS), admitted oldest first", MaxBytes: 16 << 20, Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketSessions, Description: "browser sessions by user and sid hash", TTL: c.SessionTTL, LimitMarkerTTL: markerTTL, MaxBytes: c.MaxBytes(BucketSessions), Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketUsers, Description: "accounts, mirrored from SandboxClaims", MaxBytes: c.MaxBytes(BucketUsers), Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketSandboxes, Description: "sandbox phase per user, written by lifecycle", MaxBytes: c.MaxBytes(BucketSandboxes), Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketHandshakes, Description: "sealed DSH auth cookies by user, pod and host", TTL: c.HandshakeTTL, LimitMarkerTTL: markerTTL, MaxBytes: c.MaxBytes(BucketHandshakes), Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketRequests, Description: "outcomes of commands a requester waits for", TTL: c.RequestTTL, MaxBytes: c.MaxBytes(BucketRequests), Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketRateLimit, Description: "auth attempts per client per window", TTL: 2 * c.RateWindow, LimitMarkerTTL: markerTTL, MaxBytes: c.MaxBytes(BucketRateLimit), Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketLocks, Description: "leases for one-active-replica roles", LimitMarkerTTL: markerTTL, MaxBytes: c.MaxBytes(BucketLocks), Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketSigninCodes, Description: "single-use sign-in codes for sandbox origins, by sha256 of the code", TTL: c.SigninCodeTTL, LimitMarkerTTL: markerTTL, MaxBytes: c.MaxBytes(BucketSigninCodes), Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketUsage, Description: "model-call totals per user and month, written by the brokers", TTL: 400 * 24 * time.Hour, MaxBytes: c.MaxBytes(BucketUsage), Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketBudgets, Description: "monthly model budgets set by administrators, per user and SSO group", MaxBytes: c.MaxBytes(BucketBudgets), Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketModelCalls, Description: "model calls in flight per user, for the concurrency cap", TTL: 24 * time.Hour, LimitMarkerTTL: markerTTL, MaxBytes: c.MaxBytes(BucketModelCalls), Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketCredentials, Description: "provider keys users brought, sealed to the brokers", MaxBytes: c.MaxBytes(BucketCredentials), Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketUserGroups, Description: "SSO groups each user last signed in with", TTL: c.SessionTTL, LimitMarkerTTL: markerTTL, MaxBytes: c.MaxBytes(BucketUserGroups), Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketKeepAwake, Description: "users' keep-awakes, written by the edges, honoured by the sweeper and lifecycle", TTL: 31 * 24 * time.Hour, LimitMarkerTTL: markerTTL, MaxBytes: c.MaxBytes(BucketKeepAwake), Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketAPITokens, Description: "users' named API tokens (hashes), by user and name", LimitMarkerTTL: markerTTL, MaxBytes: c.MaxBytes(BucketAPITokens), Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketQueue, Description: "wakes waiting for a free place (MAX_RUNNING_SANDBOXES, MAX_CONCURRENT_STARTS), admitted oldest first", MaxBytes: c.MaxBytes(BucketQueue), Replicas: c.Replicas, Storage: jetstream.FileStorage},
 	}
 }
 
@@ -214,6 +287,36 @@ type Sandbox struct {
 	// after it wakes (nil: never suspended by this gateway).
 	LastSuspend *Suspension `json:"last_suspend,omitempty"`
 	Updated     time.Time   `json:"updated"`
+}
+
+// MaxReasonLen bounds a sandbox's Reason and its last suspension's
+// Detail as stored: the text comes from Kubernetes and from the tenant's
+// own container (its termination message, up to 4 KiB), and is only shown.
+const MaxReasonLen = 256
+
+// Clipped is s with Reason and LastSuspend.Detail cut to MaxReasonLen
+// bytes (at a rune boundary, ending in "…" where cut): what lifecycle
+// stores, so one record's size is bounded whatever a pod says.
+func (s Sandbox) Clipped() Sandbox {
+	s.Reason = clip(s.Reason)
+	if ls := s.LastSuspend; ls != nil && len(ls.Detail) > MaxReasonLen {
+		c := *ls
+		c.Detail = clip(c.Detail)
+		s.LastSuspend = &c
+	}
+	return s
+}
+
+func clip(s string) string {
+	if len(s) <= MaxReasonLen {
+		return s
+	}
+	const mark = "…"
+	cut := MaxReasonLen - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
 }
 
 // Suspension is one suspend the gateway carried out: when, why (an

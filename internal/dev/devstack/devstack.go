@@ -151,6 +151,8 @@ func Run(ctx context.Context, o Options) error {
 	env := map[string]string{
 		"HANDSHAKE_KEYS": randomKey(), "LOG_LEVEL": "info", "SIGNUP_INVITE_CODE": randomString(9),
 		"COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1",
+		// The development sizing: its caps fit the embedded server's store.
+		"EXPECTED_ACCOUNTS": "10000",
 	}
 	for k, v := range o.settings() {
 		env[k] = v

@@ -4,6 +4,7 @@
 package embednats
 
 import (
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -41,6 +42,9 @@ type Options struct {
 	TLS *tls.Config
 	// Debug turns on the server's own logging.
 	Debug bool
+	// MaxStore is the JetStream store's max_file_store; 0 is 6 GiB,
+	// which the development sizing's caps fit (README, Sizing).
+	MaxStore int64
 }
 
 // Server is a running embedded node.
@@ -74,7 +78,7 @@ func Start(o Options) (*Server, error) {
 		NoLog:      !o.Debug,
 		// Keep cluster elections snappy on loopback.
 		JetStreamMaxMemory: 256 << 20,
-		JetStreamMaxStore:  6 << 30,
+		JetStreamMaxStore:  cmp.Or(o.MaxStore, 6<<30),
 		Nkeys:              o.Users,
 		TLS:                o.TLS != nil,
 		TLSConfig:          o.TLS,

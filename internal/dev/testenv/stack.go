@@ -98,8 +98,9 @@ func (p *Package) NewStack(t testing.TB, o StackOptions) *Stack {
 	}
 	st := &Stack{t: t, pkg: p, IDs: ids, Key: HandshakeKey(),
 		// Short enough for the tests' failovers; setup creates the commands'
-		// consumer with this acknowledgement wait.
-		Env: map[string]string{"COMMAND_ACK_WAIT": "2s", "LEASE_TTL": "2s"}}
+		// consumer with this acknowledgement wait. The development sizing:
+		// its caps fit the embedded server's 6 GiB store.
+		Env: map[string]string{"COMMAND_ACK_WAIT": "2s", "LEASE_TTL": "2s", "EXPECTED_ACCOUNTS": "10000"}}
 	if o.NATSNodes > 1 {
 		st.Cluster = StartNATSCluster(t, o.NATSNodes, ids)
 		st.Env["STREAM_REPLICAS"] = fmt.Sprint(o.NATSNodes)

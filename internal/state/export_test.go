@@ -1,0 +1,4 @@
+package state
+
+// RecordBytes is the most one record of bucket is budgeted to take.
+func RecordBytes(bucket string) int64 { return capacities[bucket].record }
