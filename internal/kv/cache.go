@@ -341,13 +341,17 @@ func (c *Cache[T]) endReload(started time.Time) {
 // error means the stream cannot say (NATS unreachable, no leader right
 // now: nothing to compare with).
 func (c *Cache[T]) status(ctx context.Context) (uint64, time.Time, error) {
-	st, err := c.bucket.kv.Status(ctx)
+	return c.bucket.status(ctx)
+}
+
+func (b *Bucket[T]) status(ctx context.Context) (uint64, time.Time, error) {
+	st, err := b.kv.Status(ctx)
 	if err != nil {
-		return 0, time.Time{}, fmt.Errorf("status of %s: %w", c.bucket.name, err)
+		return 0, time.Time{}, fmt.Errorf("status of %s: %w", b.name, err)
 	}
 	s, ok := st.(*jetstream.KeyValueBucketStatus)
 	if !ok {
-		return 0, time.Time{}, fmt.Errorf("status of %s: unexpected type %T", c.bucket.name, st)
+		return 0, time.Time{}, fmt.Errorf("status of %s: unexpected type %T", b.name, st)
 	}
 	return s.StreamInfo().State.LastSeq, s.StreamInfo().Created, nil
 }

@@ -59,16 +59,72 @@ func (n *Names) Load(wait context.Context) error {
 	}
 }
 
-func (n *Names) run(ctx context.Context) {
+func (n *Names) run(ctx context.Context) { rewatch(ctx, n.log, "names", n.watch) }
+
+// rewatch runs watch until ctx ends, starting it again namesRetry after
+// each end.
+func rewatch(ctx context.Context, log *slog.Logger, what string, watch func(context.Context) error) {
 	for ctx.Err() == nil {
-		if err := n.watch(ctx); err != nil && ctx.Err() == nil {
-			n.log.Warn("names watch ended; starting again", "err", err)
+		if err := watch(ctx); err != nil && ctx.Err() == nil {
+			log.Warn(what+" watch ended; starting again", "err", err)
 		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(namesRetry):
 		}
 	}
+}
+
+// Follow calls changed with every key put (present) or deleted, purged
+// or expired (the buckets keep limit markers) from the moment it starts
+// until ctx ends, from a watch of headers only: a follower pays for the
+// changes, not for the keys there are. The watch rides out NATS restarts
+// (an ordered consumer resumes where it was); when it ends, or the bucket
+// is found recreated (NATS lost its data), it starts again, and the
+// changes in between went unseen: restarted is called then (a follower
+// that must miss none looks at everything once).
+func (b *Bucket[T]) Follow(ctx context.Context, log *slog.Logger, changed func(key string, present bool), restarted func()) {
+	log = log.With("bucket", b.name)
+	first := true
+	rewatch(ctx, log, "follow", func(ctx context.Context) error {
+		_, created, err := b.status(ctx)
+		if err != nil {
+			return err
+		}
+		w, err := b.kv.Watch(ctx, ">", jetstream.MetaOnly(), jetstream.UpdatesOnly())
+		if err != nil {
+			return err
+		}
+		defer func() { _ = w.Stop() }()
+		// Told once the new watch runs, so that nothing falls between
+		// the follower's look at everything and the watch.
+		if !first {
+			restarted()
+		}
+		first = false
+		look := time.NewTicker(watchdogEvery)
+		defer look.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-look.C:
+				sctx, cancel := context.WithTimeout(ctx, watchdogEvery/2)
+				_, now, err := b.status(sctx)
+				cancel()
+				if err == nil && !now.Equal(created) {
+					return fmt.Errorf("bucket %s recreated", b.name)
+				}
+			case e, ok := <-w.Updates():
+				switch {
+				case !ok:
+					return fmt.Errorf("watch of %s closed", b.name)
+				case e != nil:
+					changed(e.Key(), e.Operation() == jetstream.KeyValuePut)
+				}
+			}
+		}
+	})
 }
 
 // watch follows the bucket's keys until the watch ends. A new watch

@@ -15,26 +15,18 @@ import (
 // Sessions whose account is gone (an edge wrote one while the account's
 // deletion purged them, or a claim went while no replica mirrored) are
 // removed by the replica that mirrors, under lifecycle's own NATS identity,
-// once the account has been missing on two passes; another user's sessions
-// stay (security review S4, tests review T22). Passes come every
-// PRUNE_INTERVAL, never more often (T25). A sandbox origin's session whose
-// gateway session is gone goes too; one whose gateway session is there
-// stays.
-func TestPruningRemovesTheSessionsOfAccountsThatAreGone(t *testing.T) {
+// once the account has been missing for a PRUNE_INTERVAL; another user's
+// sessions stay (security review S4, tests review T22). A sandbox origin's
+// session whose gateway session went goes too; one whose gateway session
+// is there stays. The work follows changes (issue 28): every session key
+// is listed once, when the term of leadership starts (which finds the
+// sessions written before it), and from then on only the users a change
+// names are looked at, each by their own keys. Passes come every
+// PRUNE_INTERVAL, never more often (T25).
+func TestPruningFollowsChanges(t *testing.T) {
 	f := setup(t, nil)
 	const interval = time.Second
 	f.Env["PRUNE_INTERVAL"] = interval.String()
-	lc := f.lifecycle("lc-a")
-	testutil.Eventually(t, time.Minute, func() error {
-		if metric(lc, "aaas_lifecycle_mirror_leader") != 1 {
-			return fmt.Errorf("lc-a does not mirror")
-		}
-		return nil
-	})
-	f.signup("kept")
-
-	// Sessions of kept, and of an account that is not there (no record,
-	// no claim), written behind the pruner's back.
 	sessionsOf := func(user string) []string {
 		t.Helper()
 		keys, err := f.sessions.Keys(ctx(t), user+".*")
@@ -43,50 +35,104 @@ func TestPruningRemovesTheSessionsOfAccountsThatAreGone(t *testing.T) {
 		}
 		return keys
 	}
-	for _, user := range []string{"kept", "gone"} {
-		for i := range 3 {
-			sum := sha256.Sum256(fmt.Appendf(nil, "%s-session-%d", user, i))
-			if _, err := f.sessions.Put(ctx(t), state.SessionKey(user, hex.EncodeToString(sum[:])), state.Session{User: user, Created: time.Now(), Expires: time.Now().Add(time.Hour), Via: "login"}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	sandboxSession := func(name, parent string) string {
+	put := func(user, name string, s state.Session) string {
+		t.Helper()
 		sum := sha256.Sum256([]byte(name))
-		parentSum := sha256.Sum256([]byte(parent))
-		key := state.SessionKey("kept", hex.EncodeToString(sum[:]))
-		if _, err := f.sessions.Put(ctx(t), key, state.Session{User: "kept", Created: time.Now(), Expires: time.Now().Add(time.Hour), Via: "sandbox",
-			Host: "kept.sbx.example", Parent: hex.EncodeToString(parentSum[:])}); err != nil {
+		key := state.SessionKey(user, hex.EncodeToString(sum[:]))
+		s.User, s.Created, s.Expires = user, time.Now(), time.Now().Add(time.Hour)
+		if _, err := f.sessions.Put(ctx(t), key, s); err != nil {
 			t.Fatal(err)
 		}
 		return key
 	}
-	child := sandboxSession("kept-child", "kept-session-0")
-	orphan := sandboxSession("kept-orphan", "a session that is gone")
-	before := metric(lc, "aaas_lifecycle_prune_passes_total")
+	hash := func(name string) string {
+		sum := sha256.Sum256([]byte(name))
+		return hex.EncodeToString(sum[:])
+	}
+	// Written before any replica mirrors: an account that is not there
+	// (no record, no claim).
+	for i := range 3 {
+		put("gone", fmt.Sprintf("gone-%d", i), state.Session{Via: "login"})
+	}
+	lc := f.lifecycle("lc-a")
 	testutil.Eventually(t, time.Minute, func() error {
-		if left := sessionsOf("gone"); len(left) != 0 {
-			return fmt.Errorf("sessions of the account that is gone left: %v", left)
-		}
-		if _, err := f.sessions.Get(ctx(t), orphan); err == nil {
-			return fmt.Errorf("the sandbox session whose gateway session is gone is there")
+		if metric(lc, "aaas_lifecycle_mirror_leader") != 1 {
+			return fmt.Errorf("lc-a does not mirror")
 		}
 		return nil
 	})
-	if passes := metric(lc, "aaas_lifecycle_prune_passes_total") - before; passes < 2 {
-		t.Fatalf("pruned after %v passes, want at least 2 (the account missing on two in a row)", passes)
+	f.signup("kept")
+	// Written while it mirrors: a straggler of an account that is gone,
+	// kept's gateway sessions, and a sandbox session of two of them.
+	for i := range 2 {
+		put("late", fmt.Sprintf("late-%d", i), state.Session{Via: "login"})
 	}
-	if n := metric(lc, "aaas_lifecycle_pruned_sessions_total"); n != 4 {
-		t.Fatalf("aaas_lifecycle_pruned_sessions_total = %v, want 4", n)
+	for i := range 3 {
+		put("kept", fmt.Sprintf("kept-%d", i), state.Session{Via: "login"})
 	}
-	// The positive control, in the same window: kept's sessions, and the
-	// sandbox session of one of them, survived every pass that removed
-	// the others.
-	if got := sessionsOf("kept"); len(got) != 4 {
-		t.Fatalf("kept has %d of its 4 sessions: %v", len(got), got)
+	sandbox := func(name, parent string) string {
+		return put("kept", name, state.Session{Via: "sandbox", Host: "kept.sbx.example", Parent: hash(parent)})
+	}
+	child := sandbox("kept-child", "kept-0")
+	orphan := sandbox("kept-orphan", "kept-1")
+	if err := f.sessions.Purge(ctx(t), state.SessionKey("kept", hash("kept-1"))); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, time.Minute, func() error {
+		if left := append(sessionsOf("gone"), sessionsOf("late")...); len(left) != 0 {
+			return fmt.Errorf("sessions of accounts that are gone left: %v", left)
+		}
+		if _, err := f.sessions.Get(ctx(t), orphan); err == nil {
+			return fmt.Errorf("the sandbox session whose gateway session went is there")
+		}
+		return nil
+	})
+	if n := metric(lc, "aaas_lifecycle_pruned_sessions_total"); n != 6 {
+		t.Fatalf("aaas_lifecycle_pruned_sessions_total = %v, want 6", n)
+	}
+	// The positive control, in the same window: kept's two gateway
+	// sessions, and the sandbox session of one of them, survived.
+	if got := sessionsOf("kept"); len(got) != 3 {
+		t.Fatalf("kept has %d of its 3 sessions: %v", len(got), got)
 	}
 	if _, err := f.sessions.Get(ctx(t), child); err != nil {
 		t.Fatalf("the sandbox session of a live gateway session: %v", err)
+	}
+
+	// Proportional to change: one listing of every key, for the term's
+	// start; with nothing changing, passes look at nobody.
+	if n := metric(lc, "aaas_lifecycle_prune_full_passes_total"); n != 1 {
+		t.Fatalf("every session key listed %v times, want once (the term's start)", n)
+	}
+	waitPasses := func(n float64) {
+		t.Helper()
+		p0 := metric(lc, "aaas_lifecycle_prune_passes_total")
+		testutil.Eventually(t, time.Minute, func() error {
+			if p := metric(lc, "aaas_lifecycle_prune_passes_total"); p < p0+n {
+				return fmt.Errorf("%v passes", p-p0)
+			}
+			return nil
+		})
+	}
+	waitPasses(2) // what was marked has ripened and been looked at
+	checked := metric(lc, "aaas_lifecycle_prune_users_checked_total")
+	waitPasses(3)
+	if n := metric(lc, "aaas_lifecycle_prune_users_checked_total"); n != checked {
+		t.Fatalf("%v users looked at over three passes without a change", n-checked)
+	}
+	// ... and one change is one user looked at.
+	put("late2", "late2-0", state.Session{Via: "login"})
+	testutil.Eventually(t, time.Minute, func() error {
+		if left := sessionsOf("late2"); len(left) != 0 {
+			return fmt.Errorf("late2's session is there")
+		}
+		return nil
+	})
+	if n := metric(lc, "aaas_lifecycle_prune_users_checked_total") - checked; n != 1 {
+		t.Fatalf("%v users looked at for one change, want 1", n)
+	}
+	if n := metric(lc, "aaas_lifecycle_prune_full_passes_total"); n != 1 {
+		t.Fatalf("every session key listed %v times, want once", n)
 	}
 
 	// PRUNE_INTERVAL is what paces the passes: never more than one per
@@ -117,7 +163,7 @@ func TestPruningRemovesTheSessionsOfAccountsThatAreGone(t *testing.T) {
 // fault suite once caught two terms' pruners writing the same state when a
 // lease stepped down and was won back within milliseconds; this test did
 // not reproduce that timing on the old code, which is why the pruner's
-// term-local state has a test of its own (TestPruningTermsShareNoState).
+// term-local state lives in its term (prune.go's pruneTerm).
 func TestTermsOfLeadershipNeverOverlap(t *testing.T) {
 	f := setup(t, nil)
 	f.Env["LEASE_TTL"] = "1s"
