@@ -97,6 +97,10 @@ type View struct {
 	// IdleStreams counts the streams open on live senders that no longer
 	// count as activity (IDLE_CONNECTED_TIMEOUT without browser input).
 	IdleStreams int
+	// BusyUntil, while Busy, is when the newest beacon reporting work in
+	// flight expires: Busy holds at least until then, and after it only
+	// if a newer beacon says so.
+	BusyUntil time.Time
 	// Load is the work in flight per sender, by name.
 	Load []Load
 	// Seq is the highest activity-stream sequence seen for the user.
@@ -122,6 +126,9 @@ func (c *Clocks) View(user string, now time.Time) View {
 		}
 		if b.inFlight > 0 {
 			v.Busy = true
+			if until := b.sentAt.Add(b.ttl); until.After(v.BusyUntil) {
+				v.BusyUntil = until
+			}
 			v.Load = append(v.Load, Load{Edge: edge, InFlight: b.inFlight, At: b.sentAt})
 		}
 		v.IdleStreams += b.idle

@@ -23,6 +23,8 @@ func TestClocksTrustTheStreamAndOnlyMoveForward(t *testing.T) {
 		at       time.Time
 		wantLast time.Time
 		wantBusy bool
+		// wantUntil is BusyUntil: the busy beacon's stream time and TTL.
+		wantUntil time.Time
 	}{{
 		name:     "an edge's last activity counts back from the stream's time",
 		beacons:  []events.Beacon{beacon("a", 0, t0.Add(-10*time.Second), t0)},
@@ -36,12 +38,13 @@ func TestClocksTrustTheStreamAndOnlyMoveForward(t *testing.T) {
 		at:       t0.Add(time.Second),
 		wantLast: t0.Add(-10 * time.Second),
 	}, {
-		name:     "an edge whose clock is 30s ahead changes nothing",
-		beacons:  []events.Beacon{beacon("a", 1, t0.Add(20*time.Second), t0.Add(30*time.Second))},
-		stamped:  []time.Time{t0},
-		at:       t0.Add(time.Second),
-		wantLast: t0,
-		wantBusy: true,
+		name:      "an edge whose clock is 30s ahead changes nothing",
+		beacons:   []events.Beacon{beacon("a", 1, t0.Add(20*time.Second), t0.Add(30*time.Second))},
+		stamped:   []time.Time{t0},
+		at:        t0.Add(time.Second),
+		wantLast:  t0,
+		wantBusy:  true,
+		wantUntil: t0.Add(3 * time.Second),
 	}, {
 		name: "a forged idle beacon under a busy edge's name moves nothing back",
 		beacons: []events.Beacon{
@@ -76,8 +79,8 @@ func TestClocksTrustTheStreamAndOnlyMoveForward(t *testing.T) {
 				c.Observe(b, uint64(i+1), tt.stamped[i])
 			}
 			v := c.View("ann", tt.at)
-			if !v.Last.Equal(tt.wantLast) || v.Busy != tt.wantBusy {
-				t.Fatalf("view = last %s busy %v, want last %s busy %v", v.Last, v.Busy, tt.wantLast, tt.wantBusy)
+			if !v.Last.Equal(tt.wantLast) || v.Busy != tt.wantBusy || !v.BusyUntil.Equal(tt.wantUntil) {
+				t.Fatalf("view = last %s busy %v until %s, want last %s busy %v until %s", v.Last, v.Busy, v.BusyUntil, tt.wantLast, tt.wantBusy, tt.wantUntil)
 			}
 			if v.Seq != uint64(len(tt.beacons)) {
 				t.Fatalf("seq %d", v.Seq)

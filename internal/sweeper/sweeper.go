@@ -47,13 +47,20 @@ type Sweeper struct {
 	m      *metrics
 	clocks *idle.Clocks
 	boxes  *kv.Cache[state.Sandbox]
-	// usage is IDLE_EVICT's count of running sandboxes, kept as boxes
-	// changes.
+	// usage is IDLE_EVICT's count of running sandboxes, and phases the
+	// inventory's count by phase, kept as boxes changes.
 	usage  capacity.Tally
-	users  *kv.Cache[state.User]
-	queue  *kv.Cache[state.Queued]
-	awake  *kv.Cache[state.KeepAwake]
-	synced atomic.Bool
+	phases phaseTally
+	// idleAt holds the Ready, managed sandboxes by when the leader next
+	// looks at each; dormantAt the suspended, managed ones (with
+	// DORMANT_AFTER set) by when each falls dormant or due for deletion.
+	// A sweep decides for those whose time has come, not for every
+	// sandbox.
+	idleAt, dormantAt timetable
+	users             *kv.Cache[state.User]
+	queue             *kv.Cache[state.Queued]
+	awake             *kv.Cache[state.KeepAwake]
+	synced            atomic.Bool
 	// leading while this replica holds the lease: only the leader exports
 	// the inventory, so a sum over replicas is the count.
 	leading atomic.Bool
@@ -85,7 +92,7 @@ func New(ctx context.Context, o Options) (*Sweeper, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.boxes, err = kv.NewCache(ctx, boxes, ">", o.Log, kv.OnChange(s.usage.Observe)); err != nil {
+	if s.boxes, err = kv.NewCache(ctx, boxes, ">", o.Log, kv.OnChange(s.observe)); err != nil {
 		return nil, err
 	}
 	if s.users, err = kv.NewCache(ctx, users, ">", o.Log); err != nil {
@@ -102,15 +109,79 @@ func New(ctx context.Context, o Options) (*Sweeper, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.awake, err = kv.NewCache(ctx, awake, ">", o.Log); err != nil {
+	if s.awake, err = kv.NewCache(ctx, awake, ">", o.Log, kv.OnChange(s.keepAwakeChanged)); err != nil {
 		return nil, err
 	}
 	o.Metrics.MustRegister(s.inventory())
 	return s, nil
 }
 
-// inventory is aaas_users and aaas_sandboxes{phase}, counted from the
-// caches at scrape time, exported by the lease holder only (every replica
+// observe takes in one change of the sandboxes cache: the counts, and
+// the timetables (a change is a reason to look at the sandbox now).
+func (s *Sweeper) observe(key string, e kv.Entry[state.Sandbox], deleted bool) {
+	s.usage.Observe(key, e, deleted)
+	s.phases.observe(key, e, deleted)
+	switch b := e.Value; {
+	case !deleted && b.Managed && b.Phase == state.PhaseReady:
+		s.idleAt.set(key, nextSweep)
+		s.dormantAt.remove(key)
+	case !deleted && b.Managed && b.Phase == state.PhaseSuspended && s.o.Policy.DormantAfter > 0:
+		s.idleAt.remove(key)
+		s.dormantAt.set(key, nextSweep)
+	default:
+		s.idleAt.remove(key)
+		s.dormantAt.remove(key)
+	}
+}
+
+// keepAwakeChanged: a keep-awake set, moved or gone changes when the
+// sandbox falls due, so it is looked at now.
+func (s *Sweeper) keepAwakeChanged(user string, _ kv.Entry[state.KeepAwake], _ bool) {
+	if b, ok := s.boxes.Get(user); ok && b.Value.Managed && b.Value.Phase == state.PhaseReady {
+		s.idleAt.set(user, nextSweep)
+	}
+}
+
+// nextSweep, as a timetable's time, is the next sweep, whatever moment it
+// decides for.
+var nextSweep time.Time
+
+// phaseTally counts sandboxes by phase as the cache changes.
+type phaseTally struct {
+	mu  sync.Mutex
+	was map[string]state.Phase
+	n   map[state.Phase]int
+}
+
+func (t *phaseTally) observe(key string, e kv.Entry[state.Sandbox], deleted bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.n == nil {
+		t.was, t.n = map[string]state.Phase{}, map[state.Phase]int{}
+	}
+	if old, ok := t.was[key]; ok {
+		t.n[old]--
+		delete(t.was, key)
+	}
+	if !deleted {
+		t.was[key] = e.Value.Phase
+		t.n[e.Value.Phase]++
+	}
+}
+
+// count is the sandboxes in each phase (every phase, zero too).
+func (t *phaseTally) count() map[state.Phase]int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[state.Phase]int, len(state.Phases))
+	for _, p := range state.Phases {
+		out[p] = t.n[p]
+	}
+	return out
+}
+
+// inventory is aaas_users and aaas_sandboxes{phase}, counted as the
+// caches change, exported by the lease holder only (every replica
 // has complete caches, and a sum over replicas must not double the
 // count), and each replica's own aaas_sweeper_cached_sandboxes.
 func (s *Sweeper) inventory() prometheus.Collector {
@@ -138,15 +209,7 @@ func (i *inventory) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(i.users, prometheus.GaugeValue, float64(i.s.users.Len()))
-	phases := map[state.Phase]int{}
-	for _, p := range state.Phases {
-		phases[p] = 0
-	}
-	i.s.boxes.Range(func(e kv.Entry[state.Sandbox]) bool {
-		phases[e.Value.Phase]++
-		return true
-	})
-	for p, n := range phases {
+	for p, n := range i.s.phases.count() {
 		ch <- prometheus.MustNewConstMetric(i.boxes, prometheus.GaugeValue, float64(n), string(p))
 	}
 }
@@ -194,18 +257,27 @@ type candidate struct {
 	readySince time.Time
 }
 
-// Sweep makes one round of decisions at now.
+// Sweep makes one round of decisions at now, for the sandboxes whose time
+// has come (idleAt), or, while wakes wait for a place under IDLE_EVICT,
+// for every running one (the longest idle go first). Each is put back for
+// the moment its decision can next change.
 func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 	start := time.Now()
+	evicting := s.o.IdleEvict && s.queue.Len() > 0
+	var looked []string
+	if evicting {
+		looked = s.idleAt.all()
+	} else {
+		looked = s.idleAt.due(now)
+	}
 	var cands []candidate
-	s.boxes.Range(func(e kv.Entry[state.Sandbox]) bool {
+	for _, u := range looked {
 		// Only sandboxes this gateway created: a claim applied by hand is
-		// not ours to suspend.
-		if e.Value.Phase == state.PhaseReady && e.Value.Managed {
-			cands = append(cands, candidate{user: e.Key, rev: e.Revision, readySince: e.Value.ReadySince})
+		// not ours to suspend. One no longer Ready has left the set.
+		if e, ok := s.boxes.Get(u); ok && e.Value.Phase == state.PhaseReady && e.Value.Managed {
+			cands = append(cands, candidate{user: u, rev: e.Revision, readySince: e.Value.ReadySince})
 		}
-		return true
-	})
+	}
 	due, freeing := 0, 0
 	var asks []ask
 	var evictable []capacity.Candidate
@@ -218,6 +290,13 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 		}
 		d := s.o.Policy.Decide(v, sb, now)
 		a := ask{candidate: c, seq: v.Seq, last: d.Last, reason: d.Reason}
+		if d.Due {
+			// Looked at every round until lifecycle's suspend changes
+			// its record (or activity makes it not due).
+			s.idleAt.set(c.user, now)
+		} else {
+			s.idleAt.set(c.user, s.nextLook(d, v, now))
+		}
 		if s.issued[c.user] == (issue{c.rev, v.Seq}) {
 			freeing++ // asked already; lifecycle is on it
 			if d.Due {
@@ -238,12 +317,13 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 	}
 	// Wakes waiting for a place: make room by suspending the longest-idle
 	// sandboxes too (IDLE_EVICT), beyond the places already being freed.
-	if s.o.IdleEvict && s.queue.Len() > 0 {
+	if evicting {
 		use := s.usage.Usage()
 		for _, u := range capacity.Evict(s.queue.Len(), use, capacity.Limits{MaxRunning: s.o.MaxRunning}, freeing+use.Stopping+len(asks), evictable) {
 			a := seen[u]
 			a.reason = idle.ReasonEvicted
 			asks = append(asks, a)
+			s.idleAt.set(u, now)
 		}
 	}
 	s.publish(ctx, asks)
@@ -267,7 +347,30 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 	s.forget(now)
 	s.m.tracked.Set(float64(s.clocks.Len()))
 	s.m.idle.Set(float64(due))
+	s.m.looked.Add(float64(len(cands)))
 	s.m.tick.Observe(time.Since(start).Seconds())
+}
+
+// nextLook is when a decision made at now (not due) can next change
+// without a change to the sandbox's record or keep-awake, which put it in
+// for now themselves: when it falls due, when its warning is due
+// (NOTIFY_WARN_BEFORE ahead), or, while work is in flight, when the newest
+// beacon reporting it expires. Activity only moves these later, so a look
+// then is never late; one that finds the deadline moved puts it back.
+func (s *Sweeper) nextLook(d idle.Decision, v idle.View, now time.Time) time.Time {
+	at := d.SuspendAt
+	if v.Busy && (at.IsZero() || v.BusyUntil.Before(at)) {
+		at = v.BusyUntil
+	}
+	if s.o.Notify != nil && !d.SuspendAt.IsZero() {
+		if w := d.SuspendAt.Add(-s.o.WarnBefore); w.After(now) && w.Before(at) {
+			at = w
+		}
+	}
+	if at.IsZero() {
+		at = now.Add(s.o.Interval) // nothing to wait for: as often as the sweep runs
+	}
+	return at
 }
 
 // ask is one suspend decision and how its publication went.
@@ -336,44 +439,51 @@ func (s *Sweeper) dormancy(ctx context.Context, now time.Time) {
 	if s.o.Policy.DormantAfter <= 0 {
 		return
 	}
-	s.boxes.Range(func(e kv.Entry[state.Sandbox]) bool {
-		b := e.Value
-		if b.Phase != state.PhaseSuspended || !b.Managed {
-			delete(s.dormant, e.Key)
-			return true
+	for _, user := range s.dormantAt.due(now) {
+		e, ok := s.boxes.Get(user)
+		if !ok || e.Value.Phase != state.PhaseSuspended || !e.Value.Managed {
+			delete(s.dormant, user) // woke or went: a later sleep is a new one
+			continue
 		}
+		b := e.Value
 		asleep := b.Updated
 		if b.LastSuspend != nil {
 			asleep = b.LastSuspend.At
 		}
 		dormant, deleteAt := s.o.Policy.Dormancy(asleep, now)
 		if !dormant {
-			return true
+			s.dormantAt.set(user, asleep.Add(s.o.Policy.DormantAfter))
+			continue
 		}
-		d, seen := s.dormant[e.Key]
+		d, seen := s.dormant[user]
 		if !seen || !d.asleep.Equal(asleep) {
 			d = dormancy{asleep: asleep}
 			detail := "asleep since " + asleep.UTC().Format(time.RFC3339)
 			if !deleteAt.IsZero() {
 				detail += "; to be deleted at " + deleteAt.UTC().Format(time.RFC3339)
 			}
-			s.o.Publisher.Audit(events.AuditEvent{Kind: events.AuditDormant, User: e.Key, Outcome: "dormant", Detail: detail})
-			s.o.Notify.Send(notify.Notice{ID: fmt.Sprintf("dormant.%s.%d", e.Key, asleep.Unix()), Kind: notify.KindDormant, User: e.Key,
+			s.o.Publisher.Audit(events.AuditEvent{Kind: events.AuditDormant, User: user, Outcome: "dormant", Detail: detail})
+			s.o.Notify.Send(notify.Notice{ID: fmt.Sprintf("dormant.%s.%d", user, asleep.Unix()), Kind: notify.KindDormant, User: user,
 				At: now.UTC(), When: deleteAt, Detail: detail})
 		}
-		if !deleteAt.IsZero() && !now.Before(deleteAt) && !d.deleted {
-			id := fmt.Sprintf("dormant-%s-%d", e.Key, e.Revision)
-			if _, err := s.o.Publisher.Command(ctx, events.NewDelete(e.Key, id)); err != nil {
-				s.o.Log.Warn("dormant account's deletion not asked", "user", e.Key, "err", err)
+		switch {
+		case deleteAt.IsZero() || d.deleted:
+			// Nothing more to do until it wakes (a change puts it back).
+		case now.Before(deleteAt):
+			s.dormantAt.set(user, deleteAt)
+		default:
+			id := fmt.Sprintf("dormant-%s-%d", user, e.Revision)
+			if _, err := s.o.Publisher.Command(ctx, events.NewDelete(user, id)); err != nil {
+				s.o.Log.Warn("dormant account's deletion not asked", "user", user, "err", err)
+				s.dormantAt.set(user, now) // again next round
 			} else {
 				d.deleted = true
-				s.o.Publisher.Audit(events.AuditEvent{Kind: events.AuditDormant, User: e.Key, Outcome: "deleting",
+				s.o.Publisher.Audit(events.AuditEvent{Kind: events.AuditDormant, User: user, Outcome: "deleting",
 					Detail: "unused since " + asleep.UTC().Format(time.RFC3339)})
 			}
 		}
-		s.dormant[e.Key] = d
-		return true
-	})
+		s.dormant[user] = d
+	}
 }
 
 // forget drops the idle clocks, and the record of suspends asked, of users
@@ -414,6 +524,7 @@ func (s *Sweeper) forget(now time.Time) {
 type metrics struct {
 	tracked  prometheus.Gauge
 	idle     prometheus.Gauge
+	looked   prometheus.Counter
 	suspends *prometheus.CounterVec
 	tick     prometheus.Histogram
 	leader   prometheus.Gauge
@@ -423,6 +534,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		tracked: prometheus.NewGauge(prometheus.GaugeOpts{Name: "aaas_sweeper_users_tracked", Help: "Users with an idle clock."}),
 		idle:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "aaas_sweeper_idle", Help: "Ready sandboxes due to be suspended (idle, or past MAX_RUNTIME) at the last sweep."}),
+		looked:  prometheus.NewCounter(prometheus.CounterOpts{Name: "aaas_sweeper_decisions_total", Help: "Sandboxes the active sweeper decided for: those whose deadline, warning or end of work came, or that changed (every running one while IDLE_EVICT makes room)."}),
 		suspends: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aaas_sweeper_suspends_total", Help: "Suspend decisions, by outcome (requested, duplicate, error).",
 		}, []string{"outcome"}),
@@ -432,6 +544,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "aaas_sweeper_leader", Help: "1 while this replica is the active sweeper."}),
 	}
-	reg.MustRegister(m.tracked, m.idle, m.suspends, m.tick, m.leader)
+	reg.MustRegister(m.tracked, m.idle, m.looked, m.suspends, m.tick, m.leader)
 	return m
 }
