@@ -24,10 +24,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -100,7 +102,11 @@ type row struct {
 	revocation                  time.Duration
 	adminFirst, adminAfterWrite time.Duration
 	storeBytes                  int64
-	fillRate                    float64
+	// copyLoad and copyHeap: the full copies of accounts and sandboxes
+	// lifecycle's mirror and the sweeper hold.
+	copyLoad time.Duration
+	copyHeap int64
+	fillRate float64
 }
 
 func run(o options) error {
@@ -418,8 +424,53 @@ func (w *world) measure(ctx context.Context, n int) (row, error) {
 	if r.adminAfterWrite, err = admin(); err != nil {
 		return r, err
 	}
+	if r.copyLoad, r.copyHeap, err = w.fullCopies(ctx); err != nil {
+		return r, err
+	}
 	r.storeBytes, err = dirSize(w.ns.Dir())
 	return r, err
+}
+
+// fullCopies loads, in this process, what lifecycle's mirror and the
+// sweeper hold of every account: full copies of the users and sandboxes
+// buckets (kv caches, as they build them). It returns how long they take
+// to load and the heap they hold.
+func (w *world) fullCopies(ctx context.Context) (time.Duration, int64, error) {
+	users, err := kv.Open[state.User](ctx, w.js, state.BucketUsers)
+	if err != nil {
+		return 0, 0, err
+	}
+	boxes, err := kv.Open[state.Sandbox](ctx, w.js, state.BucketSandboxes)
+	if err != nil {
+		return 0, 0, err
+	}
+	var m0, m1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m0)
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := time.Now()
+	log := slog.New(slog.DiscardHandler)
+	uc, err := kv.NewCache(cctx, users, ">", log)
+	if err != nil {
+		return 0, 0, err
+	}
+	bc, err := kv.NewCache(cctx, boxes, ">", log)
+	if err != nil {
+		return 0, 0, err
+	}
+	for !uc.IsSynced() || !bc.IsSynced() {
+		if time.Since(start) > 10*time.Minute {
+			return 0, 0, errors.New("the full copies did not load in 10 minutes")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	took := time.Since(start)
+	runtime.GC()
+	runtime.ReadMemStats(&m1)
+	runtime.KeepAlive(uc)
+	runtime.KeepAlive(bc)
+	return took, int64(m1.HeapAlloc) - int64(m0.HeapAlloc), nil
 }
 
 // parallel runs fn(0..n-1) on 8 workers, stopping at the first error.
