@@ -437,3 +437,31 @@ func subscribe(js jetstream.JetStream, subject string) func(context.Context) err
 		return err
 	}
 }
+
+// An admin page counts its rows' sessions with one batched direct get
+// (kv.Bucket.LastOf) under the edge's own identity, reading its answers
+// on the edge's inbox; the broker, which may read no session, is refused
+// the same read.
+func TestTheEdgeCountsSessionsInOneRead(t *testing.T) {
+	b := newBus(t)
+	edge := b.as(natsauth.Edge)
+	lastOf := func(c *client) func(context.Context) error {
+		return func(ctx context.Context) error {
+			sessions, err := kv.Open[state.Session](ctx, c.js, state.BucketSessions)
+			if err != nil {
+				return err
+			}
+			if _, err := sessions.Put(ctx, "ann."+strings.Repeat("ab", 32), state.Session{User: "ann", Via: "login"}); err != nil && c == edge {
+				return err
+			}
+			got, err := sessions.LastOf(ctx, "ann.*", "bob.*")
+			if err == nil && len(got) != 1 {
+				return fmt.Errorf("read %d sessions, want ann's one", len(got))
+			}
+			return err
+		}
+	}
+	edge.allowed(t, "edge reads two users' sessions at once", lastOf(edge))
+	broker := b.as(natsauth.Broker)
+	broker.refused(t, "broker reads sessions", `KV_sessions`, lastOf(broker))
+}

@@ -1,0 +1,101 @@
+package kv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// MaxLastOf is the most entries LastOf returns: the server's own bound on
+// one batched read.
+const MaxLastOf = 1024
+
+// ErrTooMany: the filters match more keys than one LastOf returns.
+var ErrTooMany = errors.New("more keys match than one read returns")
+
+// LastOf reads the newest entry of every key matching one of filters
+// (subject-style wildcards: "bob.*"), deleted keys left out, in one
+// request the server answers from its index of subjects (a batched direct
+// get, "multi_last"): what matches decides its cost, not the size of the
+// bucket, where a watch with several filters makes the server look
+// through every subject it holds. More than MaxLastOf matching keys is
+// ErrTooMany.
+func (b *Bucket[T]) LastOf(ctx context.Context, filters ...string) ([]Entry[T], error) {
+	if len(filters) == 0 {
+		return nil, nil
+	}
+	what := fmt.Sprintf("read %s/%s", b.name, strings.Join(filters, ","))
+	subjects := make([]string, len(filters))
+	for i, f := range filters {
+		subjects[i] = "$KV." + b.name + "." + f
+	}
+	req, err := json.Marshal(struct {
+		MultiLast []string `json:"multi_last"`
+		Batch     int      `json:"batch"`
+	}{subjects, MaxLastOf})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	nc := b.js.Conn()
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.PublishRequest("$JS.API.DIRECT.GET.KV_"+b.name, inbox, req); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	var out []Entry[T]
+	prefix := "$KV." + b.name + "."
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		switch status := m.Header.Get("Status"); status {
+		case "":
+		case "204": // the end of the batch
+			return out, nil
+		case "404": // nothing matches
+			return nil, nil
+		case "413":
+			return nil, fmt.Errorf("%s: %w", what, ErrTooMany)
+		default:
+			return nil, fmt.Errorf("%s: the server answered %s %s", what, status, m.Header.Get("Description"))
+		}
+		if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
+			continue
+		}
+		e, err := b.rawEntry(m, prefix)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		out = append(out, e)
+	}
+}
+
+// rawEntry is a direct get's answer as an entry.
+func (b *Bucket[T]) rawEntry(m *nats.Msg, prefix string) (Entry[T], error) {
+	key, ok := strings.CutPrefix(m.Header.Get(jetstream.SubjectHeader), prefix)
+	if !ok {
+		return Entry[T]{}, fmt.Errorf("an answer for subject %q", m.Header.Get(jetstream.SubjectHeader))
+	}
+	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+	if err != nil {
+		return Entry[T]{}, fmt.Errorf("%s: sequence: %w", key, err)
+	}
+	created, _ := time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.TimeStampHeaer))
+	var v T
+	if err := decodeInto(m.Data, &v); err != nil {
+		return Entry[T]{}, fmt.Errorf("decode %s/%s: %w", b.name, key, err)
+	}
+	return Entry[T]{Key: key, Value: v, Revision: seq, Created: created}, nil
+}
