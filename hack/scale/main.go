@@ -58,7 +58,7 @@ type options struct {
 
 func main() {
 	var o options
-	sizes := flag.String("sizes", "10,10000,100000", "account counts to measure, ascending; the first is the baseline")
+	sizes := flag.String("sizes", "10,10000,100000,1000000", "account counts to measure, ascending; the first is the baseline")
 	flag.StringVar(&o.bin, "bin", "bin", "directory of the aaas binaries")
 	flag.StringVar(&o.out, "out", "docs/BENCHMARKS.md", "report file (its scale section is replaced)")
 	flag.IntVar(&o.active, "active", 10000, "users the edge serves at each size (at most the size)")
