@@ -93,6 +93,9 @@ func StartNATSCluster(t testing.TB, n int, ids *natsauth.Identities) *NATSCluste
 			"POD_NAME": name, "NATS_ROUTE_PASSWORD": password,
 			"NATS_ROUTES":     `["` + strings.Join(routes, `","`) + `"]`,
 			"NATS_ADMIN_NKEY": ids.Public(natsauth.Admin), "NATS_STORE_DIR": filepath.Join(dir, name),
+			// The manifests' StatefulSet sets it (16Gi, for a million
+			// accounts); the stacks' development sizing reserves 4.3 GiB.
+			"NATS_MAX_FILE_STORE": "8Gi",
 		}
 		maps.Copy(env, ids.ServerEnv())
 		node := &NATSNode{Name: name, Port: p.client, Monitor: p.monitor, out: &testutil.Buffer{}}
