@@ -285,9 +285,10 @@ func (s *Service) limit(c *fiber.Ctx, endpoint string) (bool, error) {
 // setCookie gives the browser user's session sid, and beside it the
 // cookie that names the user (auth.UserCookie), with the same lifetime.
 func (s *Service) setCookie(c *fiber.Ctx, sid, user string) {
-	for name, v := range map[string]string{s.cookie: sid, auth.UserCookie(s.cookie): user} {
+	// The session's cookie first, then its companion, in every answer.
+	for _, kv := range [][2]string{{s.cookie, sid}, {auth.UserCookie(s.cookie), user}} {
 		c.Cookie(&fiber.Cookie{
-			Name: name, Value: v, Path: "/", MaxAge: int(s.o.CookieMaxAge.Seconds()),
+			Name: kv[0], Value: kv[1], Path: "/", MaxAge: int(s.o.CookieMaxAge.Seconds()),
 			HTTPOnly: true, Secure: s.o.CookieSecure, SameSite: fiber.CookieSameSiteLaxMode,
 		})
 	}

@@ -335,7 +335,9 @@ func (a *Authenticator) ssoIdentity(c *fiber.Ctx, login string) (Identity, error
 		a.Refused(c, events.AuditEvent{Kind: events.AuditSSORefused, Outcome: "not_allowed"})
 		return Identity{}, ErrNotAllowed
 	}
-	name := ident.SSOName(login)
+	// login is a view of the request's header bytes, which the server
+	// reuses; the name outlives the request (beacons, caches, streams).
+	name := strings.Clone(ident.SSOName(login))
 	subject := "login:" + strings.ToLower(strings.TrimSpace(login))
 	if a.o.SSO.IDHeader != "" {
 		if id := strings.TrimSpace(c.Get(a.o.SSO.IDHeader)); id != "" {

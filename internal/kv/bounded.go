@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -172,6 +173,11 @@ func (c *Cache[T]) LoadBy(ctx context.Context, idx string, read func(context.Con
 	if e, ok, final := c.held(idx); final {
 		return e, ok, nil
 	}
+	// What is held outlives the caller's string, which may be a view of
+	// a request's bytes that the server reuses (a name from a header, a
+	// path or a cookie): the maps keep a copy. A read from NATS follows,
+	// so the copy costs nothing that counts.
+	idx = strings.Clone(idx)
 	v, err, _ := c.flights.Do(idx, func() (any, error) { return c.load(ctx, idx, read) })
 	if err != nil {
 		return Entry[T]{}, false, err
@@ -248,7 +254,7 @@ func (c *Cache[T]) load(ctx context.Context, idx string, read func(context.Conte
 // value is held however far the watch is: no change after it can pass
 // unseen. In a full copy, done is Note.
 func (c *Cache[T]) Writing(key string) (done func(v T, rev uint64)) {
-	idx := c.index(key)
+	idx := strings.Clone(c.index(key)) // held past the caller (LoadBy)
 	if c.limit == 0 {
 		return func(v T, rev uint64) {
 			if rev > 0 {

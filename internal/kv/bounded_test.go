@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/dev/testutil"
@@ -387,5 +388,41 @@ func TestNames(t *testing.T) {
 	slices.Sort(want)
 	if got := names.Sorted(); !slices.Equal(got, want) {
 		t.Fatalf("sorted names: %d of them, first %v; want %d, first %v", len(got), got[:3], len(want), want[:3])
+	}
+}
+
+// A key the caller passes as a view of bytes it then reuses (a name read
+// from a request the server recycles) is held under its own copy: after
+// the bytes change, the key the cache was asked about is still held as
+// read, and the key the bytes now spell is read for itself, not taken for
+// the first (the race detector found an edge's name from an SSO header
+// outliving its request).
+func TestBoundedCacheKeepsItsOwnKeys(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 30*time.Second)
+	boxes := testutil.Open[state.Sandbox](t, js, state.BucketSandboxes)
+	if _, err := boxes.Put(ctx, "bob", state.Sandbox{User: "bob", Phase: state.PhaseReady}); err != nil {
+		t.Fatal(err)
+	}
+	cache, err := kv.NewCache(ctx, boxes, ">", quiet, kv.Bounded[state.Sandbox](100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := []byte("ann")
+	view := unsafe.String(&buf[0], len(buf))
+	if _, ok := cache.Load(ctx, view); ok {
+		t.Fatal("ann, who has no sandbox, read as present")
+	}
+	copy(buf, "bob") // the request's bytes, reused
+	if e, ok := cache.Load(ctx, "bob"); !ok || e.Value.User != "bob" {
+		t.Fatalf("bob read as %+v, %v after ann's name's bytes changed", e.Value, ok)
+	}
+	loads := func() uint64 { read, absent, failed := kv.CacheLoads(); return read + absent + failed }
+	reads := loads()
+	if _, ok := cache.Load(ctx, "ann"); ok {
+		t.Fatal("ann read as present")
+	}
+	if again := loads(); again != reads {
+		t.Fatalf("ann was read again (%d reads, then %d): the cache lost the key it held", reads, again)
 	}
 }

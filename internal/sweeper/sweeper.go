@@ -135,8 +135,26 @@ func (s *Sweeper) observe(key string, e kv.Entry[state.Sandbox], deleted bool) {
 }
 
 // keepAwakeChanged: a keep-awake set, moved or gone changes when the
-// sandbox falls due, so it is looked at now.
+// sandbox falls due, so it is looked at next.
 func (s *Sweeper) keepAwakeChanged(user string, _ kv.Entry[state.KeepAwake], _ bool) {
+	s.lookSoon(user)
+}
+
+// beacon takes in a beacon. One that reports no work in flight may end
+// the sandbox's busy spell before the busy beacons' TTL would, bringing
+// its deadline closer (the last activity plus IDLE_TIMEOUT), so the
+// sandbox is looked at next; beacons only push deadlines later otherwise,
+// and those of work in flight come every BEACON_INTERVAL, which would
+// bring a look at every one.
+func (s *Sweeper) beacon(b events.Beacon, seq uint64, stamped time.Time) {
+	s.clocks.Observe(b, seq, stamped)
+	if b.InFlight == 0 {
+		s.lookSoon(b.User)
+	}
+}
+
+// lookSoon puts a Ready, managed sandbox in for the next sweep.
+func (s *Sweeper) lookSoon(user string) {
 	if b, ok := s.boxes.Get(user); ok && b.Value.Managed && b.Value.Phase == state.PhaseReady {
 		s.idleAt.set(user, nextSweep)
 	}
@@ -224,7 +242,7 @@ func (s *Sweeper) Ready() bool {
 // then each new one.
 func (s *Sweeper) Follow(ctx context.Context) error {
 	start := time.Now()
-	return events.FollowActivity(ctx, s.o.JS, s.o.Log, s.clocks.Observe, func() {
+	return events.FollowActivity(ctx, s.o.JS, s.o.Log, s.beacon, func() {
 		s.synced.Store(true)
 		s.o.Log.Info("idle clocks rebuilt", "users", s.clocks.Len(), "took", time.Since(start).String())
 	})
@@ -352,11 +370,12 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 }
 
 // nextLook is when a decision made at now (not due) can next change
-// without a change to the sandbox's record or keep-awake, which put it in
-// for now themselves: when it falls due, when its warning is due
-// (NOTIFY_WARN_BEFORE ahead), or, while work is in flight, when the newest
-// beacon reporting it expires. Activity only moves these later, so a look
-// then is never late; one that finds the deadline moved puts it back.
+// without a change to the sandbox's record or keep-awake, or a beacon of
+// no work in flight, which put it in for the next sweep themselves: when
+// it falls due, when its warning is due (NOTIFY_WARN_BEFORE ahead), or,
+// while work is in flight, when the newest beacon reporting it expires.
+// Anything else only moves these later, so a look then is never late; one
+// that finds the deadline moved puts it back.
 func (s *Sweeper) nextLook(d idle.Decision, v idle.View, now time.Time) time.Time {
 	at := d.SuspendAt
 	if v.Busy && (at.IsZero() || v.BusyUntil.Before(at)) {

@@ -535,6 +535,8 @@ func TestSweepsDecideOnlyForWhatFellDueOrChanged(t *testing.T) {
 	w.beacon("soon", "edge-a", 0, idleTimeout-10*time.Second, time.Second)
 	w.sandbox("worker", state.PhaseReady, true, w.now.Add(-time.Hour))
 	w.beacon("worker", "edge-a", 1, 2*idleTimeout, 30*time.Second) // a call in flight
+	w.sandbox("streamer", state.PhaseReady, true, w.now.Add(-time.Hour))
+	w.beacon("streamer", "edge-a", 1, 2*idleTimeout, 10*time.Minute) // a socket open, pinned for long
 	s := w.sweeper()
 	decided := func(at time.Duration, want float64) {
 		t.Helper()
@@ -544,7 +546,7 @@ func TestSweepsDecideOnlyForWhatFellDueOrChanged(t *testing.T) {
 			t.Fatalf("the sweep at now+%s decided for %v sandboxes, want %v", at, got, want)
 		}
 	}
-	decided(time.Second, quiet+2)
+	decided(time.Second, quiet+3)
 	decided(2*time.Second, 0)
 	if len(w.suspends()) != 0 {
 		t.Fatalf("suspended %v with nothing due", w.suspends())
@@ -576,4 +578,17 @@ func TestSweepsDecideOnlyForWhatFellDueOrChanged(t *testing.T) {
 	if got := w.suspends(); len(got) != 1 {
 		t.Fatalf("suspended %v, want soon only (worker's work ended just now)", got)
 	}
+
+	// Work that ends before its beacon's TTL says so with a beacon of
+	// nothing in flight: its work counted as activity until then, so it
+	// falls due an idle timeout after; that beacon brings the look that
+	// finds so, not the old beacon's expiry ten minutes on.
+	w.beacon("streamer", "edge-a", 0, 2*idleTimeout, time.Second)
+	testutil.Eventually(t, 30*time.Second, func() error {
+		s.Sweep(context.Background(), w.now.Add(idleTimeout+time.Second))
+		if _, ok := w.suspends()["streamer"]; !ok {
+			return fmt.Errorf("streamer not suspended after its work ended (%d others are)", len(w.suspends()))
+		}
+		return nil
+	})
 }

@@ -499,9 +499,18 @@ func TestSecureCookieAndInsecureRefusal(t *testing.T) {
 	secure := w.Edge("edge-secure", map[string]string{"COOKIE_SECURE": "true", "ALLOW_INSECURE_COOKIES": ""})
 	r := testenv.NewClient(t, secure.URL).Form("/users", "user", "ivy", "invite", invite)
 	expect(t, r, http.StatusCreated, "signup")
-	sc := r.Header.Get("Set-Cookie")
-	if !strings.HasPrefix(sc, "__Host-dsh_gw_session=") || !strings.Contains(sc, "secure") {
-		t.Fatalf("secure cookie: %s", sc)
+	// Both gateway cookies (the session's, and the one naming its user)
+	// are __Host- and Secure.
+	names := map[string]bool{}
+	for _, sc := range r.Header.Values("Set-Cookie") {
+		name, _, _ := strings.Cut(sc, "=")
+		names[name] = true
+		if !strings.HasPrefix(name, "__Host-") || !strings.Contains(sc, "secure") {
+			t.Fatalf("secure cookie: %s", sc)
+		}
+	}
+	if !names["__Host-dsh_gw_session"] || !names["__Host-dsh_gw_session_user"] {
+		t.Fatalf("cookies set: %v, want the session's and its user's", names)
 	}
 
 	// The secure edge's own environment, complete and valid, but with
