@@ -151,25 +151,7 @@ func TestConcurrentDuplicatesOnAClusteredStream(t *testing.T) {
 	// elected a leader, which a loaded machine may take seconds over (a
 	// clean-clone make test saw "no response from stream" in the first
 	// rounds): this test is about the duplicates' race, not the election.
-	testutil.Eventually(t, 30*time.Second, func() error {
-		s, err := js.Stream(ctx, events.StreamCommands)
-		if err != nil {
-			return err
-		}
-		info, err := s.Info(ctx)
-		if err != nil {
-			return err
-		}
-		if info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
-			return fmt.Errorf("stream %s: cluster %+v", events.StreamCommands, info.Cluster)
-		}
-		for _, r := range info.Cluster.Replicas {
-			if !r.Current {
-				return fmt.Errorf("stream %s: replica %s not current", events.StreamCommands, r.Name)
-			}
-		}
-		return nil
-	})
+	commandsLeader(t, ctx, js)
 	// Half publish raw, to see the race; half as the edges do, through
 	// natsconn's connection, which rides out a leader election (under load
 	// the stream's leader can move mid-test: "no response from stream" is
@@ -783,4 +765,32 @@ func TestUsageRecordPublishedTwiceIsStoredOnce(t *testing.T) {
 	if err != nil || got.ID != "call-1" || got.Broker != "broker-a" || got.V != events.SchemaVersion || m.Subject != events.UsageSubject("ann") {
 		t.Fatalf("stored %s %+v %v", m.Subject, got, err)
 	}
+}
+
+// commandsLeader waits until the R3 commands stream has a leader and two
+// current replicas, and returns the leader's name.
+func commandsLeader(t *testing.T, ctx context.Context, js jetstream.JetStream) string {
+	t.Helper()
+	var leader string
+	testutil.Eventually(t, 30*time.Second, func() error {
+		s, err := js.Stream(ctx, events.StreamCommands)
+		if err != nil {
+			return err
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
+			return fmt.Errorf("stream %s: cluster %+v", events.StreamCommands, info.Cluster)
+		}
+		for _, r := range info.Cluster.Replicas {
+			if !r.Current {
+				return fmt.Errorf("stream %s: replica %s not current", events.StreamCommands, r.Name)
+			}
+		}
+		leader = info.Cluster.Leader
+		return nil
+	})
+	return leader
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -33,27 +34,11 @@ func TestACopyInProcessForLongerThanASecond(t *testing.T) {
 	cfg := events.DefaultStreamsConfig()
 	cfg.Replicas = 3
 	natstest.Provision(t, ctx, func(ctx context.Context) error { return events.EnsureStreams(ctx, admin, cfg) })
-	var leader int
-	testutil.Eventually(t, 30*time.Second, func() error {
-		s, err := admin.Stream(ctx, events.StreamCommands)
-		if err != nil {
-			return err
-		}
-		info, err := s.Info(ctx)
-		if err != nil {
-			return err
-		}
-		if info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
-			return fmt.Errorf("stream %s: cluster %+v", events.StreamCommands, info.Cluster)
-		}
-		for i, n := range c.Nodes {
-			if n.Name() == info.Cluster.Leader {
-				leader = i
-				return nil
-			}
-		}
-		return fmt.Errorf("leader %q is none of the nodes", info.Cluster.Leader)
-	})
+	name := commandsLeader(t, ctx, admin)
+	leader := slices.IndexFunc(c.Nodes, func(n *embednats.Server) bool { return n.Name() == name })
+	if leader < 0 {
+		t.Fatalf("leader %q is none of the nodes", name)
+	}
 	url := c.Nodes[leader].URL()
 	_, raw := natstest.Connect(t, url)
 	nc, edge, err := natsconn.Connect(ctx, natsconn.Options{URL: url, Name: "edge", FailoverWait: 20 * time.Second}, quiet)
