@@ -30,7 +30,9 @@ func TestModelCallsThroughTheInstall(t *testing.T) {
 	ctx := testenv.Context(t, 5*time.Minute)
 	front := ingress(t)
 	c := client(t, front).WithTimeout(2 * time.Minute)
-	tok := c.Signup("mia", invite)
+	// Kept awake: the probes below go around the gateway, and this
+	// install suspends a sandbox after 20 s without traffic through it.
+	tok := awakeUser(t, c, "mia")
 	noaTok := client(t, front).WithTimeout(2*time.Minute).Signup("noa", invite)
 	mia := client(t, front).At(origin("mia")).WithTimeout(2 * time.Minute)
 	usageOf := func(user, token string) state.Usage {

@@ -97,6 +97,7 @@ func ephemeral(t *testing.T, pod *corev1.Pod, image string, args ...string) stri
 	if _, err := cluster.Client.CoreV1().Pods(pod.Namespace).UpdateEphemeralContainers(ctx, pod.Name, p, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("ephemeral container in %s: %v", pod.Name, err)
 	}
+	var done *corev1.ContainerStateTerminated
 	testutil.Eventually(t, time.Minute, func() error {
 		p, err := cluster.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {
@@ -104,6 +105,7 @@ func ephemeral(t *testing.T, pod *corev1.Pod, image string, args ...string) stri
 		}
 		for _, s := range p.Status.EphemeralContainerStatuses {
 			if s.Name == name && s.State.Terminated != nil {
+				done = s.State.Terminated
 				return nil
 			}
 		}
@@ -112,6 +114,15 @@ func ephemeral(t *testing.T, pod *corev1.Pod, image string, args ...string) stri
 	b, err := cluster.Client.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: name}).DoRaw(ctx)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A probe killed with its pod (or never started) prints nothing: say
+	// so rather than let every row read as an empty answer.
+	if done.ExitCode != 0 {
+		state := "gone"
+		if p, err := cluster.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{}); err == nil {
+			state = fmt.Sprintf("%s, deleting: %v", p.Status.Phase, p.DeletionTimestamp != nil)
+		}
+		t.Fatalf("%s in %s ended %d (%s %s; pod %s): %q", image, pod.Name, done.ExitCode, done.Reason, done.Message, state, b)
 	}
 	return string(b)
 }
@@ -142,38 +153,30 @@ func TestReachability(t *testing.T) {
 		}
 		return pods.Items
 	}
-	// Earlier tests take pods from the warm pool, which refills them.
-	var sandboxes []corev1.Pod
-	testutil.Eventually(t, 2*time.Minute, func() error {
-		pods, err := cluster.Client.CoreV1().Pods(sandboxNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=dsh-web", FieldSelector: "status.phase=Running"})
-		if err != nil {
-			return err
-		}
-		if sandboxes = pods.Items; len(sandboxes) < 2 {
-			return fmt.Errorf("%d sandboxes running, want two to probe between", len(sandboxes))
-		}
-		return nil
-	})
-	edges, lifecycles, nats := list("app.kubernetes.io/name=aaas-edge"), list("app.kubernetes.io/name=aaas-lifecycle"), list("app.kubernetes.io/name=nats")
-	brokers := list("app.kubernetes.io/name=aaas-broker")
+	// The sandboxes probed from and to belong to users of this test, kept
+	// awake: this install suspends a sandbox after 20 s without traffic,
+	// and the probes go around the gateway, so a sandbox of an earlier
+	// test (or of this one, unheld) is suspended mid-probe and its pod
+	// goes with the probe in it (clean-clone runs saw both: a probe that
+	// printed nothing, an app refused on a pod already gone). Spares are
+	// no steadier: the warm pool replaces those it finds stale or excess.
 	// A user's agent runs dev servers on a preview port (5173) and on one
 	// the policy does not list (5174), started through DSH on pia's origin.
 	c := client(t, ingress(t)).WithTimeout(2 * time.Minute)
-	auth := bearer(c.Signup("pia", invite))
+	auth := bearer(awakeUser(t, c, "pia"))
 	for _, port := range []string{"5173", "5174"} {
 		if r := c.At(origin("pia")).Do("POST", "/api/apps?port="+port, nil, auth...); r.StatusCode != http.StatusCreated {
 			t.Fatalf("start an app on %s: %d %s", port, r.StatusCode, r.Body)
 		}
 	}
-	pia := userPods(t, "pia")
-	if len(pia) != 1 {
-		t.Fatalf("pia has %d pods", len(pia))
-	}
-	other := sandboxes[0]
-	if other.Name == pia[0].Name {
-		other = sandboxes[1]
-	}
-	preview, unlisted := net.JoinHostPort(pia[0].Status.PodIP, "5173"), net.JoinHostPort(pia[0].Status.PodIP, "5174")
+	awakeUser(t, client(t, ingress(t)).WithTimeout(2*time.Minute), "quinn")
+	pia, quinn := runningPod(t, "pia"), runningPod(t, "quinn")
+	// quinn's sandbox probes; pia's is the other tenant it must not reach.
+	sandboxes := []corev1.Pod{quinn, pia}
+	other := quinn
+	edges, lifecycles, nats := list("app.kubernetes.io/name=aaas-edge"), list("app.kubernetes.io/name=aaas-lifecycle"), list("app.kubernetes.io/name=nats")
+	brokers := list("app.kubernetes.io/name=aaas-broker")
+	preview, unlisted := net.JoinHostPort(pia.Status.PodIP, "5173"), net.JoinHostPort(pia.Status.PodIP, "5174")
 	svc := func(name string) string {
 		s, err := cluster.Client.CoreV1().Services(controlNS).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
@@ -387,4 +390,40 @@ func standIn(t *testing.T, addr, forward string) string {
 		}
 	}()
 	return addr
+}
+
+// awakeUser signs user up on c and keeps her sandbox awake until the test
+// ends (then lets it sleep again); it returns her bearer token.
+func awakeUser(t *testing.T, c *testenv.Client, user string) string {
+	t.Helper()
+	tok := c.Signup(user, invite)
+	hold := func(d string) error {
+		if r := c.Form("/_/keepawake", "for", d); r.StatusCode != http.StatusOK {
+			return fmt.Errorf("keep-awake %s for %s: %d %s", d, user, r.StatusCode, r.Body)
+		}
+		return nil
+	}
+	testutil.Eventually(t, 3*time.Minute, func() error { return hold("30m") })
+	t.Cleanup(func() {
+		if err := hold("0"); err != nil {
+			t.Error(err)
+		}
+	})
+	return tok
+}
+
+// runningPod waits for user's sandbox to have exactly one pod, running
+// with an address, and returns it.
+func runningPod(t *testing.T, user string) corev1.Pod {
+	t.Helper()
+	var pod corev1.Pod
+	testutil.Eventually(t, 3*time.Minute, func() error {
+		pods := userPods(t, user)
+		if len(pods) != 1 || pods[0].Status.Phase != corev1.PodRunning || pods[0].Status.PodIP == "" {
+			return fmt.Errorf("%s has %d pods, want one running", user, len(pods))
+		}
+		pod = pods[0]
+		return nil
+	})
+	return pod
 }
