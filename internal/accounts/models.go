@@ -55,7 +55,7 @@ func (s *Service) models(ctx context.Context, user string) usageBody {
 	if s.o.Spend == nil {
 		return b
 	}
-	b.Usage, b.Budget = s.o.Spend.Spent(user, month), s.o.Spend.Budget(user)
+	b.Usage, b.Budget = s.o.Spend.Spent(ctx, user, month), s.o.Spend.Budget(ctx, user)
 	b.Recent = nil // the ledger's bookkeeping, not the user's
 	if b.Budget.Limited {
 		left := max(b.Budget.Micros-b.CostMicros, 0)

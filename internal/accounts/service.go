@@ -39,8 +39,9 @@ type Options struct {
 	Actions   *ratelimit.Limiter
 	Publisher *events.Publisher
 	Users     *kv.Cache[state.User]
-	// UserNames is every account's name, for MaxUsers.
-	UserNames *kv.Names
+	// Names is every user's name, the accounts' bucket its first source,
+	// whose count MaxUsers caps.
+	Names *kv.Names
 	// APITokens are users' named API tokens; nil: not served.
 	APITokens *APITokens
 	Sandboxes *kv.Cache[state.Sandbox]
@@ -246,17 +247,17 @@ func (s *Service) refuse(c *fiber.Ctx, err error) error {
 }
 
 // full reports whether the gateway has MaxUsers accounts. Edges count the
-// same bucket's keys (UserNames, loaded by the first signup an edge sees
+// same bucket's keys (Names, loaded by the first signup an edge sees
 // under a cap), so they agree; signups on several edges at the very
 // moment the last place goes can each take it (at most one per edge).
 func (s *Service) full(ctx context.Context) (bool, error) {
 	if s.o.MaxUsers == 0 {
 		return false, nil
 	}
-	if err := s.o.UserNames.Load(ctx); err != nil {
+	if err := s.o.Names.Load(ctx); err != nil {
 		return false, err
 	}
-	return s.o.UserNames.Len() >= s.o.MaxUsers, nil
+	return s.o.Names.LenOf(0) >= s.o.MaxUsers, nil
 }
 
 func errFull(max int) string {

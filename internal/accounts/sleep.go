@@ -52,7 +52,7 @@ func (s *Service) statusOf(ctx context.Context, user, url string) statusBody {
 	}
 	now := time.Now()
 	sb := idle.Sandbox{ReadySince: st.ReadySince}
-	if k, ok := s.o.KeepAwakes.Get(user); ok && k.Value.Holds(now) {
+	if k, ok := s.o.KeepAwakes.Load(ctx, user); ok && k.Value.Holds(now) {
 		sb.KeepAwakeUntil = k.Value.Until
 		b.KeepAwakeUntil = second(k.Value.Until)
 	}

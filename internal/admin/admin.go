@@ -25,7 +25,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -64,10 +63,9 @@ type Options struct {
 	Accounts  Accounts
 	Users     *kv.Cache[state.User]
 	Sandboxes *kv.Cache[state.Sandbox]
-	// UserNames and SandboxNames are every account's and sandbox's name,
-	// for the list.
-	UserNames, SandboxNames *kv.Names
-	Activity                *idle.Clocks
+	// Names are every account's and sandbox's name, for the list.
+	Names    *kv.Names
+	Activity *idle.Clocks
 	// Idle is the idle rule's settings: the view marks dormant accounts
 	// (DORMANT_AFTER) and when they will be deleted.
 	Idle      idle.Policy
@@ -98,10 +96,6 @@ type Service struct {
 	o Options
 	// sites says where the view links each user's sandbox.
 	sites web.Sites
-
-	mu       sync.Mutex
-	sorted   []string
-	sortedAt [2]uint64
 }
 
 // New returns a Service.
@@ -191,47 +185,6 @@ func (s *Service) parseQuery(c *fiber.Ctx) (Query, error) {
 	return q, nil
 }
 
-// names are every user there is, by name: accounts, and sandboxes
-// without one, from the buckets' key sets (kv.Names, loaded on the first
-// page this edge serves). The merged list is kept until either changes,
-// so paging through a million users merges them once per change, never
-// once per page.
-func (s *Service) names(ctx context.Context) ([]string, error) {
-	if err := s.o.UserNames.Load(ctx); err != nil {
-		return nil, err
-	}
-	if err := s.o.SandboxNames.Load(ctx); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	at := [2]uint64{s.o.UserNames.Updates(), s.o.SandboxNames.Updates()}
-	if s.sorted == nil || at != s.sortedAt {
-		s.sorted, s.sortedAt = mergeUnique(s.o.UserNames.Sorted(), s.o.SandboxNames.Sorted()), at
-	}
-	return s.sorted, nil
-}
-
-// mergeUnique is the sorted union of two sorted lists.
-func mergeUnique(a, b []string) []string {
-	out := make([]string, 0, max(len(a), len(b)))
-	i, j := 0, 0
-	for i < len(a) || j < len(b) {
-		switch {
-		case j == len(b) || i < len(a) && a[i] < b[j]:
-			out = append(out, a[i])
-			i++
-		case i == len(a) || b[j] < a[i]:
-			out = append(out, b[j])
-			j++
-		default:
-			out = append(out, a[i])
-			i, j = i+1, j+1
-		}
-	}
-	return out
-}
-
 // maxScanned bounds the rows one page looks at per row it may show: a
 // filter that matches few users ends its page early, with Next where it
 // stopped, rather than reading every account to fill it.
@@ -240,30 +193,33 @@ const maxScanned = 20
 // Page is the page of the list q selects, from the caches (and, for each
 // row's sessions, the sessions bucket).
 func (s *Service) Page(ctx context.Context, q Query, now time.Time) (Page, error) {
-	names, err := s.names(ctx)
-	if err != nil {
+	// Every user there is, by name: accounts, and sandboxes without one,
+	// from the buckets' key set (kv.Names, loaded on the first page this
+	// edge serves), read from where the page starts: a page costs the
+	// same right after a write as before it, at any count.
+	if err := s.o.Names.Load(ctx); err != nil {
 		return Page{}, err
 	}
-	start := 0
+	scan := maxScanned * q.Limit
+	var (
+		names []string
+		err   error
+	)
 	if q.Sort == "spend" {
-		names = s.spendOrder(names, state.Month(now))
-		if q.After != "" {
-			start = slices.Index(names, q.After) + 1
+		if names, err = s.spendOrder(ctx, state.Month(now), q.After, scan+1); err != nil {
+			return Page{}, err
 		}
 	} else {
-		start, _ = slices.BinarySearch(names, q.After)
-		if start < len(names) && names[start] == q.After {
-			start++
+		from := q.Prefix
+		if q.After != "" && q.After+"\x00" > from {
+			from = q.After + "\x00" // the first name after it
 		}
-		if q.Prefix != "" {
-			p, _ := slices.BinarySearch(names, q.Prefix)
-			start = max(start, p)
-		}
+		names = s.o.Names.Range(from, scan+1)
 	}
 	page := Page{Users: []Row{}}
-	for scanned, name := range names[start:] {
-		if scanned == maxScanned*q.Limit {
-			page.Next = names[start+scanned-1]
+	for scanned, name := range names {
+		if scanned == scan {
+			page.Next = names[scanned-1]
 			break
 		}
 		if !strings.HasPrefix(name, q.Prefix) {
@@ -285,7 +241,7 @@ func (s *Service) Page(ctx context.Context, q Query, now time.Time) (Page, error
 		}
 		page.Users = append(page.Users, r)
 	}
-	page.Total = len(names)
+	page.Total = s.o.Names.Len()
 	shown := make([]string, len(page.Users))
 	for i, r := range page.Users {
 		shown[i] = r.User
@@ -319,8 +275,8 @@ func (s *Service) row(ctx context.Context, name string, now time.Time) (Row, err
 	v := s.o.Activity.View(name, now)
 	r.LastActive, r.InFlight = v.Last, v.Load
 	if s.o.Spend != nil {
-		b := s.o.Spend.Budget(name)
-		r.SpentMicros, r.Budget = s.o.Spend.Spent(name, state.Month(now)).CostMicros, &b
+		b := s.o.Spend.Budget(ctx, name)
+		r.SpentMicros, r.Budget = s.o.Spend.Spent(ctx, name, state.Month(now)).CostMicros, &b
 	}
 	return r, nil
 }

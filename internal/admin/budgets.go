@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"cmp"
 	"context"
 	"encoding/csv"
 	"encoding/json"
@@ -241,7 +242,11 @@ func (s *Service) usage(c *fiber.Ctx) error {
 		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, "rows is totals (the default) or calls"))
 	}
 	rows := []usageRow{}
-	for _, u := range s.o.Spend.Month(month) {
+	spent, err := s.o.Spend.Month(c.UserContext(), month)
+	if err != nil {
+		return web.Fail(c, web.Unavailable(err))
+	}
+	for _, u := range spent {
 		if user != "" && u.User != user {
 			continue
 		}
@@ -301,24 +306,54 @@ func export(c *fiber.Ctx, name, format string, doc any, columns []string, record
 	return w.Error()
 }
 
-// spendOrder is names sorted by this month's spend, most first (then by
-// name), for the list's sort=spend.
-func (s *Service) spendOrder(names []string, month string) []string {
-	out := slices.Clone(names)
-	cost := make(map[string]int64, len(out))
-	for _, n := range out {
-		cost[n] = s.o.Spend.Spent(n, month).CostMicros
+// spendOrder is up to limit names after after ("": from the first) in
+// the order of month's spend, most first, then by name, for the list's
+// sort=spend: the users who spent (month's usage, read by the month,
+// those in the list) sorted, then everyone else by name, read from the
+// name list where the page starts. A page costs the month's spenders and
+// the page, not every account.
+func (s *Service) spendOrder(ctx context.Context, month, after string, limit int) ([]string, error) {
+	spent, err := s.o.Spend.Month(ctx, month)
+	if err != nil {
+		return nil, err
 	}
-	slices.SortStableFunc(out, func(x, y string) int {
-		switch {
-		case cost[x] > cost[y]:
-			return -1
-		case cost[x] < cost[y]:
-			return 1
+	top := make([]state.Usage, 0, len(spent))
+	for _, u := range spent {
+		if u.CostMicros > 0 && s.o.Names.Has(u.User) {
+			top = append(top, u)
 		}
-		return strings.Compare(x, y)
-	})
-	return out
+	}
+	slices.SortStableFunc(top, func(x, y state.Usage) int { return cmp.Compare(y.CostMicros, x.CostMicros) }) // by name within a cost
+	spenders := make(map[string]bool, len(top))
+	for _, u := range top {
+		spenders[u.User] = true
+	}
+	out := make([]string, 0, limit)
+	i, from := 0, ""
+	if after != "" {
+		if j := slices.IndexFunc(top, func(u state.Usage) bool { return u.User == after }); j >= 0 {
+			i = j + 1
+		} else {
+			i, from = len(top), after+"\x00"
+		}
+	}
+	for ; i < len(top) && len(out) < limit; i++ {
+		out = append(out, top[i].User)
+	}
+	for len(out) < limit {
+		want := limit - len(out)
+		chunk := s.o.Names.Range(from, want+len(spenders))
+		for _, n := range chunk {
+			if !spenders[n] && len(out) < limit {
+				out = append(out, n)
+			}
+		}
+		if len(chunk) < want+len(spenders) {
+			break
+		}
+		from = chunk[len(chunk)-1] + "\x00"
+	}
+	return out, nil
 }
 
 // budgetRoutes mounts the budget and usage API.

@@ -192,8 +192,8 @@ func TestSpendListAndExport(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, time.Minute, func() error {
-		if n := len(s.o.Spend.Month(month)); n != 3 {
-			return fmt.Errorf("%d users' usage cached", n)
+		if spent, err := s.o.Spend.Month(ctx, month); err != nil || len(spent) != 3 {
+			return fmt.Errorf("%d users' usage read (%v)", len(spent), err)
 		}
 		return nil
 	})
@@ -210,6 +210,12 @@ func TestSpendListAndExport(t *testing.T) {
 	p = mustPage(t, s, Query{Sort: "spend", After: "u00003", Limit: 3})
 	if len(p.Users) != 3 || p.Users[0].User != "u00011" || p.Users[1].User != "u00000" || p.Users[2].User != "u00001" {
 		t.Fatalf("second page by spend: %+v", p.Users)
+	}
+	// Among those who spent nothing, a page carries on by name and skips
+	// the spenders shown first.
+	p = mustPage(t, s, Query{Sort: "spend", After: "u00002", Limit: 2})
+	if len(p.Users) != 2 || p.Users[0].User != "u00004" || p.Users[1].User != "u00005" {
+		t.Fatalf("by spend after u00002: %+v", p.Users)
 	}
 	if status, _, body := send(t, s, "GET", "/_/admin/users?sort=cost", "", token, false); status != 400 {
 		t.Fatalf("sort=cost: %d %s", status, body)

@@ -188,7 +188,7 @@ func (l *NATSLedger) Admit(ctx context.Context, user string, charged bool) (Call
 		return nil, &Refusal{Status: http.StatusForbidden, Reason: "unattributed", Message: "this address is not a running sandbox"}
 	}
 	now := time.Now()
-	limit, limited := l.budgetOf(user)
+	limit, limited := l.budgetOf(ctx, user)
 	limited = limited && charged
 	if !l.nc.IsConnected() {
 		return l.cutOff(user, charged, limited, now)
@@ -328,8 +328,8 @@ func (l *NATSLedger) wake() {
 
 // budgetOf is the user's monthly budget and whether there is one, read
 // as the pages read it (spend.Book) from the ledger's caches.
-func (l *NATSLedger) budgetOf(user string) (micros int64, limited bool) {
-	a := (&spend.Book{Budgets: l.budgets, Groups: l.groups, DefaultMicros: l.o.Budget.DefaultMicros}).Budget(user)
+func (l *NATSLedger) budgetOf(ctx context.Context, user string) (micros int64, limited bool) {
+	a := (&spend.Book{Budgets: l.budgets, Groups: l.groups, DefaultMicros: l.o.Budget.DefaultMicros}).Budget(ctx, user)
 	return a.Micros, a.Limited
 }
 

@@ -693,7 +693,7 @@ func TestOvershootBoundHoldsUnderRacingBrokers(t *testing.T) {
 		b.putBudget(state.BudgetUser, "ann", budget, false)
 		for _, l := range ledgers {
 			tu.Eventually(t, 10*time.Second, func() error {
-				if m, _ := l.budgetOf("ann"); m != budget {
+				if m, _ := l.budgetOf(ctx, "ann"); m != budget {
 					return fmt.Errorf("%s sees a budget of %d", l.o.Instance, m)
 				}
 				return nil

@@ -68,7 +68,7 @@ func New(p *process.Process, cfg config.Edge) (*Edge, error) {
 	acct := newAccounts(p, cfg, st, authn, pub, sso, slots, clocks)
 	prx := newProxy(p, cfg, st, authn, pub, sealer, sso, slots)
 	adm := admin.New(admin.Options{
-		Auth: authn, Accounts: acct, Users: st.users, Sandboxes: st.boxes, UserNames: st.userNames, SandboxNames: st.boxNames, Activity: clocks, Publisher: pub, Log: p.Log,
+		Auth: authn, Accounts: acct, Users: st.users, Sandboxes: st.boxes, Names: st.names, Activity: clocks, Publisher: pub, Log: p.Log,
 		Hosts: cfg.AdminHosts, PublicHosts: cfg.PublicHosts, SandboxDomain: cfg.SandboxDomain,
 		Spend: st.book, Budgets: st.budgets, JS: p.JS, Idle: cfg.Idle,
 	})
@@ -188,7 +188,7 @@ func newAccounts(p *process.Process, cfg config.Edge, st *edgeState, authn *auth
 		}
 	}
 	return accounts.New(accounts.Options{
-		Auth: authn, Actions: st.actions, Publisher: pub, Users: st.users, UserNames: st.userNames, Sandboxes: st.boxes, Requests: st.requests, Queue: st.queue,
+		Auth: authn, Actions: st.actions, Publisher: pub, Users: st.users, Names: st.names, Sandboxes: st.boxes, Requests: st.requests, Queue: st.queue,
 		APITokens: &accounts.APITokens{Bucket: st.tokensBucket, Cache: st.apiTokens, MaxEach: cfg.MaxAPITokensPerUser},
 		InFlight:  slots, CookieSecure: cfg.CookieSecure, CookieMaxAge: cfg.Buckets.SessionTTL,
 		InviteCode: cfg.InviteCode, MaxUsers: cfg.MaxUsers, SSO: sso.NameHeader != "", SignOutURL: cfg.AuthProxySignOutURL, WakeTimeout: cfg.WakeTimeout,

@@ -20,20 +20,20 @@ type edgeState struct {
 	limiter, actions *ratelimit.Limiter
 	users            *kv.Cache[state.User]
 	boxes            *kv.Cache[state.Sandbox]
-	// userNames and boxNames are every account's and sandbox's name, for
-	// the admin list and MAX_USERS, loaded when first needed.
-	userNames, boxNames *kv.Names
-	tokensBucket        *kv.Bucket[state.APIToken]
-	apiTokens           *kv.Cache[state.APIToken]
-	handshakes          *kv.Cache[state.Handshake]
-	requests            *kv.Cache[state.Result]
-	queued              *kv.Cache[state.Queued]
-	queue               capacity.Queue
-	book                *spend.Book
-	recorder            *spend.Recorder
-	budgets             *kv.Bucket[state.Budget]
-	keepAwake           *kv.Bucket[state.KeepAwake]
-	keepAwakes          *kv.Cache[state.KeepAwake]
+	// names are every account's (the first source) and sandbox's name,
+	// for the admin list and MAX_USERS, loaded when first needed.
+	names        *kv.Names
+	tokensBucket *kv.Bucket[state.APIToken]
+	apiTokens    *kv.Cache[state.APIToken]
+	handshakes   *kv.Cache[state.Handshake]
+	requests     *kv.Cache[state.Result]
+	queued       *kv.Cache[state.Queued]
+	queue        capacity.Queue
+	book         *spend.Book
+	recorder     *spend.Recorder
+	budgets      *kv.Bucket[state.Budget]
+	keepAwake    *kv.Bucket[state.KeepAwake]
+	keepAwakes   *kv.Cache[state.KeepAwake]
 	// codes is the sign-in codes of sandbox origins (SANDBOX_DOMAIN set).
 	codes *kv.Bucket[state.SigninCode]
 	// credentials is users' own provider keys (BYOK set).
@@ -75,7 +75,7 @@ func openState(ctx context.Context, p *process.Process, cfg config.Edge) (*edgeS
 	if s.boxes, err = kv.NewCache(ctx, boxes, ">", p.Log, kv.Bounded[state.Sandbox](limits.Sandboxes)); err != nil {
 		return nil, err
 	}
-	s.userNames, s.boxNames = kv.NewNames(ctx, users, p.Log), kv.NewNames(ctx, boxes, p.Log)
+	s.names = kv.NewNames(ctx, p.Log, users.KeySource(), boxes.KeySource())
 	// An API token deleted or lapsed anywhere ends the streams it opened.
 	if s.tokensBucket, err = kv.Open[state.APIToken](ctx, p.JS, state.BucketAPITokens); err != nil {
 		return nil, err
@@ -100,7 +100,9 @@ func openState(ctx context.Context, p *process.Process, cfg config.Edge) (*edgeS
 	if s.keepAwake, err = kv.Open[state.KeepAwake](ctx, p.JS, state.BucketKeepAwake); err != nil {
 		return nil, err
 	}
-	if s.keepAwakes, err = kv.NewCache(ctx, s.keepAwake, ">", p.Log); err != nil {
+	// Keep-awakes and SSO groups, like the records above, only of the
+	// users this edge serves.
+	if s.keepAwakes, err = kv.NewCache(ctx, s.keepAwake, ">", p.Log, kv.Bounded[state.KeepAwake](limits.Users)); err != nil {
 		return nil, err
 	}
 	if cfg.SandboxDomain != "" {
@@ -120,7 +122,13 @@ func openState(ctx context.Context, p *process.Process, cfg config.Edge) (*edgeS
 // the user's page and the admin view read, the recorder of the groups,
 // and the bucket budget overrides are written to.
 func (s *edgeState) openSpending(ctx context.Context, p *process.Process, cfg config.Edge) error {
-	usage, err := cache[state.Usage](ctx, p, state.BucketUsage)
+	usageBucket, err := kv.Open[state.Usage](ctx, p.JS, state.BucketUsage)
+	if err != nil {
+		return err
+	}
+	// Spend, like the records above, only of the users this edge serves;
+	// the admin view reads a whole month by the month (spend.Months).
+	usage, err := kv.NewCache(ctx, usageBucket, ">", p.Log, kv.Bounded[state.Usage](cfg.CacheLimits().Users))
 	if err != nil {
 		return err
 	}
@@ -135,11 +143,11 @@ func (s *edgeState) openSpending(ctx context.Context, p *process.Process, cfg co
 	if err != nil {
 		return err
 	}
-	groups, err := kv.NewCache(ctx, groupsBucket, ">", p.Log)
+	groups, err := kv.NewCache(ctx, groupsBucket, ">", p.Log, kv.Bounded[state.UserGroups](cfg.CacheLimits().Users))
 	if err != nil {
 		return err
 	}
-	s.book = &spend.Book{Usage: usage, Budgets: budgets, Groups: groups, DefaultMicros: cfg.DefaultMicros}
+	s.book = &spend.Book{Usage: usage, Months: &spend.Months{Bucket: usageBucket, Log: p.Log, Life: ctx}, Budgets: budgets, Groups: groups, DefaultMicros: cfg.DefaultMicros}
 	s.recorder = &spend.Recorder{Bucket: groupsBucket, Cache: groups, Refresh: cfg.Buckets.SessionTTL / 2, Log: p.Log}
 	return nil
 }

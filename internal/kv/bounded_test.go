@@ -348,7 +348,7 @@ func TestNames(t *testing.T) {
 	ctx := natstest.Context(t, time.Minute)
 	boxes := testutil.Open[state.Sandbox](t, js, state.BucketSandboxes)
 	fill(t, ctx, boxes, 300)
-	names := kv.NewNames(ctx, boxes, quiet)
+	names := kv.NewNames(ctx, quiet, boxes.KeySource())
 	if err := names.Load(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -386,9 +386,55 @@ func TestNames(t *testing.T) {
 		}
 	}
 	slices.Sort(want)
-	if got := names.Sorted(); !slices.Equal(got, want) {
+	if got := names.Range("", 0); !slices.Equal(got, want) {
 		t.Fatalf("sorted names: %d of them, first %v; want %d, first %v", len(got), got[:3], len(want), want[:3])
 	}
+	if got := names.Range("box-2", 3); !slices.Equal(got, []string{"box-2", "box-20", "box-200"}) {
+		t.Fatalf("three names from box-2: %v", got)
+	}
+}
+
+// Names over two buckets holds a key while either has it, once, and
+// counts each bucket's keys apart: an account and its sandbox are one
+// user, a sandbox without an account is a user too, and MAX_USERS counts
+// accounts alone.
+func TestNamesOfTwoBuckets(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, time.Minute)
+	users := testutil.Open[state.User](t, js, state.BucketUsers)
+	boxes := testutil.Open[state.Sandbox](t, js, state.BucketSandboxes)
+	for _, u := range []string{"ann", "bob"} {
+		if _, err := users.Put(ctx, u, state.User{Name: u}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, u := range []string{"bob", "cy"} {
+		if _, err := boxes.Put(ctx, u, state.Sandbox{User: u}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	names := kv.NewNames(ctx, quiet, users.KeySource(), boxes.KeySource())
+	if err := names.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check := func(want []string, accounts int) error {
+		if got := names.Range("", 0); !slices.Equal(got, want) || names.Len() != len(want) || names.LenOf(0) != accounts {
+			return fmt.Errorf("names %v (%d), %d accounts; want %v, %d accounts", got, names.Len(), names.LenOf(0), want, accounts)
+		}
+		return nil
+	}
+	if err := check([]string{"ann", "bob", "cy"}, 2); err != nil {
+		t.Fatal(err)
+	}
+	// bob's account goes, his sandbox stays: still a user, one account
+	// fewer; cy's sandbox goes: cy is gone.
+	if err := users.Delete(ctx, "bob", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := boxes.Purge(ctx, "cy"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() error { return check([]string{"ann", "bob"}, 1) })
 }
 
 // A key the caller passes as a view of bytes it then reuses (a name read

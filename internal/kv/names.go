@@ -12,36 +12,63 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Names is the set of a bucket's keys, without their values: what a view
-// of every key needs (the admin list, a count against a cap) at a few
-// dozen bytes a key, where a bounded cache holds only the keys in use.
-// It loads when first asked for (Load), by a watch of the keys' headers
-// only, and is kept by that watch from then on: a process that never
-// asks pays nothing. The sorted list is rebuilt after changes by one
-// merge, not a sort of every key.
+// Names is the set of one or more buckets' keys, without their values
+// (a key is in it while any of the buckets has it): what a view of every
+// key needs (the admin list, a count against a cap) at a few dozen bytes a
+// key, where a bounded cache holds only the keys in use. It loads when
+// first asked for (Load), by a watch of each bucket's keys' headers only,
+// and is kept by those watches from then on: a process that never asks
+// pays nothing.
+//
+// Reads merge on read: the keys in order are a sorted base, less the base
+// keys gone since, plus the keys added since (kept sorted). A read of a
+// page costs a binary search and the page, whatever the count, and a
+// write costs a binary insertion into the few changes; the changes fold
+// into the base once they outgrow a small share of it (compactAt), so
+// that folding costs a few key moves per change, not a merge of every
+// key after each one.
 type Names struct {
-	kv   jetstream.KeyValue
-	name string
-	log  *slog.Logger
-	// ctx is the watch's life, from the first Load on.
+	sources []KeySource
+	log     *slog.Logger
+	// ctx is the watches' life, from the first Load on.
 	ctx context.Context
 
 	start  sync.Once
 	loaded chan struct{}
 
 	mu      sync.Mutex
-	set     map[string]struct{}
-	sorted  []string            // every key when fresh; else before added and removed
-	added   []string            // keys new since sorted was built
-	removed map[string]struct{} // keys gone since sorted was built
+	in      map[string]uint8 // the sources (a bit each) that have the key
+	counts  []int            // keys per source
+	base    []string         // sorted; less gone, plus added, is the set
+	added   []string         // keys not in base; sorted unless unsorted
+	gone    map[string]struct{}
+	replays int    // replays under way: added is appended to, unsorted
+	unsort  bool   // added needs sorting before it is read
+	first   []bool // the sources whose first replay has ended
 	updates atomic.Uint64
 }
 
-// NewNames is the (not yet loaded) set of b's keys, whose watch, once
-// started, runs until ctx ends.
-func NewNames[T any](ctx context.Context, b *Bucket[T], log *slog.Logger) *Names {
-	return &Names{kv: b.kv, name: b.name, log: log.With("bucket", b.name), ctx: ctx, loaded: make(chan struct{}),
-		set: map[string]struct{}{}, removed: map[string]struct{}{}}
+// KeySource is a bucket whose keys a Names follows.
+type KeySource struct {
+	kv   jetstream.KeyValue
+	name string
+}
+
+// Keys is b as a source of keys for NewNames.
+func (b *Bucket[T]) KeySource() KeySource { return KeySource{b.kv, b.name} }
+
+// maxSources bounds the buckets one Names follows (a bit each).
+const maxSources = 8
+
+// NewNames is the (not yet loaded) union of the sources' keys, whose
+// watches, once started, run until ctx ends.
+func NewNames(ctx context.Context, log *slog.Logger, sources ...KeySource) *Names {
+	if len(sources) == 0 || len(sources) > maxSources {
+		panic(fmt.Sprintf("kv.NewNames: %d sources, want 1 to %d", len(sources), maxSources))
+	}
+	n := &Names{sources: sources, log: log, ctx: ctx, loaded: make(chan struct{}),
+		in: map[string]uint8{}, counts: make([]int, len(sources)), gone: map[string]struct{}{}, first: make([]bool, len(sources))}
+	return n
 }
 
 // namesRetry is how long a names watch that ended waits to start again.
@@ -50,16 +77,19 @@ const namesRetry = time.Second
 // Load starts the watch (once) and waits, until wait ends, for the keys
 // the bucket had when it started.
 func (n *Names) Load(wait context.Context) error {
-	n.start.Do(func() { go n.run(n.ctx) })
+	n.start.Do(func() {
+		for i, src := range n.sources {
+			log := n.log.With("bucket", src.name)
+			go rewatch(n.ctx, log, "names", func(ctx context.Context) error { return n.watch(ctx, i) })
+		}
+	})
 	select {
 	case <-n.loaded:
 		return nil
 	case <-wait.Done():
-		return fmt.Errorf("the keys of %s are still loading: %w", n.name, wait.Err())
+		return fmt.Errorf("the keys of %s are still loading: %w", n.sources[0].name, wait.Err())
 	}
 }
-
-func (n *Names) run(ctx context.Context) { rewatch(ctx, n.log, "names", n.watch) }
 
 // rewatch runs watch until ctx ends, starting it again namesRetry after
 // each end.
@@ -127,16 +157,23 @@ func (b *Bucket[T]) Follow(ctx context.Context, log *slog.Logger, changed func(k
 	})
 }
 
-// watch follows the bucket's keys until the watch ends. A new watch
+// watch follows source i's keys until the watch ends. A new watch
 // replays every key, so what it does not bring is gone (the bucket was
 // recreated, or deletions passed while none ran).
-func (n *Names) watch(ctx context.Context) error {
-	w, err := n.kv.Watch(ctx, ">", jetstream.MetaOnly())
+func (n *Names) watch(ctx context.Context, i int) error {
+	src := n.sources[i]
+	w, err := src.kv.Watch(ctx, ">", jetstream.MetaOnly())
 	if err != nil {
 		return err
 	}
 	defer func() { _ = w.Stop() }()
+	n.replaying(1)
 	seen := map[string]struct{}{}
+	defer func() {
+		if seen != nil {
+			n.replaying(-1) // ended mid-replay
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():
@@ -144,100 +181,208 @@ func (n *Names) watch(ctx context.Context) error {
 		case e, ok := <-w.Updates():
 			switch {
 			case !ok:
-				return fmt.Errorf("watch of %s closed", n.name)
+				return fmt.Errorf("watch of %s closed", src.name)
 			case e == nil:
-				n.replayed(seen)
+				n.replayed(i, seen)
 				seen = nil
 			default:
 				if seen != nil {
 					seen[e.Key()] = struct{}{}
 				}
-				n.apply(e.Key(), e.Operation() == jetstream.KeyValuePut)
+				n.apply(e.Key(), i, e.Operation() == jetstream.KeyValuePut)
 			}
 		}
 	}
 }
 
-func (n *Names) apply(key string, present bool) {
+// replaying counts a replay starting (+1) or ending (-1). While one runs,
+// keys arrive by the million in no order: they are appended, and sorted
+// once when it ends, rather than inserted one by one.
+func (n *Names) replaying(d int) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	_, had := n.set[key]
-	switch {
-	case present && !had:
-		n.set[key] = struct{}{}
-		if _, ok := n.removed[key]; ok {
-			delete(n.removed, key) // still in sorted
-		} else {
-			n.added = append(n.added, key)
-		}
-	case !present && had:
-		delete(n.set, key)
-		if i := slices.Index(n.added, key); i >= 0 {
-			n.added = slices.Delete(n.added, i, i+1)
-		} else {
-			n.removed[key] = struct{}{}
-		}
-	default:
-		return
+	if n.replays += d; n.replays == 0 {
+		n.sortAdded()
+		n.compactIfDue()
 	}
-	n.updates.Add(1)
 }
 
-// replayed drops what a new watch's replay did not bring, and says the
-// set is loaded.
-func (n *Names) replayed(seen map[string]struct{}) {
+// apply records that source i has key (present) or not.
+func (n *Names) apply(key string, i int, present bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	was := n.in[key]
+	now := was &^ (1 << i)
+	if present {
+		now |= 1 << i
+	}
+	if now == was {
+		return
+	}
+	if present {
+		n.counts[i]++
+	} else {
+		n.counts[i]--
+	}
+	if now == 0 {
+		delete(n.in, key)
+	} else {
+		n.in[key] = now
+	}
+	switch {
+	case was != 0 && now != 0: // still in the set: the order holds
+	case now != 0:
+		if _, ok := n.gone[key]; ok {
+			delete(n.gone, key) // still in base
+		} else {
+			n.add(key)
+		}
+	default:
+		if j, ok := n.findAdded(key); ok {
+			n.added = slices.Delete(n.added, j, j+1)
+		} else {
+			n.gone[key] = struct{}{}
+		}
+	}
+	n.updates.Add(1)
+	n.compactIfDue()
+}
+
+// add puts key, in no list yet, into added: in order, but for a replay's.
+func (n *Names) add(key string) {
+	if n.replays > 0 || n.unsort {
+		n.added, n.unsort = append(n.added, key), true
+		return
+	}
+	j, _ := slices.BinarySearch(n.added, key)
+	n.added = slices.Insert(n.added, j, key)
+}
+
+// findAdded is where key is in added.
+func (n *Names) findAdded(key string) (int, bool) {
+	if n.unsort {
+		j := slices.Index(n.added, key)
+		return j, j >= 0
+	}
+	return slices.BinarySearch(n.added, key)
+}
+
+func (n *Names) sortAdded() {
+	if n.unsort {
+		slices.Sort(n.added)
+		n.unsort = false
+	}
+}
+
+// compactAt is how many changes the base carries before they fold into
+// it: a share of the base (so folding costs a few moves per change at any
+// size), never fewer than a floor (so a small set is not rebuilt on
+// every write).
+func compactAt(base int) int { return max(4096, base/16) }
+
+// compactIfDue folds the changes into the base when they have outgrown
+// it, unless a replay is under way (it folds when it ends).
+func (n *Names) compactIfDue() {
+	if n.replays > 0 || len(n.added)+len(n.gone) <= compactAt(len(n.base)) {
+		return
+	}
+	n.sortAdded()
+	merged := n.merge("", 0)
+	n.base, n.added = merged, nil
+	clear(n.gone)
+}
+
+// replayed drops what source i's new watch's replay did not bring, and
+// says the set is loaded once every source's first replay has ended.
+func (n *Names) replayed(i int, seen map[string]struct{}) {
 	n.mu.Lock()
 	var gone []string
-	for k := range n.set {
-		if _, ok := seen[k]; !ok {
+	for k, in := range n.in {
+		if _, ok := seen[k]; !ok && in&(1<<i) != 0 {
 			gone = append(gone, k)
 		}
 	}
 	n.mu.Unlock()
 	for _, k := range gone {
-		n.apply(k, false)
+		n.apply(k, i, false)
 	}
-	select {
-	case <-n.loaded:
-	default:
+	n.replaying(-1)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.first[i] {
+		return
+	}
+	n.first[i] = true
+	if !slices.Contains(n.first, false) {
 		close(n.loaded)
 	}
 }
 
-// Len is how many keys the bucket has (as far as loaded).
+// Loaded reports whether Load has loaded every source's keys.
+func (n *Names) Loaded() bool {
+	select {
+	case <-n.loaded:
+		return true
+	default:
+		return false
+	}
+}
+
+// Has reports whether any source has key.
+func (n *Names) Has(key string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.in[key] != 0
+}
+
+// Len is how many keys there are in any source (as far as loaded).
 func (n *Names) Len() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return len(n.set)
+	return len(n.in)
 }
 
-// Updates counts the changes applied, so a reader can keep what it made
-// of Sorted until the next one.
-func (n *Names) Updates() uint64 { return n.updates.Load() }
-
-// Sorted is every key in order. The slice is shared: callers must not
-// change it.
-func (n *Names) Sorted() []string {
+// LenOf is how many keys source i (in NewNames' order) has.
+func (n *Names) LenOf(i int) int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if len(n.added) == 0 && len(n.removed) == 0 {
-		return n.sorted
+	return n.counts[i]
+}
+
+// Updates counts the changes to the set, so a reader can keep what it
+// made of it until the next one.
+func (n *Names) Updates() uint64 { return n.updates.Load() }
+
+// Range is up to limit keys (0: no limit) in order from the first at or
+// after from ("": the first of all), merged from the base and the
+// changes on read. The slice is the caller's.
+func (n *Names) Range(from string, limit int) []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.sortAdded()
+	return n.merge(from, limit)
+}
+
+// merge is up to limit keys (0: all) in order from the first at or after
+// from: base's, less gone, merged with added (sorted).
+func (n *Names) merge(from string, limit int) []string {
+	i, _ := slices.BinarySearch(n.base, from)
+	j, _ := slices.BinarySearch(n.added, from)
+	size := len(n.in)
+	if limit > 0 {
+		size = min(size, limit)
 	}
-	slices.Sort(n.added)
-	merged := make([]string, 0, len(n.set))
-	i, j := 0, 0
-	for i < len(n.sorted) || j < len(n.added) {
-		if j == len(n.added) || i < len(n.sorted) && n.sorted[i] < n.added[j] {
-			if _, gone := n.removed[n.sorted[i]]; !gone {
-				merged = append(merged, n.sorted[i])
+	out := make([]string, 0, size)
+	for (i < len(n.base) || j < len(n.added)) && (limit <= 0 || len(out) < limit) {
+		if j == len(n.added) || i < len(n.base) && n.base[i] < n.added[j] {
+			if _, gone := n.gone[n.base[i]]; !gone {
+				out = append(out, n.base[i])
 			}
 			i++
 			continue
 		}
-		merged = append(merged, n.added[j])
+		out = append(out, n.added[j])
 		j++
 	}
-	n.sorted, n.added = merged, nil
-	clear(n.removed)
-	return n.sorted
+	return out
 }

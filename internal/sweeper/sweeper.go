@@ -57,10 +57,12 @@ type Sweeper struct {
 	// A sweep decides for those whose time has come, not for every
 	// sandbox.
 	idleAt, dormantAt timetable
-	users             *kv.Cache[state.User]
-	queue             *kv.Cache[state.Queued]
-	awake             *kv.Cache[state.KeepAwake]
-	synced            atomic.Bool
+	// users are the accounts' names alone (headers, not records): all
+	// the sweeper needs of them is aaas_users.
+	users  *kv.Names
+	queue  *kv.Cache[state.Queued]
+	awake  *kv.Cache[state.KeepAwake]
+	synced atomic.Bool
 	// leading while this replica holds the lease: only the leader exports
 	// the inventory, so a sum over replicas is the count.
 	leading atomic.Bool
@@ -95,9 +97,8 @@ func New(ctx context.Context, o Options) (*Sweeper, error) {
 	if s.boxes, err = kv.NewCache(ctx, boxes, ">", o.Log, kv.OnChange(s.observe)); err != nil {
 		return nil, err
 	}
-	if s.users, err = kv.NewCache(ctx, users, ">", o.Log); err != nil {
-		return nil, err
-	}
+	s.users = kv.NewNames(ctx, o.Log, users.KeySource())
+	go func() { _ = s.users.Load(ctx) }() // Ready says when it has
 	queue, err := kv.Open[state.Queued](ctx, o.JS, state.BucketQueue)
 	if err != nil {
 		return nil, err
@@ -234,7 +235,7 @@ func (i *inventory) Collect(ch chan<- prometheus.Metric) {
 
 // Ready reports whether the clocks and caches are complete.
 func (s *Sweeper) Ready() bool {
-	return s.synced.Load() && s.boxes.IsSynced() && s.users.IsSynced() && s.queue.IsSynced() && s.awake.IsSynced()
+	return s.synced.Load() && s.boxes.IsSynced() && s.users.Loaded() && s.queue.IsSynced() && s.awake.IsSynced()
 }
 
 // Follow reads the activity stream into the clocks until ctx ends
