@@ -70,11 +70,11 @@ type Options struct {
 	AdminHosts    []string
 	PublicHosts   []string
 
-	// Clocks and Idle are the activity the edge follows and the idle rule
-	// (IDLE_TIMEOUT, MAX_RUNTIME): the user's page shows when their sandbox
-	// will be suspended and why. KeepAwake (and its cache) holds users'
-	// keep-awakes, each at most MaxKeepAwake (MAX_KEEPAWAKE).
-	Clocks       *idle.Clocks
+	// Activity and Idle are the idle clocks, read when shown, and the idle
+	// rule (IDLE_TIMEOUT, MAX_RUNTIME): the user's page shows when their
+	// sandbox will be suspended and why. KeepAwake (and its cache) holds
+	// users' keep-awakes, each at most MaxKeepAwake (MAX_KEEPAWAKE).
+	Activity     *idle.Views
 	Idle         idle.Policy
 	KeepAwake    *kv.Bucket[state.KeepAwake]
 	KeepAwakes   *kv.Cache[state.KeepAwake]

@@ -47,16 +47,23 @@ type statusBody struct {
 func (s *Service) statusOf(ctx context.Context, user, url string) statusBody {
 	st := s.state(ctx, user)
 	b := statusBody{User: user, Phase: string(st.Phase), Reason: st.Reason, URL: url, LastSuspend: st.LastSuspend, Slept: web.Slept(st.LastSuspend)}
-	if st.Phase != state.PhaseReady || s.o.Clocks == nil {
+	if st.Phase != state.PhaseReady || s.o.Activity == nil {
 		return b
 	}
 	now := time.Now()
+	// Without the clock the rule cannot say when the sandbox sleeps: the
+	// status says what it knows rather than a time made up of Ready alone.
+	v, err := s.o.Activity.One(ctx, user, now)
+	if err != nil {
+		s.o.Log.Warn("idle clock not read", "user", user, "err", err)
+		return b
+	}
 	sb := idle.Sandbox{ReadySince: st.ReadySince}
 	if k, ok := s.o.KeepAwakes.Load(ctx, user); ok && k.Value.Holds(now) {
 		sb.KeepAwakeUntil = k.Value.Until
 		b.KeepAwakeUntil = second(k.Value.Until)
 	}
-	d := s.o.Idle.Decide(s.o.Clocks.View(user, now), sb, now)
+	d := s.o.Idle.Decide(v, sb, now)
 	b.LastActive, b.Busy = second(d.Last), d.Busy
 	if !d.SuspendAt.IsZero() {
 		b.SuspendAt, b.SuspendReason, b.SuspendWhy = second(d.SuspendAt), string(d.Reason), d.Reason.Ahead(s.o.Idle)

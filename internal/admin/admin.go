@@ -65,7 +65,7 @@ type Options struct {
 	Sandboxes *kv.Cache[state.Sandbox]
 	// Names are every account's and sandbox's name, for the list.
 	Names    *kv.Names
-	Activity *idle.Clocks
+	Activity *idle.Views
 	// Idle is the idle rule's settings: the view marks dormant accounts
 	// (DORMANT_AFTER) and when they will be deleted.
 	Idle      idle.Policy
@@ -250,8 +250,13 @@ func (s *Service) Page(ctx context.Context, q Query, now time.Time) (Page, error
 	if err != nil {
 		return Page{}, err
 	}
+	views, err := s.o.Activity.Of(ctx, shown, now)
+	if err != nil {
+		return Page{}, err
+	}
 	for i := range page.Users {
-		page.Users[i].Sessions = sessions[page.Users[i].User]
+		u := &page.Users[i]
+		u.Sessions, u.LastActive, u.InFlight = sessions[u.User], views[u.User].Last, views[u.User].Load
 	}
 	return page, nil
 }
@@ -272,8 +277,6 @@ func (s *Service) row(ctx context.Context, name string, now time.Time) (Row, err
 			}
 		}
 	}
-	v := s.o.Activity.View(name, now)
-	r.LastActive, r.InFlight = v.Last, v.Load
 	if s.o.Spend != nil {
 		b := s.o.Spend.Budget(ctx, name)
 		r.SpentMicros, r.Budget = s.o.Spend.Spent(ctx, name, state.Month(now)).CostMicros, &b

@@ -99,7 +99,7 @@ func fixtureJS(t testing.TB, n int, where Options) (*Service, string, jetstream.
 	}
 	book := &spend.Book{Usage: served, Months: &spend.Months{Bucket: usage, Log: quiet, Life: context.Background()}, Budgets: cache(t, budgets),
 		Groups: cache(t, testutil.Open[state.UserGroups](t, js, state.BucketUserGroups)), DefaultMicros: 20_000_000}
-	return New(Options{Auth: a, Users: uc, Sandboxes: bc, Names: kv.NewNames(context.Background(), quiet, users.KeySource(), boxes.KeySource()), Activity: idle.NewClocks(), Log: quiet, Publisher: events.NewPublisher(js, "edge-test", quiet),
+	return New(Options{Auth: a, Users: uc, Sandboxes: bc, Names: kv.NewNames(context.Background(), quiet, users.KeySource(), boxes.KeySource()), Activity: &idle.Views{NC: js.Conn()}, Log: quiet, Publisher: events.NewPublisher(js, "edge-test", quiet),
 		Hosts: where.Hosts, SandboxDomain: where.SandboxDomain, PublicHosts: where.PublicHosts, Spend: book, Budgets: budgets, JS: js}), token, js
 }
 

@@ -60,10 +60,9 @@ func New(p *process.Process, cfg config.Edge) (*Edge, error) {
 	}
 	pub := events.NewPublisher(p.JS, cfg.InstanceID, p.Log)
 	authn, sso := newAuthenticator(p, cfg, st, pub)
-	// Every edge follows the activity stream: the admin view and the
-	// user's page show the idle rule's view of it.
-	clocks := idle.NewClocks()
-	go clocks.Follow(ctx, p.JS, p.Log)
+	// The admin view and the user's page show the idle rule's view of the
+	// activity stream, read when shown.
+	clocks := &idle.Views{NC: p.NC}
 	slots := proxy.NewSlots(cfg.MaxInFlightPerUser)
 	acct := newAccounts(p, cfg, st, authn, pub, sso, slots, clocks)
 	prx := newProxy(p, cfg, st, authn, pub, sealer, sso, slots)
@@ -179,7 +178,7 @@ func newAuthenticator(p *process.Process, cfg config.Edge, st *edgeState, pub *e
 	}), sso
 }
 
-func newAccounts(p *process.Process, cfg config.Edge, st *edgeState, authn *auth.Authenticator, pub *events.Publisher, sso auth.SSO, slots *proxy.Slots, clocks *idle.Clocks) *accounts.Service {
+func newAccounts(p *process.Process, cfg config.Edge, st *edgeState, authn *auth.Authenticator, pub *events.Publisher, sso auth.SSO, slots *proxy.Slots, clocks *idle.Views) *accounts.Service {
 	var byok *accounts.BYOK
 	if st.credentials != nil {
 		byok = &accounts.BYOK{Credentials: st.credentials, PublicKey: cfg.CredentialsPublicKey}
@@ -195,7 +194,7 @@ func newAccounts(p *process.Process, cfg config.Edge, st *edgeState, authn *auth
 		WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Log: p.Log,
 		SandboxDomain: cfg.SandboxDomain, AdminHosts: cfg.AdminHosts, PublicHosts: cfg.PublicHosts,
 		Spend: st.book, BYOK: byok,
-		Clocks: clocks, Idle: cfg.Idle, KeepAwake: st.keepAwake, KeepAwakes: st.keepAwakes, MaxKeepAwake: cfg.MaxKeepAwake,
+		Activity: clocks, Idle: cfg.Idle, KeepAwake: st.keepAwake, KeepAwakes: st.keepAwakes, MaxKeepAwake: cfg.MaxKeepAwake,
 	})
 }
 

@@ -1,14 +1,10 @@
 package idle
 
 import (
-	"context"
-	"log/slog"
 	"slices"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/aaas-project/aaas/internal/events"
 )
@@ -16,8 +12,8 @@ import (
 // Clocks is the table of idle clocks, kept from the activity stream
 // (events.FollowActivity): per user, the newest beacon of each sender (an
 // edge's requests and streams, a broker's model calls) and the highest
-// stream sequence seen. The sweeper decides by it; an edge shows it (the
-// admin view, the user's own page).
+// stream sequence seen. The sweeper decides by it; an edge shows what
+// Views reads of it for the users it shows.
 type Clocks struct {
 	mu    sync.Mutex
 	users map[string]*clock
@@ -171,23 +167,4 @@ func (c *Clocks) Len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.users)
-}
-
-// Follow reads the activity stream into the table until ctx ends, for an
-// edge's views. Showing activity is no reason for an edge to stop: a
-// stream it cannot follow yet (the bus away at start) is asked again every
-// few seconds.
-func (c *Clocks) Follow(ctx context.Context, js jetstream.JetStream, log *slog.Logger) {
-	for {
-		err := events.FollowActivity(ctx, js, log, c.Observe, func() {})
-		if err == nil {
-			return
-		}
-		log.Warn("activity not followed yet", "err", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(5 * time.Second):
-		}
-	}
 }

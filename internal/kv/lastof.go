@@ -28,14 +28,40 @@ var ErrTooMany = errors.New("more keys match than one read returns")
 // through every subject it holds. More than MaxLastOf matching keys is
 // ErrTooMany.
 func (b *Bucket[T]) LastOf(ctx context.Context, filters ...string) ([]Entry[T], error) {
-	if len(filters) == 0 {
-		return nil, nil
-	}
-	what := fmt.Sprintf("read %s/%s", b.name, strings.Join(filters, ","))
 	subjects := make([]string, len(filters))
 	for i, f := range filters {
 		subjects[i] = "$KV." + b.name + "." + f
 	}
+	msgs, err := LastMsgs(ctx, b.js.Conn(), "KV_"+b.name, subjects...)
+	if err != nil {
+		return nil, err
+	}
+	var out []Entry[T]
+	prefix := "$KV." + b.name + "."
+	for _, m := range msgs {
+		if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
+			continue
+		}
+		e, err := b.rawEntry(m, prefix)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", b.name, err)
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// LastMsgs reads the newest message of every subject of stream matching
+// one of subjects (wildcards allowed), in one batched direct get
+// ("multi_last"; the stream allows direct gets): the matching subjects
+// decide its cost, not the stream's size. Each message carries its
+// subject, sequence and time stamp in the direct get's headers. More than
+// MaxLastOf matching subjects is ErrTooMany.
+func LastMsgs(ctx context.Context, nc *nats.Conn, stream string, subjects ...string) ([]*nats.Msg, error) {
+	if len(subjects) == 0 {
+		return nil, nil
+	}
+	what := fmt.Sprintf("read %s/%s", stream, strings.Join(subjects, ","))
 	req, err := json.Marshal(struct {
 		MultiLast []string `json:"multi_last"`
 		Batch     int      `json:"batch"`
@@ -43,18 +69,16 @@ func (b *Bucket[T]) LastOf(ctx context.Context, filters ...string) ([]Entry[T], 
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	nc := b.js.Conn()
 	inbox := nc.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	if err := nc.PublishRequest("$JS.API.DIRECT.GET.KV_"+b.name, inbox, req); err != nil {
+	if err := nc.PublishRequest("$JS.API.DIRECT.GET."+stream, inbox, req); err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	var out []Entry[T]
-	prefix := "$KV." + b.name + "."
+	var out []*nats.Msg
 	for {
 		m, err := sub.NextMsgWithContext(ctx)
 		if err != nil {
@@ -62,6 +86,7 @@ func (b *Bucket[T]) LastOf(ctx context.Context, filters ...string) ([]Entry[T], 
 		}
 		switch status := m.Header.Get("Status"); status {
 		case "":
+			out = append(out, m)
 		case "204": // the end of the batch
 			return out, nil
 		case "404": // nothing matches
@@ -71,14 +96,6 @@ func (b *Bucket[T]) LastOf(ctx context.Context, filters ...string) ([]Entry[T], 
 		default:
 			return nil, fmt.Errorf("%s: the server answered %s %s", what, status, m.Header.Get("Description"))
 		}
-		if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
-			continue
-		}
-		e, err := b.rawEntry(m, prefix)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", what, err)
-		}
-		out = append(out, e)
 	}
 }
 

@@ -96,7 +96,8 @@ var grants = map[Role]grant{
 	// codes, which no other identity may touch (a code is a session to
 	// whoever can write one). Accounts, sandboxes and DSH cookies are read only: lifecycle
 	// alone writes them. Every command (suspend for the admin view), beacons
-	// and audit events; every edge's beacons for the admin view. Model
+	// and audit events; the newest beacons of the users an edge shows (a
+	// direct get: the admin view, the user's page). Model
 	// spend is read (usage, and the usage stream for the admin's
 	// per-call export) and the audit trail (the admin's audit view);
 	// budget overrides (admin), users' sealed own
@@ -107,7 +108,8 @@ var grants = map[Role]grant{
 		reads:  []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketQueue, state.BucketUsage},
 		publishes: append(commandSubjects(events.VerbClaim, events.VerbWake, events.VerbHandshake, events.VerbSuspend, events.VerbDelete, events.VerbRecreate, events.VerbToken),
 			events.ActivitySubject("*", "*"), events.AuditSubjectsAll),
-		consumes: []string{events.StreamActivity, events.StreamUsage, events.StreamAudit},
+		gets:     []string{events.StreamActivity},
+		consumes: []string{events.StreamUsage, events.StreamAudit},
 	},
 	// The commands' durable consumer (pull and acknowledge only), every
 	// record (pruning the sessions of deleted accounts too), and the newest
