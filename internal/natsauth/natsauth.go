@@ -108,8 +108,11 @@ var grants = map[Role]grant{
 		reads:  []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketQueue, state.BucketUsage},
 		publishes: append(commandSubjects(events.VerbClaim, events.VerbWake, events.VerbHandshake, events.VerbSuspend, events.VerbDelete, events.VerbRecreate, events.VerbToken),
 			events.ActivitySubject("*", "*"), events.AuditSubjectsAll),
-		gets:     []string{events.StreamActivity},
-		consumes: []string{events.StreamUsage, events.StreamAudit},
+		gets: []string{events.StreamActivity},
+		// AAAS_ACTIVITY's consumers: the edges of the release before
+		// followed the whole stream, and the version-skew policy runs
+		// them on this release's permissions. Drop it with the next.
+		consumes: []string{events.StreamActivity, events.StreamUsage, events.StreamAudit},
 	},
 	// The commands' durable consumer (pull and acknowledge only), every
 	// record (pruning the sessions of deleted accounts too), and the newest
