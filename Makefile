@@ -95,6 +95,7 @@ bench: tools build
 	go test -run '^$$' -bench SignupLatency -benchtime 30x -count=1 ./test/e2e/accounts/
 	go run ./hack/bench -bin $(BIN) -out docs/BENCHMARKS.md
 	go run ./hack/scale -bin $(BIN) -out docs/BENCHMARKS.md
+	go run ./hack/scale -nodes 3 -bin $(BIN) -out docs/BENCHMARKS.md
 
 ## reliability: the fault suite (test/e2e/faults) at full scale, printing each scenario's table
 ## (the figures of docs/RELIABILITY.md); make test runs it smaller

@@ -28,6 +28,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -54,6 +55,9 @@ type options struct {
 	sizes    []int
 	active   int
 	requests int
+	// nodes is the NATS cluster's size, every stream and bucket
+	// replicated on each node.
+	nodes int
 }
 
 func main() {
@@ -63,7 +67,16 @@ func main() {
 	flag.StringVar(&o.out, "out", "docs/BENCHMARKS.md", "report file (its scale section is replaced)")
 	flag.IntVar(&o.active, "active", 10000, "users the edge serves at each size (at most the size)")
 	flag.IntVar(&o.requests, "requests", 20000, "cached proxied requests whose CPU is measured")
+	copies := flag.String("load-copies", "", "(internal) load the full copies from this NATS URL and print the time and heap they took")
+	flag.IntVar(&o.nodes, "nodes", 1, "NATS nodes (1, 3 or 5), every stream and bucket on each; more than one writes a section of its own")
 	flag.Parse()
+	if *copies != "" {
+		if err := loadCopies(*copies); err != nil {
+			fmt.Fprintln(os.Stderr, "scale:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	for _, s := range strings.Split(*sizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 || len(o.sizes) > 0 && n <= o.sizes[len(o.sizes)-1] {
@@ -71,6 +84,10 @@ func main() {
 			os.Exit(2)
 		}
 		o.sizes = append(o.sizes, n)
+	}
+	if o.nodes != 1 && o.nodes != 3 && o.nodes != 5 {
+		fmt.Fprintf(os.Stderr, "scale: -nodes is 1, 3 or 5, got %d\n", o.nodes)
+		os.Exit(2)
 	}
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "scale:", err)
@@ -80,13 +97,15 @@ func main() {
 
 // world is the filled server and what the measurements need of it.
 type world struct {
-	o        options
-	dir      string
-	ns       *embednats.Server
-	js       jetstream.JetStream
-	key      []byte
-	sealer   *handshake.Sealer
-	upstream string // the stand-in pods' address
+	o   options
+	dir string
+	// url reaches every node; storeDir is one node's store (each holds
+	// every stream and bucket).
+	url, storeDir string
+	js            jetstream.JetStream
+	key           []byte
+	sealer        *handshake.Sealer
+	upstream      string // the stand-in pods' address
 	// The first users' credentials, kept for the requests.
 	tokens   []string
 	sessions []string
@@ -121,23 +140,19 @@ func run(o options) error {
 	sizing := state.DefaultBucketsConfig()
 	sizing.Accounts = max(sizing.Accounts, o.sizes[len(o.sizes)-1])
 	reserve := events.DefaultStreamsConfig().StoreBytes() + sizing.StoreBytes()
-	ns, err := embednats.Start(embednats.Options{Dir: filepath.Join(dir, "nats"), MaxStore: reserve + 1<<30})
+	url, storeDir, stop, err := startNATS(filepath.Join(dir, "nats"), o.nodes, reserve+1<<30)
 	if err != nil {
 		return err
 	}
-	defer ns.Stop()
-	nc, err := nats.Connect(ns.URL())
+	defer stop()
+	nc, js, err := connect(url)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	setup, err := child.Start(child.Options{Name: "setup", Path: filepath.Join(o.bin, "setup"), Env: child.Environ(map[string]string{
-		"NATS_URL": ns.URL(), "NATS_ALLOW_ANONYMOUS": "true", "PATH": os.Getenv("PATH"),
-		"EXPECTED_ACCOUNTS": strconv.Itoa(sizing.Accounts),
+		"NATS_URL": url, "NATS_ALLOW_ANONYMOUS": "true", "PATH": os.Getenv("PATH"),
+		"EXPECTED_ACCOUNTS": strconv.Itoa(sizing.Accounts), "STREAM_REPLICAS": strconv.Itoa(o.nodes),
 	}), Output: os.Stderr})
 	if err != nil {
 		return err
@@ -159,26 +174,46 @@ func run(o options) error {
 	go func() {
 		_ = http.Serve(up, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(page) }))
 	}()
-	w := &world{o: o, dir: dir, ns: ns, js: js, key: key, sealer: sealer, upstream: up.Addr().String()}
+	w := &world{o: o, dir: dir, url: url, storeDir: storeDir, js: js, key: key, sealer: sealer, upstream: up.Addr().String()}
 	if err := w.admin(ctx); err != nil {
 		return err
 	}
 	var rows []row
 	for _, n := range o.sizes {
-		start := time.Now()
+		start, before := time.Now(), w.filled
 		if err := w.fill(ctx, n); err != nil {
 			return err
 		}
-		fmt.Fprintf(os.Stderr, "scale: %d accounts filled in %s\n", n, time.Since(start).Round(time.Millisecond))
+		took := time.Since(start)
+		fmt.Fprintf(os.Stderr, "scale: %d accounts filled in %s\n", n, took.Round(time.Millisecond))
 		r, err := w.measure(ctx, n)
 		if err != nil {
 			return fmt.Errorf("at %d accounts: %w", n, err)
 		}
-		r.fillRate = float64(n) / time.Since(start).Seconds()
+		// The accounts this size added, each with its sessions and
+		// sandbox, by the time that took.
+		r.fillRate = float64(n-before) / took.Seconds()
 		rows = append(rows, r)
 		fmt.Fprintf(os.Stderr, "scale: %+v\n", r)
 	}
-	return writeSection(o.out, report(o, rows))
+	return writeSection(o.out, o.nodes, report(o, rows))
+}
+
+// startNATS starts one server, or a cluster of nodes, each with a store
+// of maxStore bytes: the URL reaching it, one node's store and the stop.
+func startNATS(dir string, nodes int, maxStore int64) (url, storeDir string, stop func(), err error) {
+	if nodes == 1 {
+		ns, err := embednats.Start(embednats.Options{Dir: dir, MaxStore: maxStore})
+		if err != nil {
+			return "", "", nil, err
+		}
+		return ns.URL(), ns.Dir(), ns.Stop, nil
+	}
+	c, err := embednats.StartCluster(dir, nodes, embednats.Options{MaxStore: maxStore})
+	if err != nil {
+		return "", "", nil, err
+	}
+	return c.URLs(), c.Nodes[0].Dir(), c.Shutdown, nil
 }
 
 // user is the i-th account's name.
@@ -265,7 +300,7 @@ func (w *world) startEdge() (*edge, error) {
 	}
 	e := &edge{addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), metrics: fmt.Sprintf("127.0.0.1:%d", ports[1])}
 	env := map[string]string{
-		"PATH": os.Getenv("PATH"), "NATS_URL": w.ns.URL(), "NATS_ALLOW_ANONYMOUS": "true",
+		"PATH": os.Getenv("PATH"), "NATS_URL": w.url, "NATS_ALLOW_ANONYMOUS": "true",
 		"LISTEN_ADDR": e.addr, "METRICS_ADDR": e.metrics, "INSTANCE_ID": "edge-scale",
 		"PUBLIC_HOSTS": edgeHost, "OPEN_SIGNUP": "true", "COOKIE_SECURE": "false", "ALLOW_INSECURE_COOKIES": "1",
 		"HANDSHAKE_KEYS": base64.StdEncoding.EncodeToString(w.key), "LOG_LEVEL": "debug",
@@ -427,41 +462,82 @@ func (w *world) measure(ctx context.Context, n int) (row, error) {
 	if r.copyLoad, r.copyHeap, err = w.fullCopies(ctx); err != nil {
 		return r, err
 	}
-	r.storeBytes, err = dirSize(w.ns.Dir())
+	r.storeBytes, err = dirSize(w.storeDir)
 	return r, err
 }
 
-// fullCopies loads, in this process, what lifecycle's mirror and the
-// sweeper hold of every account: full copies of the users and sandboxes
-// buckets (kv caches, as they build them). It returns how long they take
-// to load and the heap they hold.
+// fullCopies loads what lifecycle's mirror and the sweeper hold of every
+// account: full copies of the users and sandboxes buckets (kv caches, as
+// they build them), in a process of their own (this command again, with
+// -load-copies), so the heap measured is theirs alone and not the
+// in-process NATS servers'. It returns how long they take to load and the
+// heap they hold.
 func (w *world) fullCopies(ctx context.Context) (time.Duration, int64, error) {
-	users, err := kv.Open[state.User](ctx, w.js, state.BucketUsers)
+	self, err := os.Executable()
 	if err != nil {
 		return 0, 0, err
 	}
-	boxes, err := kv.Open[state.Sandbox](ctx, w.js, state.BucketSandboxes)
+	ctx, cancel := context.WithTimeout(ctx, 11*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, self, "-load-copies", w.url).Output()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, fmt.Errorf("load the full copies: %w", err)
+	}
+	var took time.Duration
+	var heap int64
+	if _, err := fmt.Sscan(string(out), &took, &heap); err != nil {
+		return 0, 0, fmt.Errorf("load the full copies: %q: %w", out, err)
+	}
+	return took, heap, nil
+}
+
+// connect is a connection to url and its JetStream.
+func connect(url string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+// loadCopies is -load-copies: it loads the full copies from url and
+// prints how long that took and the heap they hold, as two numbers.
+func loadCopies(url string) error {
+	ctx := context.Background()
+	nc, js, err := connect(url)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	users, err := kv.Open[state.User](ctx, js, state.BucketUsers)
+	if err != nil {
+		return err
+	}
+	boxes, err := kv.Open[state.Sandbox](ctx, js, state.BucketSandboxes)
+	if err != nil {
+		return err
 	}
 	var m0, m1 runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&m0)
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	start := time.Now()
 	log := slog.New(slog.DiscardHandler)
-	uc, err := kv.NewCache(cctx, users, ">", log)
+	uc, err := kv.NewCache(ctx, users, ">", log)
 	if err != nil {
-		return 0, 0, err
+		return err
 	}
-	bc, err := kv.NewCache(cctx, boxes, ">", log)
+	bc, err := kv.NewCache(ctx, boxes, ">", log)
 	if err != nil {
-		return 0, 0, err
+		return err
 	}
 	for !uc.IsSynced() || !bc.IsSynced() {
 		if time.Since(start) > 10*time.Minute {
-			return 0, 0, errors.New("the full copies did not load in 10 minutes")
+			return errors.New("the full copies did not load in 10 minutes")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -470,7 +546,8 @@ func (w *world) fullCopies(ctx context.Context) (time.Duration, int64, error) {
 	runtime.ReadMemStats(&m1)
 	runtime.KeepAlive(uc)
 	runtime.KeepAlive(bc)
-	return took, int64(m1.HeapAlloc) - int64(m0.HeapAlloc), nil
+	fmt.Println(int64(took), int64(m1.HeapAlloc)-int64(m0.HeapAlloc))
+	return nil
 }
 
 // parallel runs fn(0..n-1) on 8 workers, stopping at the first error.

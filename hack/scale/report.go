@@ -10,11 +10,15 @@ import (
 	"time"
 )
 
-// The markers around the scale section in the report file.
-const (
-	beginMark = "<!-- scale: written by hack/scale -->"
-	endMark   = "<!-- /scale -->"
-)
+// marks are the markers around the scale section of a run on nodes
+// NATS nodes in the report file: one server's section, and a cluster's
+// apart from it.
+func marks(nodes int) (begin, end string) {
+	if nodes == 1 {
+		return "<!-- scale: written by hack/scale -->", "<!-- /scale -->"
+	}
+	return fmt.Sprintf("<!-- scale nodes=%d: written by hack/scale -->", nodes), fmt.Sprintf("<!-- /scale nodes=%d -->", nodes)
+}
 
 // The goals at the largest size (issue 28).
 const (
@@ -31,14 +35,21 @@ func msd(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Micro
 
 func report(o options, rows []row) []byte {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "%s\n## Scale\n\n", beginMark)
-	fmt.Fprintf(&b, "`go run ./hack/scale -sizes %s -active %d -requests %d`, on %s: a real JetStream server filled with the project's buckets and records (five sessions per account; a fifth of the sandboxes running, with a cached handshake), and at each size a real edge started against it, which then serves the first %d users once each (a status page: their session, account and sandbox). Sizes fill one server in turn. The first size is the baseline of a cached request's CPU.\n\n",
-		joinInts(o.sizes), o.active, o.requests, time.Now().UTC().Format(time.DateOnly), o.active)
-	b.WriteString("| accounts | edge ready | RSS ready | RSS serving | cached request CPU | ×baseline | revocation seen | admin page (first) | admin page after a write | store on disk | full copy of accounts and sandboxes: load | its heap |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	begin, end := marks(o.nodes)
+	if o.nodes == 1 {
+		fmt.Fprintf(&b, "%s\n## Scale\n\n", begin)
+		fmt.Fprintf(&b, "`go run ./hack/scale -sizes %s -active %d -requests %d`, on %s: a real JetStream server filled with the project's buckets and records (five sessions per account; a fifth of the sandboxes running, with a cached handshake), and at each size a real edge started against it, which then serves the first %d users once each (a status page: their session, account and sandbox). Sizes fill one server in turn. The first size is the baseline of a cached request's CPU.\n\n",
+			joinInts(o.sizes), o.active, o.requests, time.Now().UTC().Format(time.DateOnly), o.active)
+	} else {
+		fmt.Fprintf(&b, "%s\n### Scale on a %d-node cluster\n\n", begin, o.nodes)
+		fmt.Fprintf(&b, "`go run ./hack/scale -nodes %d -sizes %s -active %d -requests %d`, on %s: the same measurements against %d JetStream servers in one cluster on this machine, every stream and bucket replicated on each (`STREAM_REPLICAS=%d`), the edge connected to all of them; \"store on disk\" is one node's. The nodes share this machine's two cores, so a write waits for its replicas on the same CPUs: the fill rate and the write-bound columns are this machine's, not a cluster's on its own hosts.\n\n",
+			o.nodes, joinInts(o.sizes), o.active, o.requests, time.Now().UTC().Format(time.DateOnly), o.nodes, o.nodes)
+	}
+	b.WriteString("| accounts | filled at | edge ready | RSS ready | RSS serving | cached request CPU | ×baseline | revocation seen | admin page (first) | admin page after a write | store on disk | full copy of accounts and sandboxes: load | its heap |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	base := rows[0].cpuPerRequest
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %d | %s | %s | %s | %d µs | %.2f× | %s | %s | %s | %s | %s | %s |\n", r.accounts, msd(r.ready), mib(r.rssReady), mib(r.rssServed),
+		fmt.Fprintf(&b, "| %d | %.0f accounts/s | %s | %s | %s | %d µs | %.2f× | %s | %s | %s | %s | %s | %s |\n", r.accounts, r.fillRate, msd(r.ready), mib(r.rssReady), mib(r.rssServed),
 			r.cpuPerRequest.Microseconds(), float64(r.cpuPerRequest)/float64(max(base, 1)), msd(r.revocation), msd(r.adminFirst), msd(r.adminAfterWrite), mib(r.storeBytes),
 			msd(r.copyLoad), mib(r.copyHeap))
 	}
@@ -57,8 +68,8 @@ func report(o options, rows []row) []byte {
 	goal("cached request CPU against the baseline", ratio <= goalCPURatio, fmt.Sprintf("%.2f×", ratio), fmt.Sprintf("%.2f×", goalCPURatio))
 	goal("revocation seen by the edge", last.revocation <= goalRevocation, msd(last.revocation), msd(goalRevocation))
 	goal("admin page after a write", last.adminAfterWrite <= goalAdmin, msd(last.adminAfterWrite), msd(goalAdmin))
-	b.WriteString("\nThe admin page's first load reads every account's and sandbox's name (headers only) once per edge; the pages after it merge changes in. The last two columns are what lifecycle's mirror and the sweeper hold of every account (full copies of the users and sandboxes buckets, loaded in the tool's own process): the cost that still grows with accounts (README, \"A million accounts\").\n")
-	fmt.Fprintf(&b, "%s\n", endMark)
+	b.WriteString("\nThe admin page's first load reads every account's and sandbox's name (headers only) once per edge; every page after it is read from where it starts, the changes since the last fold merged in on read. The last two columns are what lifecycle's mirror and the sweeper hold of every account (full copies of the users and sandboxes buckets, loaded by a process of their own, so the heap is theirs alone): the cost that still grows with accounts (README, \"A million accounts\").\n")
+	fmt.Fprintf(&b, "%s\n", end)
 	return b.Bytes()
 }
 
@@ -70,9 +81,10 @@ func joinInts(ns []int) string {
 	return strings.Join(s, ",")
 }
 
-// writeSection replaces the scale section of the file at path (or adds
-// it at the end).
-func writeSection(path string, section []byte) error {
+// writeSection replaces the scale section of a run on nodes NATS nodes
+// in the file at path (or adds it at the end).
+func writeSection(path string, nodes int, section []byte) error {
+	beginMark, endMark := marks(nodes)
 	old, err := os.ReadFile(path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err

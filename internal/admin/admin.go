@@ -190,8 +190,9 @@ func (s *Service) parseQuery(c *fiber.Ctx) (Query, error) {
 // stopped, rather than reading every account to fill it.
 const maxScanned = 20
 
-// Page is the page of the list q selects, from the caches (and, for each
-// row's sessions, the sessions bucket).
+// Page is the page of the list q selects, from the caches and, for the
+// rows shown, their sessions (the sessions bucket) and idle clocks (the
+// activity stream), each read at once for the page.
 func (s *Service) Page(ctx context.Context, q Query, now time.Time) (Page, error) {
 	// Every user there is, by name: accounts, and sandboxes without one,
 	// from the buckets' key set (kv.Names, loaded on the first page this

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -45,7 +44,6 @@ type Names struct {
 	replays int    // replays under way: added is appended to, unsorted
 	unsort  bool   // added needs sorting before it is read
 	first   []bool // the sources whose first replay has ended
-	updates atomic.Uint64
 }
 
 // KeySource is a bucket whose keys a Names follows.
@@ -244,7 +242,6 @@ func (n *Names) apply(key string, i int, present bool) {
 			n.gone[key] = struct{}{}
 		}
 	}
-	n.updates.Add(1)
 	n.compactIfDue()
 }
 
@@ -348,10 +345,6 @@ func (n *Names) LenOf(i int) int {
 	defer n.mu.Unlock()
 	return n.counts[i]
 }
-
-// Updates counts the changes to the set, so a reader can keep what it
-// made of it until the next one.
-func (n *Names) Updates() uint64 { return n.updates.Load() }
 
 // Range is up to limit keys (0: no limit) in order from the first at or
 // after from ("": the first of all), merged from the base and the

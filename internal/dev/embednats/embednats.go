@@ -146,7 +146,7 @@ func StartCluster(dir string, n int, base Options) (*Cluster, error) {
 		c.opts = append(c.opts, Options{
 			Dir: filepath.Join(dir, fmt.Sprintf("n%d", i)), Port: cp, Name: fmt.Sprintf("n%d", i),
 			ClusterName: "aaas", ClusterPort: cport,
-			Users: base.Users, TLS: base.TLS, NoAdvertise: base.NoAdvertise, Debug: base.Debug,
+			Users: base.Users, TLS: base.TLS, NoAdvertise: base.NoAdvertise, Debug: base.Debug, MaxStore: base.MaxStore,
 		})
 		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", cport))
 	}
