@@ -1,10 +1,13 @@
 package idle
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -19,10 +22,30 @@ import (
 // of each sender for each user, in one batched read of the stream's
 // index of subjects. An edge holds no table and follows no stream, so
 // what it costs grows with the users it shows, not with everyone active;
-// the sweeper, which decides, keeps the whole table (Clocks).
+// the sweeper, which decides, keeps the whole table (Clocks). A user's
+// beacons, once read, answer for Fresh: a status stream asks twice a
+// second, and a page shows times to the second.
 type Views struct {
 	NC *nats.Conn
+	// Fresh is how long what was read of a user stands (0: a second).
+	Fresh time.Duration
+
+	mu      sync.Mutex
+	read    map[string]readClock
+	pruneAt int
 }
+
+type readClock struct {
+	c  *clock // nil: no beacon
+	at time.Time
+}
+
+// defaultFresh is Views.Fresh's default.
+const defaultFresh = time.Second
+
+// minPrune is how many users' reads are kept before the stale ones are
+// dropped (and the bound doubles with what is still fresh).
+const minPrune = 4096
 
 // viewsPerRead is how many users one read asks for: each has a beacon
 // per sender (every edge and broker), and one read answers at most
@@ -31,11 +54,23 @@ const viewsPerRead = 16
 
 // Of is each of users' view at now (a user without a beacon has the zero
 // view), as Clocks.View would say it after following the stream.
-func (v Views) Of(ctx context.Context, users []string, now time.Time) (map[string]View, error) {
-	c := NewClocks()
-	for len(users) > 0 {
-		batch := users[:min(len(users), viewsPerRead)]
-		users = users[len(batch):]
+func (v *Views) Of(ctx context.Context, users []string, now time.Time) (map[string]View, error) {
+	held := NewClocks()
+	var stale []string
+	fresh := cmp.Or(v.Fresh, defaultFresh)
+	v.mu.Lock()
+	for _, u := range users {
+		if r, ok := v.read[u]; ok && time.Since(r.at) < fresh {
+			if r.c != nil {
+				held.users[u] = r.c
+			}
+		} else {
+			stale = append(stale, u)
+		}
+	}
+	v.mu.Unlock()
+	got := NewClocks()
+	for batch := range slices.Chunk(stale, viewsPerRead) {
 		subjects := make([]string, len(batch))
 		for i, u := range batch {
 			subjects[i] = events.ActivitySubjectUser(u)
@@ -45,18 +80,46 @@ func (v Views) Of(ctx context.Context, users []string, now time.Time) (map[strin
 			return nil, fmt.Errorf("activity of %d users: %w", len(batch), err)
 		}
 		for _, m := range msgs {
-			observeRaw(c, m)
+			observeRaw(got, m)
 		}
 	}
-	out := make(map[string]View, len(c.users))
-	for u := range c.users {
-		out[u] = c.View(u, now)
+	v.remember(stale, got, fresh)
+	for u, c := range got.users {
+		held.users[u] = c
+	}
+	out := make(map[string]View, len(held.users))
+	for u := range held.users {
+		out[u] = held.View(u, now)
 	}
 	return out, nil
 }
 
+// remember keeps what was read of users (got, by user; none for a user
+// without a beacon) for fresh. The clocks kept are never changed after,
+// so readers share them.
+func (v *Views) remember(users []string, got *Clocks, fresh time.Duration) {
+	at := time.Now()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.read == nil {
+		v.read = map[string]readClock{}
+	}
+	for _, u := range users {
+		v.read[u] = readClock{got.users[u], at}
+	}
+	if len(v.read) <= max(v.pruneAt, minPrune) {
+		return
+	}
+	for u, r := range v.read {
+		if at.Sub(r.at) >= fresh {
+			delete(v.read, u)
+		}
+	}
+	v.pruneAt = 2 * len(v.read)
+}
+
 // One is user's view at now.
-func (v Views) One(ctx context.Context, user string, now time.Time) (View, error) {
+func (v *Views) One(ctx context.Context, user string, now time.Time) (View, error) {
 	views, err := v.Of(ctx, []string{user}, now)
 	return views[user], err
 }

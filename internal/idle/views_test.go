@@ -83,3 +83,55 @@ func TestViewsReadWhatTheClocksFollow(t *testing.T) {
 		t.Fatalf("one user's view: %+v %v", one, err)
 	}
 }
+
+// What was read of a user answers again without a read while it is
+// fresh: the status stream asks twice a second. Reads are counted where
+// the server gets them (a subscriber on the direct get's subject), and a
+// user not read yet is read (the positive control).
+func TestViewsReadAUserOncePerFreshness(t *testing.T) {
+	s := natstest.Start(t)
+	nc, js := natstest.Connect(t, s.URL())
+	ctx := natstest.Context(t, 30*time.Second)
+	if err := events.EnsureStreams(ctx, js, events.DefaultStreamsConfig()); err != nil {
+		t.Fatal(err)
+	}
+	pub := events.NewPublisher(js, "edge-a", slog.New(slog.DiscardHandler))
+	now := time.Now().UTC()
+	f, err := pub.Beacon(events.Beacon{User: "ann", InFlight: 1, LastActive: now, SentAt: now, TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-f.Ok()
+	reads, err := nc.SubscribeSync("$JS.API.DIRECT.GET." + events.StreamActivity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	count := func() int {
+		n, _, err := reads.Pending()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	v := &idle.Views{NC: nc, Fresh: time.Hour}
+	for range 3 {
+		if got, err := v.One(ctx, "ann", now); err != nil || !got.Busy {
+			t.Fatalf("ann's view: %+v %v", got, err)
+		}
+	}
+	if _, err := v.One(ctx, "bob", now); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if n := count(); n != 2 {
+			return fmt.Errorf("%d reads, want 2 (ann once, bob once)", n)
+		}
+		return nil
+	})
+}
