@@ -53,9 +53,11 @@ func (s *Service) statusOf(ctx context.Context, user, url string) statusBody {
 	now := time.Now()
 	// Without the clock the rule cannot say when the sandbox sleeps: the
 	// status says what it knows rather than a time made up of Ready alone.
+	// Debug, not Warn: a status stream asks twice a second, and NATS out
+	// of reach is reported by the process's own readiness and metrics.
 	v, err := s.o.Activity.One(ctx, user, now)
 	if err != nil {
-		s.o.Log.Warn("idle clock not read", "user", user, "err", err)
+		s.o.Log.Debug("idle clock not read", "user", user, "err", err)
 		return b
 	}
 	sb := idle.Sandbox{ReadySince: st.ReadySince}

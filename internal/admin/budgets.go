@@ -242,7 +242,7 @@ func (s *Service) usage(c *fiber.Ctx) error {
 		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, "rows is totals (the default) or calls"))
 	}
 	rows := []usageRow{}
-	spent, err := s.o.Spend.Month(c.UserContext(), month)
+	spent, err := s.o.Spend.Months.Month(c.UserContext(), month)
 	if err != nil {
 		return web.Fail(c, web.Unavailable(err))
 	}
@@ -313,7 +313,7 @@ func export(c *fiber.Ctx, name, format string, doc any, columns []string, record
 // name list where the page starts. A page costs the month's spenders and
 // the page, not every account.
 func (s *Service) spendOrder(ctx context.Context, month, after string, limit int) ([]string, error) {
-	spent, err := s.o.Spend.Month(ctx, month)
+	spent, err := s.o.Spend.Months.Month(ctx, month)
 	if err != nil {
 		return nil, err
 	}

@@ -192,7 +192,7 @@ func TestSpendListAndExport(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, time.Minute, func() error {
-		if spent, err := s.o.Spend.Month(ctx, month); err != nil || len(spent) != 3 {
+		if spent, err := s.o.Spend.Months.Month(ctx, month); err != nil || len(spent) != 3 {
 			return fmt.Errorf("%d users' usage read (%v)", len(spent), err)
 		}
 		return nil

@@ -22,7 +22,8 @@ import (
 // Book reads spend and budgets from the edge's caches.
 type Book struct {
 	// Usage holds the months of the users the edge serves (bounded, read
-	// on a miss); Months reads every user's month for the admin view.
+	// on a miss); Months reads every user's month for the admin view (nil
+	// where nothing reads a whole month: the broker).
 	Usage   *kv.Cache[state.Usage]
 	Months  *Months
 	Budgets *kv.Cache[state.Budget]
@@ -63,17 +64,12 @@ func (b *Book) Budget(ctx context.Context, user string) state.Applied {
 	return state.ApplyBudget(own, groups, b.DefaultMicros)
 }
 
-// Month is every user's usage in month, by name.
-func (b *Book) Month(ctx context.Context, month string) ([]state.Usage, error) {
-	return b.Months.Month(ctx, month)
-}
-
 // Months reads every user's usage in a month, by the keys' month
 // ("*.<month>"), so what it costs grows with that month's users, not with
-// every account or month there has been. The month the admin view asks
-// for last is followed by a cache of its own (its spend order reads it on
-// every page), opened on the first ask and closed when another month
-// takes its place; any other month is read once.
+// every account or month there has been. The current month is followed
+// by a cache of its own (the admin's spend order reads it on every page),
+// opened on the first ask and closed when the next month takes its place;
+// any other month is read once.
 type Months struct {
 	Bucket *kv.Bucket[state.Usage]
 	Log    *slog.Logger
