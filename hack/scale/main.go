@@ -125,7 +125,11 @@ type row struct {
 	// lifecycle's mirror and the sweeper hold.
 	copyLoad time.Duration
 	copyHeap int64
-	fillRate float64
+	// pruneList is lifecycle's pruning pass at a term's start: every
+	// session key listed, each user's account looked up in the copy.
+	pruneList time.Duration
+	sweeper   sweeperFigures
+	fillRate  float64
 }
 
 func run(o options) error {
@@ -353,18 +357,8 @@ func (w *world) measure(ctx context.Context, n int) (row, error) {
 		return r, err
 	}
 	defer e.p.Stop(10 * time.Second)
-	for {
-		resp, err := client.Get("http://" + e.metrics + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if e.p.Exited() || time.Since(start) > 5*time.Minute {
-			return r, fmt.Errorf("edge not ready after %s: %s", time.Since(start).Round(time.Second), e.p.LogTail(20))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := waitReady(e.p, e.metrics, start); err != nil {
+		return r, fmt.Errorf("edge: %w", err)
 	}
 	r.ready = time.Since(start)
 	if r.rssReady, err = procstat.RSS(e.p.PID()); err != nil {
@@ -459,7 +453,11 @@ func (w *world) measure(ctx context.Context, n int) (row, error) {
 	if r.adminAfterWrite, err = admin(); err != nil {
 		return r, err
 	}
-	if r.copyLoad, r.copyHeap, err = w.fullCopies(ctx); err != nil {
+	e.p.Stop(10 * time.Second) // its beacons end before the sweeper's are counted
+	if r.sweeper, err = w.sweeper(ctx); err != nil {
+		return r, fmt.Errorf("sweeper: %w", err)
+	}
+	if r.copyLoad, r.copyHeap, r.pruneList, err = w.fullCopies(ctx); err != nil {
 		return r, err
 	}
 	r.storeBytes, err = dirSize(w.storeDir)
@@ -470,25 +468,24 @@ func (w *world) measure(ctx context.Context, n int) (row, error) {
 // account: full copies of the users and sandboxes buckets (kv caches, as
 // they build them), in a process of their own (this command again, with
 // -load-copies), so the heap measured is theirs alone and not the
-// in-process NATS servers'. It returns how long they take to load and the
-// heap they hold.
-func (w *world) fullCopies(ctx context.Context) (time.Duration, int64, error) {
+// in-process NATS servers'. It returns how long they take to load, the
+// heap they hold, and how long lifecycle's pruning pass at a term's start
+// takes with them (every session key listed, each user looked up).
+func (w *world) fullCopies(ctx context.Context) (load time.Duration, heap int64, prune time.Duration, err error) {
 	self, err := os.Executable()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 11*time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, self, "-load-copies", w.url).Output()
 	if err != nil {
-		return 0, 0, fmt.Errorf("load the full copies: %w", err)
+		return 0, 0, 0, fmt.Errorf("load the full copies: %w", err)
 	}
-	var took time.Duration
-	var heap int64
-	if _, err := fmt.Sscan(string(out), &took, &heap); err != nil {
-		return 0, 0, fmt.Errorf("load the full copies: %q: %w", out, err)
+	if _, err := fmt.Sscan(string(out), &load, &heap, &prune); err != nil {
+		return 0, 0, 0, fmt.Errorf("load the full copies: %q: %w", out, err)
 	}
-	return took, heap, nil
+	return load, heap, prune, nil
 }
 
 // connect is a connection to url and its JetStream.
@@ -506,7 +503,9 @@ func connect(url string) (*nats.Conn, jetstream.JetStream, error) {
 }
 
 // loadCopies is -load-copies: it loads the full copies from url and
-// prints how long that took and the heap they hold, as two numbers.
+// prints how long that took, the heap they hold and how long a pruning
+// pass's listing of every session key takes against them, as three
+// numbers.
 func loadCopies(url string) error {
 	ctx := context.Background()
 	nc, js, err := connect(url)
@@ -544,9 +543,27 @@ func loadCopies(url string) error {
 	took := time.Since(start)
 	runtime.GC()
 	runtime.ReadMemStats(&m1)
-	runtime.KeepAlive(uc)
 	runtime.KeepAlive(bc)
-	fmt.Println(int64(took), int64(m1.HeapAlloc)-int64(m0.HeapAlloc))
+	sessions, err := kv.Open[state.Session](ctx, js, state.BucketSessions)
+	if err != nil {
+		return err
+	}
+	// What the pruner does at a term's start (lifecycle, markGone): the
+	// users whose keys it lists without an account here.
+	start, orphans := time.Now(), 0
+	if err := sessions.EachKey(ctx, ">", func(k string) {
+		user, _, _ := strings.Cut(k, ".")
+		if _, ok := uc.Get(user); !ok {
+			orphans++
+		}
+	}); err != nil {
+		return err
+	}
+	prune := time.Since(start)
+	if orphans != 0 {
+		return fmt.Errorf("%d sessions without an account", orphans)
+	}
+	fmt.Println(int64(took), int64(m1.HeapAlloc)-int64(m0.HeapAlloc), int64(prune))
 	return nil
 }
 

@@ -248,18 +248,31 @@ func (b *Bucket[T]) PurgePrefix(ctx context.Context, prefix string) (int, error)
 
 // Keys lists the live keys matching a subject-style filter (">" for all).
 func (b *Bucket[T]) Keys(ctx context.Context, filter string) ([]string, error) {
+	var keys []string
+	err := b.EachKey(ctx, filter, func(k string) { keys = append(keys, k) })
+	return keys, err
+}
+
+// EachKey calls fn with each live key matching a subject-style filter
+// (">" for all) as the listing brings it, and holds none of them: a pass
+// over every session key costs their time, not their memory.
+func (b *Bucket[T]) EachKey(ctx context.Context, filter string, fn func(key string)) error {
 	lister, err := b.kv.ListKeysFiltered(ctx, filter)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrNoKeysFound) {
-			return nil, nil
+			return nil
 		}
-		return nil, fmt.Errorf("list %s/%s: %w", b.name, filter, err)
+		return fmt.Errorf("list %s/%s: %w", b.name, filter, err)
 	}
-	var keys []string
+	defer func() { _ = lister.Stop() }()
 	for k := range lister.Keys() {
-		keys = append(keys, k)
+		fn(k)
 	}
-	return keys, nil
+	// The listing ends early, its channel closed, when ctx does.
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("list %s/%s: %w", b.name, filter, err)
+	}
+	return nil
 }
 
 // List reads the live entries whose keys match any of the subject-style

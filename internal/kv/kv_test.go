@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -983,5 +984,39 @@ func TestCacheCatchesUpWhenItsWatchsNodeDies(t *testing.T) {
 	// old one stopped: nothing written before is missing.
 	if _, ok := cache.Get("ann.1"); !ok || cache.Len() != 2 {
 		t.Fatalf("cache holds %d entries after the resume, want ann.1 and bob.1", cache.Len())
+	}
+}
+
+// EachKey brings each live key the filter matches, none deleted, and
+// says when its context ended the listing early.
+func TestEachKeyStreamsTheLiveKeys(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 10*time.Second)
+	sessions, err := kv.Open[state.Session](ctx, js, state.BucketSessions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"ann.a", "ann.b", "bob.a", "cat.a"} {
+		if _, err := sessions.Put(ctx, k, state.Session{User: k[:3]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sessions.Purge(ctx, "cat.a"); err != nil {
+		t.Fatal(err)
+	}
+	for filter, want := range map[string][]string{">": {"ann.a", "ann.b", "bob.a"}, "ann.*": {"ann.a", "ann.b"}, "dan.*": nil} {
+		var got []string
+		if err := sessions.EachKey(ctx, filter, func(k string) { got = append(got, k) }); err != nil {
+			t.Fatalf("%s: %v", filter, err)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: keys %v, want %v", filter, got, want)
+		}
+	}
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := sessions.EachKey(ended, ">", func(string) {}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a listing whose context ended: %v, want context.Canceled", err)
 	}
 }
