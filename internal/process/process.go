@@ -60,6 +60,7 @@ func (p *Process) isReady() bool {
 func Start(role natsauth.Role, common config.Common) (*Process, error) {
 	name := string(role)
 	log := telemetry.Logger(name, common.InstanceID, common.LogLevel)
+	softLimit := limitMemoryFromCgroup()
 	ctx, stop := notifyContext(log)
 	p := &Process{Name: name, Common: common, Log: log, Metrics: telemetry.Registry(), Ctx: ctx, stop: stop}
 	if err := telemetry.ServeMetrics(ctx, common.MetricsAddr, p.Metrics, p.isReady, common.Pprof, log); err != nil {
@@ -108,7 +109,7 @@ func Start(role natsauth.Role, common config.Common) (*Process, error) {
 		return nil, fmt.Errorf("nats: %w", err)
 	}
 	p.Metrics.MustRegister(natsconn.Fill(js, streams, buckets))
-	log.Info("started", "version", telemetry.BuildVersion(), "nats", nc.ConnectedUrlRedacted())
+	log.Info("started", "version", telemetry.BuildVersion(), "nats", nc.ConnectedUrlRedacted(), "memory_soft_limit", softLimit)
 	return p, nil
 }
 
