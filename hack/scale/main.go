@@ -58,6 +58,9 @@ type options struct {
 	// nodes is the NATS cluster's size, every stream and bucket
 	// replicated on each node.
 	nodes int
+	// profiles, when set, is where the sweeper's heap profile at each
+	// size is kept.
+	profiles string
 }
 
 func main() {
@@ -68,6 +71,7 @@ func main() {
 	flag.IntVar(&o.active, "active", 10000, "users the edge serves at each size (at most the size)")
 	flag.IntVar(&o.requests, "requests", 20000, "cached proxied requests whose CPU is measured")
 	copies := flag.String("load-copies", "", "(internal) load the full copies from this NATS URL and print the time and heap they took")
+	flag.StringVar(&o.profiles, "profiles", "", "keep the sweeper's heap profile at each size in this directory")
 	flag.IntVar(&o.nodes, "nodes", 1, "NATS nodes (1, 3 or 5), every stream and bucket on each; more than one writes a section of its own")
 	flag.Parse()
 	if *copies != "" {
@@ -454,7 +458,7 @@ func (w *world) measure(ctx context.Context, n int) (row, error) {
 		return r, err
 	}
 	e.p.Stop(10 * time.Second) // its beacons end before the sweeper's are counted
-	if r.sweeper, err = w.sweeper(ctx); err != nil {
+	if r.sweeper, err = w.sweeper(ctx, n); err != nil {
 		return r, fmt.Errorf("sweeper: %w", err)
 	}
 	if r.copyLoad, r.copyHeap, r.pruneList, err = w.fullCopies(ctx); err != nil {

@@ -54,11 +54,11 @@ func report(o options, rows []row) []byte {
 			r.cpuPerRequest.Microseconds(), float64(r.cpuPerRequest)/float64(max(base, 1)), msd(r.revocation), msd(r.adminFirst), msd(r.adminAfterWrite), mib(r.storeBytes))
 	}
 	fmt.Fprintf(&b, "\nThe background workers at each size: the real sweeper (`IDLE_TIMEOUT=24h`, so nothing falls due, and `SWEEP_INTERVAL=%s`), its first sweep as the lease holder, then its sweeps while %d beacons a second of work just ended come for the active users for %s; lifecycle's mirror's full copies of accounts and sandboxes, loaded by a process of their own (so the heap is theirs alone), and the pruning pass a term of leadership starts with (every session key listed, each user's account looked up in that copy).\n\n", sweepEvery, churnRate, churnFor)
-	b.WriteString("| accounts | sweeper ready | its RSS ready | RSS after the sweeps | first sweep | sweep while beacons come | decided per sweep | mirror's copies: load | their heap | pruning's listing of every session |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| accounts | sweeper ready | its RSS ready | RSS after the sweeps | live heap | first sweep | sweep while beacons come | decided per sweep | mirror's copies: load | their heap | pruning's listing of every session |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		sw := r.sweeper
-		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %.0f | %s | %s | %s |\n", r.accounts, msd(sw.ready), mib(sw.rss), mib(sw.rssSwept), msd(sw.first), msd(sw.tick), sw.decided,
+		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %s | %.0f | %s | %s | %s |\n", r.accounts, msd(sw.ready), mib(sw.rss), mib(sw.rssSwept), mib(sw.live), msd(sw.first), msd(sw.tick), sw.decided,
 			msd(r.copyLoad), mib(r.copyHeap), msd(r.pruneList))
 	}
 	last := rows[len(rows)-1]

@@ -32,25 +32,14 @@ func (l Limits) On() bool { return l.MaxRunning > 0 || l.MaxStarts > 0 }
 // (Suspending: places about to be free).
 type Usage struct{ Running, Starting, Stopping int }
 
-// Count is the usage the sandboxes cache shows, walking every sandbox.
+// add counts a sandbox's contribution to u, n times (-1 takes it back).
 // Claims applied by hand (not managed) are not the gateway's to count.
-// Tally keeps the same figure as the cache changes.
-func Count(boxes *kv.Cache[state.Sandbox]) Usage {
-	var u Usage
-	boxes.Range(func(e kv.Entry[state.Sandbox]) bool {
-		u.add(e.Value, 1)
-		return true
-	})
-	return u
-}
-
-// add counts box's contribution to u, n times (-1 takes it back).
-func (u *Usage) add(box state.Sandbox, n int) {
-	if !box.Managed || !box.Phase.Running() {
+func (u *Usage) add(managed bool, phase state.Phase, n int) {
+	if !managed || !phase.Running() {
 		return
 	}
 	u.Running += n
-	switch box.Phase {
+	switch phase {
 	case state.PhaseWaking:
 		u.Starting += n
 	case state.PhaseSuspending:
@@ -58,31 +47,39 @@ func (u *Usage) add(box state.Sandbox, n int) {
 	}
 }
 
-// Tally is Count kept as the sandboxes cache changes (Observe is its
-// kv.OnChange): reading it costs nothing per sandbox, where Count walks
-// them all (34 ms at 200k sandboxes, every admission round).
+// Tally is the usage of the sandboxes a cache holds, kept as the cache
+// changes: reading it costs nothing per sandbox, where a walk of them all
+// took 34 ms at 200k sandboxes, every admission round.
 type Tally struct {
-	mu  sync.Mutex
-	was map[string]state.Sandbox // the counted sandboxes, as counted
+	mu sync.Mutex
+	// was is the counted sandboxes' phases, as counted.
+	was map[string]state.Phase
 	u   Usage
 }
 
-// Observe takes in one change of the sandboxes cache.
+// Observe takes in one change of a cache of sandbox records (its
+// kv.OnChange).
 func (t *Tally) Observe(key string, e kv.Entry[state.Sandbox], deleted bool) {
+	t.Note(key, e.Value.Managed, e.Value.Phase, deleted)
+}
+
+// Note takes in one change of key's sandbox: now managed and in phase, or
+// deleted. A cache of state.SandboxSummary calls it.
+func (t *Tally) Note(key string, managed bool, phase state.Phase, deleted bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if old, ok := t.was[key]; ok {
-		t.u.add(old, -1)
+		t.u.add(true, old, -1)
 		delete(t.was, key)
 	}
-	if deleted || !e.Value.Managed || !e.Value.Phase.Running() {
+	if deleted || !managed || !phase.Running() {
 		return
 	}
 	if t.was == nil {
-		t.was = map[string]state.Sandbox{}
+		t.was = map[string]state.Phase{}
 	}
-	t.u.add(e.Value, 1)
-	t.was[key] = state.Sandbox{Managed: true, Phase: e.Value.Phase}
+	t.u.add(true, phase, 1)
+	t.was[key] = phase
 }
 
 // Usage is the usage now.

@@ -83,7 +83,8 @@ func TestPhasesThatCount(t *testing.T) {
 
 // Tally, kept change by change, always says what a walk of the same
 // sandboxes says: through creations, phase changes, managed flips and
-// deletions in any order.
+// deletions in any order, whether told by records (Observe) or by their
+// fields (Note).
 func TestTallyIsCount(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var tally Tally
@@ -91,7 +92,7 @@ func TestTallyIsCount(t *testing.T) {
 	walk := func() Usage {
 		var u Usage
 		for _, b := range now {
-			u.add(b, 1)
+			u.add(b.Managed, b.Phase, 1)
 		}
 		return u
 	}
@@ -103,7 +104,11 @@ func TestTallyIsCount(t *testing.T) {
 		} else {
 			b := state.Sandbox{User: key, Phase: state.Phases[rng.IntN(len(state.Phases))], Managed: rng.IntN(10) > 0}
 			now[key] = b
-			tally.Observe(key, kv.Entry[state.Sandbox]{Key: key, Value: b}, false)
+			if i%2 == 0 {
+				tally.Observe(key, kv.Entry[state.Sandbox]{Key: key, Value: b}, false)
+			} else {
+				tally.Note(key, b.Managed, b.Phase, false)
+			}
 		}
 		if got, want := tally.Usage(), walk(); got != want {
 			t.Fatalf("after change %d: tally %+v, walk %+v", i, got, want)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -440,7 +441,10 @@ func (c *Cache[T]) Note(key string, v T, rev uint64) {
 }
 
 func (c *Cache[T]) apply(e jetstream.KeyValueEntry) {
-	key := e.Key()
+	// A key is a slice of its message's subject ("$KV.<bucket>.<key>"):
+	// held as it is, it would keep the whole subject alive, three times
+	// its own size for a user's name.
+	key := strings.Clone(e.Key())
 	idx := c.index(key)
 	if c.limit > 0 && c.passOver(idx, e.Revision()) {
 		return

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -184,10 +185,13 @@ func (n *Names) watch(ctx context.Context, i int) error {
 				n.replayed(i, seen)
 				seen = nil
 			default:
+				// A key is a slice of its message's subject: held as it
+				// is, it would keep the whole subject alive.
+				key := strings.Clone(e.Key())
 				if seen != nil {
-					seen[e.Key()] = struct{}{}
+					seen[key] = struct{}{}
 				}
-				n.apply(e.Key(), i, e.Operation() == jetstream.KeyValuePut)
+				n.apply(key, i, e.Operation() == jetstream.KeyValuePut)
 			}
 		}
 	}

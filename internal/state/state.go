@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -287,6 +288,40 @@ type Sandbox struct {
 	// after it wakes (nil: never suspended by this gateway).
 	LastSuspend *Suspension `json:"last_suspend,omitempty"`
 	Updated     time.Time   `json:"updated"`
+}
+
+// SandboxSummary is what the sweeper decides by, of a Sandbox record. It
+// is decoded from the same records (the same JSON names, the same schema
+// version) and leaves out the pod's names and addresses and the words of
+// reasons: at a million sandboxes those are most of a full copy's memory.
+// It is only ever read: written back, it would lose what it leaves out,
+// so it refuses to be encoded.
+type SandboxSummary struct {
+	Phase       Phase        `json:"phase"`
+	Managed     bool         `json:"managed"`
+	ReadySince  time.Time    `json:"ready_since,omitzero"`
+	LastSuspend *SuspendedAt `json:"last_suspend,omitempty"`
+	Updated     time.Time    `json:"updated"`
+}
+
+// SuspendedAt is all a summary keeps of a Suspension: when.
+type SuspendedAt struct {
+	At time.Time `json:"at"`
+}
+
+// ErrSummaryWritten is a SandboxSummary given to be written.
+var ErrSummaryWritten = errors.New("a sandbox summary is never written: it would drop the fields it leaves out")
+
+// MarshalJSON refuses: see SandboxSummary.
+func (SandboxSummary) MarshalJSON() ([]byte, error) { return nil, ErrSummaryWritten }
+
+// Asleep is when a suspended sandbox went to sleep: its last suspend by
+// this gateway, or else its record's last change.
+func (s SandboxSummary) Asleep() time.Time {
+	if s.LastSuspend != nil {
+		return s.LastSuspend.At
+	}
+	return s.Updated
 }
 
 // MaxReasonLen bounds a sandbox's Reason and its last suspension's

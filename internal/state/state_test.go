@@ -1,11 +1,16 @@
 package state_test
 
 import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/jsconfig"
+	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
 )
 
@@ -70,5 +75,64 @@ func TestEveryBucketIsBounded(t *testing.T) {
 	// 2.625 GiB: with the streams' 1.75 GiB, 4.4 of the 6 GiB at most.
 	if sum > 2<<30+640<<20 {
 		t.Errorf("buckets reserve %d MiB", sum>>20)
+	}
+}
+
+// A summary is a Sandbox record read for less: each of its fields is the
+// record's field of the same JSON name and type, it reads the versions
+// (and, the day there are any, the migrations) the record reads, and it
+// is never written.
+func TestSandboxSummaryReadsTheRecord(t *testing.T) {
+	sameFields(t, reflect.TypeFor[state.SandboxSummary](), reflect.TypeFor[state.Sandbox]())
+	sameFields(t, reflect.TypeFor[state.SuspendedAt](), reflect.TypeFor[state.Suspension]())
+	_, summaryMigrates := any(state.SandboxSummary{}).(kv.Migrating)
+	_, recordMigrates := any(state.Sandbox{}).(kv.Migrating)
+	if summaryMigrates != recordMigrates || (state.SandboxSummary{}).SchemaVersion() != (state.Sandbox{}).SchemaVersion() {
+		t.Fatal("the summary does not read the versions the record reads")
+	}
+	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	full := state.Sandbox{User: "ann", Phase: state.PhaseSuspended, Managed: true, Claim: "dsh-ann", PodName: "p", PodUID: "uid", Address: "10.0.0.1:8080",
+		Reason: "idle", ReadySince: at.Add(-time.Hour), LastSuspend: &state.Suspension{At: at, Reason: "idle", Detail: "idle for 15m"}, Updated: at.Add(time.Minute)}
+	data, err := kv.Encode(full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got state.SandboxSummary
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := state.SandboxSummary{Phase: full.Phase, Managed: true, ReadySince: full.ReadySince, LastSuspend: &state.SuspendedAt{At: at}, Updated: full.Updated}
+	if !reflect.DeepEqual(got, want) || !got.Asleep().Equal(at) {
+		t.Fatalf("summary %+v (asleep %s), want %+v", got, got.Asleep(), want)
+	}
+	if got.LastSuspend = nil; !got.Asleep().Equal(full.Updated) {
+		t.Fatalf("never suspended by the gateway: asleep %s, want the record's last change %s", got.Asleep(), full.Updated)
+	}
+	if _, err := kv.Encode(got); !errors.Is(err, state.ErrSummaryWritten) {
+		t.Fatalf("a summary encoded: %v, want ErrSummaryWritten", err)
+	}
+}
+
+// sameFields fails unless every field of part is a field of whole with
+// the same JSON name and type (a struct pointer's struct compared in
+// turn).
+func sameFields(t *testing.T, part, whole reflect.Type) {
+	t.Helper()
+	name := func(f reflect.StructField) string { n, _, _ := strings.Cut(f.Tag.Get("json"), ","); return n }
+	byName := map[string]reflect.StructField{}
+	for i := range whole.NumField() {
+		byName[name(whole.Field(i))] = whole.Field(i)
+	}
+	for i := range part.NumField() {
+		f := part.Field(i)
+		w, ok := byName[name(f)]
+		switch {
+		case !ok || name(f) == "":
+			t.Errorf("%s.%s: %s has no field %q", part.Name(), f.Name, whole.Name(), name(f))
+		case f.Type.Kind() == reflect.Pointer && w.Type.Kind() == reflect.Pointer && f.Type.Elem().Kind() == reflect.Struct:
+			// Compared as a pair of its own (SuspendedAt, Suspension).
+		case f.Type != w.Type:
+			t.Errorf("%s.%s is %s, the record's %s", part.Name(), f.Name, f.Type, w.Type)
+		}
 	}
 }

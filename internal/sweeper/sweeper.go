@@ -46,7 +46,9 @@ type Sweeper struct {
 	o      Options
 	m      *metrics
 	clocks *idle.Clocks
-	boxes  *kv.Cache[state.Sandbox]
+	// boxes is every sandbox, summarized: what the decisions read of each
+	// record, not its pod's names, addresses and reasons.
+	boxes *kv.Cache[state.SandboxSummary]
 	// usage is IDLE_EVICT's count of running sandboxes, and phases the
 	// inventory's count by phase, kept as boxes changes.
 	usage  capacity.Tally
@@ -86,7 +88,7 @@ type dormancy struct {
 // New opens the buckets and caches; Run starts following the stream.
 func New(ctx context.Context, o Options) (*Sweeper, error) {
 	s := &Sweeper{o: o, m: newMetrics(o.Metrics), clocks: idle.NewClocks(), issued: map[string]issue{}, dormant: map[string]dormancy{}, warned: map[string]time.Time{}}
-	boxes, err := kv.Open[state.Sandbox](ctx, o.JS, state.BucketSandboxes)
+	boxes, err := kv.Open[state.SandboxSummary](ctx, o.JS, state.BucketSandboxes)
 	if err != nil {
 		return nil, err
 	}
@@ -119,8 +121,8 @@ func New(ctx context.Context, o Options) (*Sweeper, error) {
 
 // observe takes in one change of the sandboxes cache: the counts, and
 // the timetables (a change is a reason to look at the sandbox now).
-func (s *Sweeper) observe(key string, e kv.Entry[state.Sandbox], deleted bool) {
-	s.usage.Observe(key, e, deleted)
+func (s *Sweeper) observe(key string, e kv.Entry[state.SandboxSummary], deleted bool) {
+	s.usage.Note(key, e.Value.Managed, e.Value.Phase, deleted)
 	s.phases.observe(key, e, deleted)
 	switch b := e.Value; {
 	case !deleted && b.Managed && b.Phase == state.PhaseReady:
@@ -172,7 +174,7 @@ type phaseTally struct {
 	n   map[state.Phase]int
 }
 
-func (t *phaseTally) observe(key string, e kv.Entry[state.Sandbox], deleted bool) {
+func (t *phaseTally) observe(key string, e kv.Entry[state.SandboxSummary], deleted bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.n == nil {
@@ -465,11 +467,7 @@ func (s *Sweeper) dormancy(ctx context.Context, now time.Time) {
 			delete(s.dormant, user) // woke or went: a later sleep is a new one
 			continue
 		}
-		b := e.Value
-		asleep := b.Updated
-		if b.LastSuspend != nil {
-			asleep = b.LastSuspend.At
-		}
+		asleep := e.Value.Asleep()
 		dormant, deleteAt := s.o.Policy.Dormancy(asleep, now)
 		if !dormant {
 			s.dormantAt.set(user, asleep.Add(s.o.Policy.DormantAfter))
