@@ -302,7 +302,7 @@ func (c *Cache[T]) forgetAll(created time.Time, last uint64, at time.Time) {
 	}
 	for _, e := range gone {
 		for _, fn := range c.subs {
-			fn(e.Key, Entry[T]{Key: e.Key}, true)
+			fn(e.Key, e, true, Entry[T]{Key: e.Key}, true)
 		}
 	}
 	c.updates.Add(1)

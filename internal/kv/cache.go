@@ -38,7 +38,7 @@ type Cache[T any] struct {
 	// without GroupBy).
 	groups  map[string]map[string]struct{}
 	waiters map[string][]chan struct{}
-	subs    []func(key string, e Entry[T], deleted bool)
+	subs    []replaced[T]
 
 	synced     chan struct{}
 	syncedOnce sync.Once
@@ -101,8 +101,21 @@ func GroupBy[T any](group func(key string) string) CacheOption[T] {
 
 // OnChange registers fn to run (in the watch goroutine) after every change.
 func OnChange[T any](fn func(key string, e Entry[T], deleted bool)) CacheOption[T] {
+	return OnReplace(func(key string, _ Entry[T], _ bool, e Entry[T], deleted bool) { fn(key, e, deleted) })
+}
+
+// OnReplace is OnChange told also the entry the change replaced (had:
+// there was one): a count of the entries by a field needs no copy of its
+// own of what each was, to take it back. A Note runs it too, in the
+// noting goroutine; each change's was and e are read together, so the
+// changes' deltas add up whatever order they are told in. A bounded
+// cache's evictions are not changes: count over a full copy.
+func OnReplace[T any](fn func(key string, was Entry[T], had bool, e Entry[T], deleted bool)) CacheOption[T] {
 	return func(c *Cache[T]) { c.subs = append(c.subs, fn) }
 }
+
+// replaced is an OnReplace function.
+type replaced[T any] func(key string, was Entry[T], had bool, e Entry[T], deleted bool)
 
 // NewCache starts watching b (keys matching filter, ">" for all) until ctx
 // ends. Synced is closed once the initial contents are loaded: a full
@@ -494,11 +507,10 @@ func (c *Cache[T]) apply(e jetstream.KeyValueEntry) {
 // the subscribers.
 func (c *Cache[T]) set(key, idx string, entry Entry[T], deleted bool, newer func(cur Entry[T], ok bool) bool) {
 	c.mu.Lock()
-	if newer != nil {
-		if cur, ok := c.items[idx]; !newer(cur, ok) {
-			c.mu.Unlock()
-			return
-		}
+	was, had := c.items[idx]
+	if newer != nil && !newer(was, had) {
+		c.mu.Unlock()
+		return
 	}
 	if deleted {
 		delete(c.items, idx)
@@ -520,7 +532,7 @@ func (c *Cache[T]) set(key, idx string, entry Entry[T], deleted bool, newer func
 		close(ch)
 	}
 	for _, fn := range c.subs {
-		fn(key, entry, deleted)
+		fn(key, was, had, entry, deleted)
 	}
 }
 

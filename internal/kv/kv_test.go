@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"sort"
 	"strconv"
@@ -1018,5 +1019,68 @@ func TestEachKeyStreamsTheLiveKeys(t *testing.T) {
 	cancel()
 	if err := sessions.EachKey(ended, ">", func(string) {}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("a listing whose context ended: %v, want context.Canceled", err)
+	}
+}
+
+// OnReplace tells each change with what it replaced, so a count kept from
+// the deltas alone (no copy of its own) always says what a walk of the
+// cache says: through puts, deletes, purges and Notes, from the watch and
+// from another goroutine.
+func TestOnReplaceCountsWithoutACopy(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 30*time.Second)
+	boxes := testutil.Open[state.Sandbox](t, js, state.BucketSandboxes)
+	var mu sync.Mutex
+	byPhase := map[state.Phase]int{}
+	cache, err := kv.NewCache(ctx, boxes, ">", quiet, kv.OnReplace(func(_ string, was kv.Entry[state.Sandbox], had bool, e kv.Entry[state.Sandbox], deleted bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if had {
+			byPhase[was.Value.Phase]--
+		}
+		if !deleted {
+			byPhase[e.Value.Phase]++
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-cache.Synced()
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range 600 {
+		key := "u" + strconv.Itoa(rng.IntN(40))
+		switch rng.IntN(6) {
+		case 0:
+			_ = boxes.Delete(ctx, key, 0)
+		case 1:
+			_ = boxes.Purge(ctx, key)
+		default:
+			b := state.Sandbox{User: key, Phase: state.Phases[rng.IntN(len(state.Phases))]}
+			rev, err := boxes.Put(ctx, key, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i%3 == 0 {
+				cache.Note(key, b, rev) // as a writer does, before its watch brings it
+			}
+		}
+	}
+	if err := cache.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	walk := map[state.Phase]int{}
+	cache.Range(func(e kv.Entry[state.Sandbox]) bool {
+		walk[e.Value.Phase]++
+		return true
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, p := range state.Phases {
+		if byPhase[p] != walk[p] {
+			t.Fatalf("counted from the changes %v, walked %v", byPhase, walk)
+		}
+	}
+	if cache.Len() == 0 || cache.Len() == 40 {
+		t.Fatalf("%d keys left: the changes never both made and removed some", cache.Len())
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -292,21 +293,48 @@ type Sandbox struct {
 
 // SandboxSummary is what the sweeper decides by, of a Sandbox record. It
 // is decoded from the same records (the same JSON names, the same schema
-// version) and leaves out the pod's names and addresses and the words of
-// reasons: at a million sandboxes those are most of a full copy's memory.
-// It is only ever read: written back, it would lose what it leaves out,
-// so it refuses to be encoded.
+// version) and keeps no more than a few words per sandbox: not the pod's
+// names and addresses, nor the words of reasons, and its phase one of
+// Phases rather than a string of its own. At a million sandboxes a full
+// record's copy is most of the sweeper's memory. It is only ever read:
+// written back, it would lose what it leaves out, so it refuses to be
+// encoded.
 type SandboxSummary struct {
-	Phase       Phase        `json:"phase"`
-	Managed     bool         `json:"managed"`
-	ReadySince  time.Time    `json:"ready_since,omitzero"`
-	LastSuspend *SuspendedAt `json:"last_suspend,omitempty"`
-	Updated     time.Time    `json:"updated"`
+	Phase   Phase
+	Managed bool
+	// readySince and asleep are Unix nanoseconds (0: the zero time).
+	readySince, asleep int64
 }
 
-// SuspendedAt is all a summary keeps of a Suspension: when.
-type SuspendedAt struct {
-	At time.Time `json:"at"`
+// sandboxSummaryJSON is the part of a Sandbox record a summary reads.
+type sandboxSummaryJSON struct {
+	Phase       Phase     `json:"phase"`
+	Managed     bool      `json:"managed"`
+	ReadySince  time.Time `json:"ready_since,omitzero"`
+	LastSuspend *struct {
+		At time.Time `json:"at"`
+	} `json:"last_suspend,omitempty"`
+	Updated time.Time `json:"updated"`
+}
+
+// UnmarshalJSON reads a Sandbox record's JSON.
+func (s *SandboxSummary) UnmarshalJSON(data []byte) error {
+	var r sandboxSummaryJSON
+	if err := json.Unmarshal(data, &r); err != nil {
+		return err
+	}
+	asleep := r.Updated
+	if r.LastSuspend != nil {
+		asleep = r.LastSuspend.At
+	}
+	phase := r.Phase
+	for _, p := range Phases {
+		if p == phase {
+			phase = p // the constant's bytes, not the decoded copy's
+		}
+	}
+	*s = SandboxSummary{Phase: phase, Managed: r.Managed, readySince: nanos(r.ReadySince), asleep: nanos(asleep)}
+	return nil
 }
 
 // ErrSummaryWritten is a SandboxSummary given to be written.
@@ -315,13 +343,25 @@ var ErrSummaryWritten = errors.New("a sandbox summary is never written: it would
 // MarshalJSON refuses: see SandboxSummary.
 func (SandboxSummary) MarshalJSON() ([]byte, error) { return nil, ErrSummaryWritten }
 
+// ReadySince is the record's ReadySince.
+func (s SandboxSummary) ReadySince() time.Time { return fromNanos(s.readySince) }
+
 // Asleep is when a suspended sandbox went to sleep: its last suspend by
 // this gateway, or else its record's last change.
-func (s SandboxSummary) Asleep() time.Time {
-	if s.LastSuspend != nil {
-		return s.LastSuspend.At
+func (s SandboxSummary) Asleep() time.Time { return fromNanos(s.asleep) }
+
+func nanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
 	}
-	return s.Updated
+	return t.UnixNano()
+}
+
+func fromNanos(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n).UTC()
 }
 
 // MaxReasonLen bounds a sandbox's Reason and its last suspension's

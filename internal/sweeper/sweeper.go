@@ -96,7 +96,7 @@ func New(ctx context.Context, o Options) (*Sweeper, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.boxes, err = kv.NewCache(ctx, boxes, ">", o.Log, kv.OnChange(s.observe)); err != nil {
+	if s.boxes, err = kv.NewCache(ctx, boxes, ">", o.Log, kv.OnReplace(s.observe)); err != nil {
 		return nil, err
 	}
 	s.users = kv.NewNames(ctx, o.Log, users.KeySource())
@@ -121,9 +121,9 @@ func New(ctx context.Context, o Options) (*Sweeper, error) {
 
 // observe takes in one change of the sandboxes cache: the counts, and
 // the timetables (a change is a reason to look at the sandbox now).
-func (s *Sweeper) observe(key string, e kv.Entry[state.SandboxSummary], deleted bool) {
+func (s *Sweeper) observe(key string, was kv.Entry[state.SandboxSummary], had bool, e kv.Entry[state.SandboxSummary], deleted bool) {
 	s.usage.Note(key, e.Value.Managed, e.Value.Phase, deleted)
-	s.phases.observe(key, e, deleted)
+	s.phases.observe(was, had, e, deleted)
 	switch b := e.Value; {
 	case !deleted && b.Managed && b.Phase == state.PhaseReady:
 		s.idleAt.set(key, nextSweep)
@@ -167,25 +167,24 @@ func (s *Sweeper) lookSoon(user string) {
 // decides for.
 var nextSweep time.Time
 
-// phaseTally counts sandboxes by phase as the cache changes.
+// phaseTally counts sandboxes by phase as the cache changes, taking back
+// what each change replaced (kv.OnReplace): no copy of its own of every
+// sandbox's phase.
 type phaseTally struct {
-	mu  sync.Mutex
-	was map[string]state.Phase
-	n   map[state.Phase]int
+	mu sync.Mutex
+	n  map[state.Phase]int
 }
 
-func (t *phaseTally) observe(key string, e kv.Entry[state.SandboxSummary], deleted bool) {
+func (t *phaseTally) observe(was kv.Entry[state.SandboxSummary], had bool, e kv.Entry[state.SandboxSummary], deleted bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.n == nil {
-		t.was, t.n = map[string]state.Phase{}, map[state.Phase]int{}
+		t.n = map[state.Phase]int{}
 	}
-	if old, ok := t.was[key]; ok {
-		t.n[old]--
-		delete(t.was, key)
+	if had {
+		t.n[was.Value.Phase]--
 	}
 	if !deleted {
-		t.was[key] = e.Value.Phase
 		t.n[e.Value.Phase]++
 	}
 }
@@ -296,7 +295,7 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 		// Only sandboxes this gateway created: a claim applied by hand is
 		// not ours to suspend. One no longer Ready has left the set.
 		if e, ok := s.boxes.Get(u); ok && e.Value.Phase == state.PhaseReady && e.Value.Managed {
-			cands = append(cands, candidate{user: u, rev: e.Revision, readySince: e.Value.ReadySince})
+			cands = append(cands, candidate{user: u, rev: e.Revision, readySince: e.Value.ReadySince()})
 		}
 	}
 	due, freeing := 0, 0

@@ -511,6 +511,35 @@ func TestOnlyTheLeaderExportsTheInventory(t *testing.T) {
 		}
 		return nil
 	})
+	// The count by phase follows changes, each taking back what it
+	// replaced: a moves on, b comes and goes, c stays.
+	w.sandbox("c", state.PhaseReady, true, w.now)
+	w.sandbox("b", state.PhaseWaking, true, w.now)
+	w.sandbox("a", state.PhaseSuspending, true, w.now)
+	w.sandbox("a", state.PhaseSuspended, true, w.now)
+	if err := w.boxes.Delete(context.Background(), "b", 0); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		mfs, err := w.reg.Gather()
+		if err != nil {
+			return err
+		}
+		got := map[string]float64{}
+		for _, mf := range mfs {
+			if mf.GetName() == "aaas_sandboxes" {
+				for _, m := range mf.GetMetric() {
+					if v := m.GetGauge().GetValue(); v != 0 {
+						got[m.GetLabel()[0].GetValue()] = v
+					}
+				}
+			}
+		}
+		if fmt.Sprint(got) != "map[Ready:1 Suspended:1]" {
+			return fmt.Errorf("aaas_sandboxes by phase %v, want Ready 1 and Suspended 1", got)
+		}
+		return nil
+	})
 	cancel()
 	<-done
 	if exported("aaas_users") || exported("aaas_sandboxes") {
