@@ -19,12 +19,11 @@ import (
 	"github.com/aaas-project/aaas/internal/web"
 )
 
-// APITokens are users' named API tokens: the bucket written and the
-// cache listed, and how many one user may hold.
+// APITokens are users' named API tokens: the bucket, written and listed
+// by user (a user's page, a new token's count), the cache the
+// authentication reads, and how many one user may hold.
 type APITokens struct {
-	Bucket *kv.Bucket[state.APIToken]
-	// Cache is grouped by user (kv.GroupBy(state.APITokenUser)): listing
-	// one user's tokens visits theirs only.
+	Bucket  *kv.Bucket[state.APIToken]
 	Cache   *kv.Cache[state.APIToken]
 	MaxEach int
 }
@@ -39,19 +38,25 @@ type tokenView struct {
 	Expires time.Time `json:"expires,omitzero"`
 }
 
-// userTokens lists user's API tokens that hold now, by name.
-func (s *Service) userTokens(ctx context.Context, user string) []tokenView {
+// userTokens lists user's API tokens that hold now, by name: read from
+// the bucket (their keys, "<user>.*"), where any edge may have made or
+// deleted one a moment ago, and the edge holds only the tokens it has
+// authenticated.
+func (s *Service) userTokens(ctx context.Context, user string) ([]tokenView, error) {
+	es, err := s.o.APITokens.Bucket.List(ctx, state.APITokenKey(user, "*"))
+	if err != nil {
+		return nil, web.Unavailable(fmt.Errorf("API tokens not listed: %w", err))
+	}
 	out := []tokenView{}
 	u, _ := s.o.Users.Load(ctx, user)
 	now := time.Now()
-	s.o.APITokens.Cache.RangeGroup(user, func(e kv.Entry[state.APIToken]) bool {
-		if t := e.Value; t.User == user && t.Holds(u.Value, now) {
+	for _, e := range es {
+		if t := e.Value; t.User == user && e.Key == state.APITokenKey(user, t.Name) && t.Holds(u.Value, now) {
 			out = append(out, tokenView{Name: t.Name, Created: t.Created, Expires: t.Expires})
 		}
-		return true
-	})
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
+	return out, nil
 }
 
 // tokenManager is the identity of a request that may manage its
@@ -80,8 +85,12 @@ func (s *Service) listTokens(c *fiber.Ctx) error {
 	if err != nil {
 		return s.refuse(c, err)
 	}
+	tokens, err := s.userTokens(httpguard.Context(c), id.User)
+	if err != nil {
+		return s.refuse(c, err)
+	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
-	return c.JSON(fiber.Map{"user": id.User, "tokens": s.userTokens(httpguard.Context(c), id.User)})
+	return c.JSON(fiber.Map{"user": id.User, "tokens": tokens})
 }
 
 // createToken serves POST /_/tokens (name, and expires_days: none for a
@@ -112,7 +121,11 @@ func (s *Service) createToken(c *fiber.Ctx) error {
 	if !found || u.Value.ClaimUID == "" {
 		return s.refuse(c, web.Refuse(fiber.StatusServiceUnavailable, "your account is not ready yet; try again shortly"))
 	}
-	if len(s.userTokens(httpguard.Context(c), id.User)) >= s.o.APITokens.MaxEach {
+	held, err := s.userTokens(httpguard.Context(c), id.User)
+	if err != nil {
+		return s.refuse(c, err)
+	}
+	if len(held) >= s.o.APITokens.MaxEach {
 		return s.refuse(c, web.Refuse(fiber.StatusConflict, "you hold "+strconv.Itoa(s.o.APITokens.MaxEach)+" API tokens, the most allowed; delete one first"))
 	}
 	token := ident.NewAPIToken(id.User, name)
@@ -158,11 +171,14 @@ func (s *Service) deleteToken(c *fiber.Ctx) error {
 		return s.refuse(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 	}
 	key := state.APITokenKey(id.User, name)
-	if _, found := s.o.APITokens.Cache.Get(key); !found {
-		return s.refuse(c, web.Refuse(fiber.StatusNotFound, "you have no token called "+name))
-	}
 	ctx, cancel := context.WithTimeout(httpguard.Context(c), 10*time.Second)
 	defer cancel()
+	switch _, err := s.o.APITokens.Bucket.Get(ctx, key); {
+	case errors.Is(err, kv.ErrNotFound):
+		return s.refuse(c, web.Refuse(fiber.StatusNotFound, "you have no token called "+name))
+	case err != nil:
+		return s.refuse(c, web.Unavailable(fmt.Errorf("API token not read: %w", err)))
+	}
 	if err := s.o.APITokens.Bucket.Purge(ctx, key); err != nil {
 		return s.refuse(c, web.Unavailable(fmt.Errorf("API token not deleted: %w", err)))
 	}

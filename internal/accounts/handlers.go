@@ -35,8 +35,14 @@ func (s *Service) landing(c *fiber.Ctx) error {
 		d.Phase, d.Reason, d.Sleep = st.Phase, st.Reason, s.sleep(st)
 		d.Models = s.landingModels(httpguard.Context(c), id.User)
 		if s.o.APITokens != nil && id.TokenName == "" {
-			d.TokensOn = true
-			for _, t := range s.userTokens(httpguard.Context(c), id.User) {
+			// Shown only when listed: an empty list read from a bus that
+			// did not answer would say the user has none.
+			tokens, err := s.userTokens(httpguard.Context(c), id.User)
+			if err != nil {
+				s.o.Log.Warn("API tokens not listed for the user's page", "user", id.User, "err", err)
+			}
+			d.TokensOn = err == nil
+			for _, t := range tokens {
 				v := web.APIToken{Name: t.Name, Created: t.Created.Format(time.DateOnly), Expires: "never"}
 				if !t.Expires.IsZero() {
 					v.Expires = t.Expires.Format(time.DateOnly)

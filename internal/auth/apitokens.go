@@ -16,7 +16,7 @@ func (a *Authenticator) checkAPIToken(ctx context.Context, token string) (state.
 	if !ok || a.o.APITokens == nil {
 		return state.User{}, state.APIToken{}, false
 	}
-	t, ok := a.o.APITokens.Get(state.APITokenKey(user, name))
+	t, ok := a.o.APITokens.Load(ctx, state.APITokenKey(user, name))
 	if !ok || !ident.TokenMatches(token, t.Value.Hash) {
 		return state.User{}, state.APIToken{}, false
 	}

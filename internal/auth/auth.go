@@ -35,7 +35,8 @@ type Options struct {
 	Store   *Store
 	Limiter *ratelimit.Limiter
 	Users   *kv.Cache[state.User]
-	// APITokens are users' named API tokens; nil: none are accepted.
+	// APITokens are users' named API tokens (a bounded cache: those
+	// in use here, read on first use); nil: none are accepted.
 	APITokens *kv.Cache[state.APIToken]
 	// Publisher takes the audit events of refusals.
 	Publisher *events.Publisher
@@ -304,7 +305,7 @@ func (a *Authenticator) Valid(id Identity) bool {
 	// edge served (held, unless forgotten since: then read again).
 	u, ok := a.o.Users.Load(context.Background(), id.User)
 	if id.TokenName != "" {
-		t, found := a.o.APITokens.Get(state.APITokenKey(id.User, id.TokenName))
+		t, found := a.o.APITokens.Load(context.Background(), state.APITokenKey(id.User, id.TokenName))
 		return ok && found && SecretEqual(t.Value.Hash, id.bound) && t.Value.Holds(u.Value, time.Now())
 	}
 	return ok && u.Value.DeletingSince.IsZero() && SecretEqual(u.Value.TokenHash, id.bound)

@@ -74,7 +74,7 @@ type Edge struct {
 	// tokens one user may hold.
 	MaxAPITokensPerUser int
 	// CacheUsers is EDGE_CACHE_USERS: how many users' records (account,
-	// sandbox, sessions, handshakes) an edge holds at most; a user beyond
+	// sandbox, sessions, handshakes, API tokens) an edge holds at most; a user beyond
 	// it costs a read of the bus when next served. The edge's memory is
 	// bounded by it, not by how many accounts exist (CacheLimits).
 	CacheUsers int
@@ -791,13 +791,14 @@ func LoadSmoke(e *Env) (Smoke, error) {
 
 // CacheLimits are the edge's bounded caches' limits for EDGE_CACHE_USERS:
 // per user, one account and one sandbox record, and room for the
-// sessions (a browser or two, and their sandbox origins') and the
-// handshakes (one per pod and host) of the users it serves.
+// sessions (a browser or two, and their sandbox origins'), the
+// handshakes (one per pod and host) and the API tokens in use (a script
+// or two) of the users it serves.
 type CacheLimits struct {
-	Users, Sandboxes, Sessions, Handshakes int
+	Users, Sandboxes, Sessions, Handshakes, APITokens int
 }
 
 // CacheLimits derives the caches' limits from CacheUsers.
 func (c Edge) CacheLimits() CacheLimits {
-	return CacheLimits{Users: c.CacheUsers, Sandboxes: c.CacheUsers, Sessions: 4 * c.CacheUsers, Handshakes: 2 * c.CacheUsers}
+	return CacheLimits{Users: c.CacheUsers, Sandboxes: c.CacheUsers, Sessions: 4 * c.CacheUsers, Handshakes: 2 * c.CacheUsers, APITokens: 2 * c.CacheUsers}
 }

@@ -76,11 +76,13 @@ func openState(ctx context.Context, p *process.Process, cfg config.Edge) (*edgeS
 		return nil, err
 	}
 	s.names = kv.NewNames(ctx, p.Log, users.KeySource(), boxes.KeySource())
-	// An API token deleted or lapsed anywhere ends the streams it opened.
+	// The API tokens this edge authenticated: one deleted or lapsed
+	// anywhere ends the streams it opened (a token held here is kept
+	// true by the watch).
 	if s.tokensBucket, err = kv.Open[state.APIToken](ctx, p.JS, state.BucketAPITokens); err != nil {
 		return nil, err
 	}
-	if s.apiTokens, err = kv.NewCache(ctx, s.tokensBucket, ">", p.Log, kv.GroupBy[state.APIToken](state.APITokenUser),
+	if s.apiTokens, err = kv.NewCache(ctx, s.tokensBucket, ">", p.Log, kv.Bounded[state.APIToken](limits.APITokens),
 		kv.OnChange(func(key string, _ kv.Entry[state.APIToken], _ bool) { s.changes.User(state.APITokenUser(key)) })); err != nil {
 		return nil, err
 	}

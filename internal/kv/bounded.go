@@ -123,15 +123,12 @@ func (c *Cache[T]) evict(keep string) {
 			cacheEvictions.Add(1)
 		}
 	}
-	for idx, e := range c.items {
+	for idx := range c.items {
 		if over <= 0 {
 			return
 		}
 		if idx != keep && len(c.waiters[idx]) == 0 {
 			delete(c.items, idx)
-			if c.group != nil {
-				c.regroup(c.group(e.Key), idx, true)
-			}
 			over--
 			cacheEvictions.Add(1)
 		}
@@ -289,9 +286,6 @@ func (c *Cache[T]) forgetAll(created time.Time, last uint64, at time.Time) {
 	gone, waiters := c.items, c.waiters
 	c.items, c.absent, c.waiters = map[string]Entry[T]{}, map[string]uint64{}, map[string][]chan struct{}{}
 	clear(c.reading) // their reads are of the old bucket: not kept
-	if c.group != nil {
-		c.groups = map[string]map[string]struct{}{}
-	}
 	c.mu.Unlock()
 	c.created, c.pending = created, look{}
 	c.last.Store(last)

@@ -29,14 +29,10 @@ import (
 type Cache[T any] struct {
 	bucket *Bucket[T]
 	index  func(key string) string
-	group  func(key string) string
 	log    *slog.Logger
 
-	mu    sync.RWMutex
-	items map[string]Entry[T]
-	// groups holds, per group, the (indexed) keys of its entries (nil
-	// without GroupBy).
-	groups  map[string]map[string]struct{}
+	mu      sync.RWMutex
+	items   map[string]Entry[T]
 	waiters map[string][]chan struct{}
 	subs    []replaced[T]
 
@@ -90,13 +86,6 @@ type CacheOption[T any] func(*Cache[T])
 // part of the key (sessions are looked up by sid hash alone).
 func IndexBy[T any](index func(key string) string) CacheOption[T] {
 	return func(c *Cache[T]) { c.index, c.indexed = index, true }
-}
-
-// GroupBy keeps the entries' keys by group(key), so that RangeGroup visits
-// one group's entries without scanning the others (a user's API tokens,
-// keyed "<user>.<name>", among every user's).
-func GroupBy[T any](group func(key string) string) CacheOption[T] {
-	return func(c *Cache[T]) { c.group, c.groups = group, map[string]map[string]struct{}{} }
 }
 
 // OnChange registers fn to run (in the watch goroutine) after every change.
@@ -520,9 +509,6 @@ func (c *Cache[T]) set(key, idx string, entry Entry[T], deleted bool, newer func
 	if c.limit > 0 {
 		c.keep(idx, entry.Revision, deleted)
 	}
-	if c.group != nil {
-		c.regroup(c.group(key), idx, deleted)
-	}
 	ws := c.waiters[idx]
 	delete(c.waiters, idx)
 	c.mu.Unlock()
@@ -533,22 +519,6 @@ func (c *Cache[T]) set(key, idx string, entry Entry[T], deleted bool, newer func
 	}
 	for _, fn := range c.subs {
 		fn(key, was, had, entry, deleted)
-	}
-}
-
-// regroup files idx under g, or (deleted) takes it out; mu is held.
-func (c *Cache[T]) regroup(g, idx string, deleted bool) {
-	keys := c.groups[g]
-	switch {
-	case deleted:
-		delete(keys, idx)
-		if len(keys) == 0 {
-			delete(c.groups, g)
-		}
-	case keys == nil:
-		c.groups[g] = map[string]struct{}{idx: {}}
-	default:
-		keys[idx] = struct{}{}
 	}
 }
 
@@ -655,19 +625,6 @@ func (c *Cache[T]) Range(fn func(Entry[T]) bool) {
 	defer c.mu.RUnlock()
 	for _, e := range c.items {
 		if !fn(e) {
-			return
-		}
-	}
-}
-
-// RangeGroup calls fn for every entry of group (GroupBy) until it returns
-// false; without GroupBy it visits none. fn must not call back into the
-// cache.
-func (c *Cache[T]) RangeGroup(group string, fn func(Entry[T]) bool) {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	for idx := range c.groups[group] {
-		if !fn(c.items[idx]) {
 			return
 		}
 	}

@@ -439,68 +439,6 @@ func TestCacheReloadsARecreatedBucket(t *testing.T) {
 	}
 }
 
-// GroupBy keeps each group's keys as entries come, change, go and come
-// back: RangeGroup visits exactly the group's current entries.
-func TestCacheGroups(t *testing.T) {
-	_, js := setup(t)
-	ctx := natstest.Context(t, time.Minute)
-	tokens := testutil.Open[state.APIToken](t, js, state.BucketAPITokens)
-	cache, err := kv.NewCache(context.Background(), tokens, ">", quiet, kv.GroupBy[state.APIToken](state.APITokenUser))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ungrouped, err := kv.NewCache(context.Background(), tokens, ">", quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	put := func(user, name string) {
-		t.Helper()
-		if _, err := tokens.Put(ctx, state.APITokenKey(user, name), state.APIToken{User: user, Name: name}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	del := func(user, name string) {
-		t.Helper()
-		if err := tokens.Delete(ctx, state.APITokenKey(user, name), 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	group := func(c *kv.Cache[state.APIToken], user string) string {
-		var names []string
-		c.RangeGroup(user, func(e kv.Entry[state.APIToken]) bool {
-			names = append(names, e.Value.Name)
-			return true
-		})
-		sort.Strings(names)
-		return strings.Join(names, ",")
-	}
-	for _, step := range []struct {
-		do   func()
-		want map[string]string
-	}{
-		{func() { put("ann", "ci"); put("ann", "laptop"); put("bo", "ci") }, map[string]string{"ann": "ci,laptop", "bo": "ci", "an": ""}},
-		{func() { put("ann", "ci") }, map[string]string{"ann": "ci,laptop", "bo": "ci"}},
-		{func() { del("ann", "ci"); del("bo", "ci") }, map[string]string{"ann": "laptop", "bo": ""}},
-		{func() { put("bo", "ci") }, map[string]string{"ann": "laptop", "bo": "ci"}},
-	} {
-		step.do()
-		if err := cache.CatchUp(ctx); err != nil {
-			t.Fatal(err)
-		}
-		for user, want := range step.want {
-			if got := group(cache, user); got != want {
-				t.Errorf("%s's group: %q, want %q", user, got, want)
-			}
-		}
-	}
-	if err := ungrouped.CatchUp(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := group(ungrouped, "ann"); got != "" || ungrouped.Len() != 2 {
-		t.Errorf("a cache without GroupBy: group %q, %d entries", got, ungrouped.Len())
-	}
-}
-
 // A writer notes its own write in its cache: found at once, never
 // replaced by an older revision, and the watch's later copy of it (or a
 // newer write) is what the cache then holds.

@@ -75,6 +75,8 @@ type Months struct {
 	Log    *slog.Logger
 	// Life bounds the followed month's watch (the process's).
 	Life context.Context
+	// Now is the clock that says which month is current (nil: time.Now).
+	Now func() time.Time
 
 	mu     sync.Mutex
 	month  string
@@ -92,7 +94,11 @@ func (m *Months) Month(ctx context.Context, month string) ([]state.Usage, error)
 		}
 	}
 	filter := "*." + month
-	if month != state.Month(time.Now()) {
+	now := time.Now
+	if m.Now != nil {
+		now = m.Now
+	}
+	if month != state.Month(now()) {
 		es, err := m.Bucket.List(ctx, filter)
 		if err != nil {
 			return nil, err
