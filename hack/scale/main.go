@@ -231,6 +231,9 @@ func user(i int) string { return fmt.Sprintf("u%07d", i) }
 // five).
 func running(i int) bool { return i%5 == 0 }
 
+// cpuRounds is how many times the cached requests' CPU is measured.
+const cpuRounds = 5
+
 // edgeHost is the Host the requests carry, the one the handshakes are
 // sealed for (path mode: the browser's host).
 const edgeHost = "scale.test"
@@ -399,11 +402,17 @@ func (w *world) measure(ctx context.Context, n int) (row, error) {
 	if err := parallel(len(runners), warm); err != nil {
 		return r, err
 	}
-	before := procstat.CPUTime(e.p.PID())
-	if err := parallel(w.o.requests, warm); err != nil {
-		return r, err
+	// The least of a few rounds: what else runs on the machine (the NATS
+	// servers among them) only ever adds to a round's CPU.
+	for round := range cpuRounds {
+		before := procstat.CPUTime(e.p.PID())
+		if err := parallel(w.o.requests, warm); err != nil {
+			return r, err
+		}
+		if per := (procstat.CPUTime(e.p.PID()) - before) / time.Duration(w.o.requests); round == 0 || per < r.cpuPerRequest {
+			r.cpuPerRequest = per
+		}
 	}
-	r.cpuPerRequest = (procstat.CPUTime(e.p.PID()) - before) / time.Duration(w.o.requests)
 	// A revocation elsewhere: the session of a user this edge served.
 	sessions, err := kv.Open[state.Session](ctx, w.js, state.BucketSessions)
 	if err != nil {

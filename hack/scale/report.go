@@ -39,8 +39,8 @@ func report(o options, rows []row) []byte {
 	begin, end := marks(o.nodes)
 	if o.nodes == 1 {
 		fmt.Fprintf(&b, "%s\n## Scale\n\n", begin)
-		fmt.Fprintf(&b, "`go run ./hack/scale -sizes %s -active %d -requests %d`, on %s: a real JetStream server filled with the project's buckets and records (five sessions per account; a fifth of the sandboxes running, with a cached handshake), and at each size a real edge started against it, which then serves the first %d users once each (a status page: their session, account and sandbox). Sizes fill one server in turn. The first size is the baseline of a cached request's CPU.\n\n",
-			joinInts(o.sizes), o.active, o.requests, time.Now().UTC().Format(time.DateOnly), o.active)
+		fmt.Fprintf(&b, "`go run ./hack/scale -sizes %s -active %d -requests %d`, on %s: a real JetStream server filled with the project's buckets and records (five sessions per account; a fifth of the sandboxes running, with a cached handshake), and at each size a real edge started against it, which then serves the first %d users once each (a status page: their session, account and sandbox). Sizes fill one server in turn. The first size is the baseline of a cached request's CPU, which is the least of %d rounds of %d requests (what else runs on the machine only adds to a round).\n\n",
+			joinInts(o.sizes), o.active, o.requests, time.Now().UTC().Format(time.DateOnly), o.active, cpuRounds, o.requests)
 	} else {
 		fmt.Fprintf(&b, "%s\n### Scale on a %d-node cluster\n\n", begin, o.nodes)
 		fmt.Fprintf(&b, "`go run ./hack/scale -nodes %d -sizes %s -active %d -requests %d`, on %s: the same measurements against %d JetStream servers in one cluster on this machine, every stream and bucket replicated on each (`STREAM_REPLICAS=%d`), the edge connected to all of them; \"store on disk\" is one node's. The nodes share this machine's two cores, so a write waits for its replicas on the same CPUs: the fill rate and the write-bound columns are this machine's, not a cluster's on its own hosts.\n\n",

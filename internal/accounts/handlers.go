@@ -138,12 +138,23 @@ func (s *Service) signup(c *fiber.Ctx) error {
 		return s.refuse(c, web.Refuse(fiber.StatusServiceUnavailable, "your sandbox could not be created: "+res.Error))
 	}
 	sid, err := s.o.Auth.Store().Create(httpguard.Context(c), user, "signup")
-	if err != nil {
-		return s.refuse(c, web.Unavailable(fmt.Errorf("signup: session not created: %w", err)))
-	}
-	s.setCookie(c, sid, user)
 	s.audit(c, events.AuditEvent{Kind: events.AuditSignup, User: user, Outcome: state.OutcomeCreated})
 	s.o.Auth.Counter().WithLabelValues("signup", "created").Inc()
+	if err != nil {
+		// The account exists, and its token is never shown again: it goes
+		// to the user with the reason they are not signed in (a full
+		// sessions bucket, the bus away), so they can sign in later.
+		e := web.Unavailable(fmt.Errorf("signup: session not created: %w", err))
+		s.o.Log.Warn("signed up but not signed in", "user", user, "err", e.Cause)
+		c.Status(e.Status)
+		if web.WantsHTML(c) {
+			return web.ShowToken(c, user, token, "/")
+		}
+		c.Set(fiber.HeaderCacheControl, "no-store")
+		return c.JSON(fiber.Map{"user": user, "token": token, "url": s.sites.SandboxURL(c, user), "signed_in": false,
+			"error": "your account was created, but you are not signed in: " + e.Detail + "; sign in with this token later"})
+	}
+	s.setCookie(c, sid, user)
 
 	if web.WantsHTML(c) {
 		return c.Redirect(s.sites.SandboxURL(c, user), fiber.StatusSeeOther)

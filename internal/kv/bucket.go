@@ -24,6 +24,11 @@ var (
 	// ErrConflict is a compare-and-set failure: someone wrote the key since
 	// the revision the caller read.
 	ErrConflict = errors.New("revision conflict")
+	// ErrFull is a write the bucket refused because it is at its cap
+	// (state.BucketsConfig: EXPECTED_ACCOUNTS and the records' sizes), or
+	// the server's store is: nothing is written until records go or an
+	// operator grows it, and asking again changes nothing.
+	ErrFull = errors.New("the bucket is full")
 )
 
 // Bucket is a typed view of one key-value bucket; values are JSON.
@@ -146,8 +151,11 @@ func (b *Bucket[T]) Create(ctx context.Context, key string, v T, opts ...WriteOp
 	}
 	rev, err = b.kv.Create(ctx, key, data, copts...)
 	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) {
+		switch {
+		case errors.Is(err, jetstream.ErrKeyExists):
 			return 0, fmt.Errorf("create %s/%s: %w", b.name, key, ErrExists)
+		case isFull(err):
+			return 0, fmt.Errorf("create %s/%s: %w (%w)", b.name, key, ErrFull, err)
 		}
 		return 0, fmt.Errorf("create %s/%s: %w", b.name, key, err)
 	}
@@ -177,8 +185,11 @@ func (b *Bucket[T]) publish(ctx context.Context, key string, v T, expect int64, 
 	}
 	ack, err := b.js.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + b.name + "." + key, Data: data}, opts...)
 	if err != nil {
-		if isWrongLastSeq(err) {
+		switch {
+		case isWrongLastSeq(err):
 			return 0, fmt.Errorf("update %s/%s at revision %d: %w", b.name, key, expect, ErrConflict)
+		case isFull(err):
+			return 0, fmt.Errorf("write %s/%s: %w (%w)", b.name, key, ErrFull, err)
 		}
 		return 0, fmt.Errorf("write %s/%s: %w", b.name, key, err)
 	}
@@ -383,6 +394,24 @@ const maxMutateAttempts = 32
 func isWrongLastSeq(err error) bool {
 	var apiErr *jetstream.APIError
 	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// Store failures the server answers a write with when the stream is at
+// its MaxBytes or MaxMsgs (JSStreamStoreFailedF, the store's error as
+// its description) or its server's store cannot take more
+// (JSInsufficientResourcesErr).
+const (
+	errCodeStoreFailed           jetstream.ErrorCode = 10077
+	errCodeInsufficientResources jetstream.ErrorCode = 10023
+)
+
+func isFull(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == errCodeInsufficientResources ||
+		apiErr.ErrorCode == errCodeStoreFailed && (strings.Contains(apiErr.Description, "maximum bytes exceeded") || strings.Contains(apiErr.Description, "maximum messages exceeded"))
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

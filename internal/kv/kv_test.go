@@ -1022,3 +1022,52 @@ func TestOnReplaceCountsWithoutACopy(t *testing.T) {
 		t.Fatalf("%d keys left: the changes never both made and removed some", cache.Len())
 	}
 }
+
+// A bucket at its cap refuses writes with ErrFull, whichever way they
+// come (Put, Create over a delete marker, Update), and stores nothing;
+// a delete (a marker, under the cap's discard policy) still goes, and
+// the bucket takes writes again once records went.
+func TestAFullBucketRefusesWritesWithErrFull(t *testing.T) {
+	_, js := setup(t)
+	ctx := natstest.Context(t, 30*time.Second)
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "small", MaxBytes: 4 << 10, History: 1}); err != nil {
+		t.Fatal(err)
+	}
+	small := testutil.Open[state.Session](t, js, "small")
+	big := state.Session{User: strings.Repeat("u", 300)}
+	var kept []string
+	var full error
+	for i := 0; full == nil; i++ {
+		if i > 100 {
+			t.Fatal("a 4 KiB bucket took 100 records of 300 bytes")
+		}
+		key := "k" + strconv.Itoa(i)
+		if _, full = small.Put(ctx, key, big); full == nil {
+			kept = append(kept, key)
+		}
+	}
+	if !errors.Is(full, kv.ErrFull) || len(kept) == 0 {
+		t.Fatalf("after %d records: %v, want ErrFull", len(kept), full)
+	}
+	e, err := small.Get(ctx, kept[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := small.Create(ctx, "another", big); !errors.Is(err, kv.ErrFull) {
+		t.Fatalf("create in a full bucket: %v, want ErrFull", err)
+	}
+	if _, err := small.Update(ctx, kept[0], state.Session{User: strings.Repeat("v", 300)}, e.Revision); !errors.Is(err, kv.ErrFull) {
+		t.Fatalf("update in a full bucket: %v, want ErrFull", err)
+	}
+	if keys, err := small.Keys(ctx, ">"); err != nil || len(keys) != len(kept) {
+		t.Fatalf("the refused writes stored something: %d keys, want %d (%v)", len(keys), len(kept), err)
+	}
+	for _, k := range kept[:len(kept)/2+1] {
+		if err := small.Purge(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := small.Put(ctx, "after", big); err != nil {
+		t.Fatalf("a write once records went: %v", err)
+	}
+}

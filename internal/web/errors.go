@@ -11,6 +11,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/kv"
 )
 
 // StatusClientClosed is nginx's 499: the client left before the answer.
@@ -53,6 +54,11 @@ func Refuse(status int, detail string) *Error { return &Error{Status: status, De
 // Unavailable is a 503 for a failure to reach what the edge depends on
 // (the bus, the cluster); the cause goes to the log only.
 func Unavailable(cause error) *Error {
+	if errors.Is(cause, kv.ErrFull) {
+		// Asking again soon changes nothing: an operator grows the store
+		// (AaasNATSStreamNearlyFull warned at 80 %).
+		return &Error{Status: http.StatusServiceUnavailable, Detail: "the gateway's store for this is full, so nothing new can be saved; its operator has been alerted", Cause: cause}
+	}
 	return &Error{Status: http.StatusServiceUnavailable, Detail: "the gateway cannot reach its message bus; try again shortly", Cause: cause}
 }
 
