@@ -89,7 +89,7 @@ lint: tools
 bench: tools build
 	@hack/tools.sh debian wrk haproxy strace
 	@hack/tools.sh bench
-	go test -run '^$$' -bench . -benchmem -count=1 ./internal/kv/ ./internal/events/ ./internal/auth/ ./internal/httpguard/ ./internal/proxy/ ./internal/sweeper/ ./internal/broker/ ./internal/admin/
+	go test -run '^$$' -bench . -benchmem -count=1 ./internal/kv/ ./internal/events/ ./internal/auth/ ./internal/httpguard/ ./internal/proxy/ ./internal/sweeper/ ./internal/broker/ ./internal/admin/ ./internal/capacity/
 	go test -run '^$$' -bench WakeOverhead -benchtime 50x -count=1 ./internal/lifecycle/
 	go test -run '^$$' -bench ClaimsFromWarmPool -benchtime 5x -count=1 ./internal/lifecycle/
 	go test -run '^$$' -bench SignupLatency -benchtime 30x -count=1 ./test/e2e/accounts/
