@@ -221,12 +221,16 @@ func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher, filter strin
 		case <-tick.C:
 			// Only a watch of every key must reach the stream's last
 			// sequence.
-			if filter != ">" || !c.IsSynced() {
+			if filter != ">" {
 				continue
 			}
 			asked := time.Now()
 			last, created, ok := c.peek(ctx)
-			if ok && c.recreated(last, created) {
+			// Before its first load a watch is watched too: one made
+			// while NATS was going away may never bring anything, and
+			// the cache would never be synced (nor its process ready).
+			synced := c.IsSynced()
+			if synced && ok && c.recreated(last, created) {
 				// NATS lost the bucket and setup made it again (or a
 				// restore replaced it): revisions start over, so the
 				// watch starts over too, and what the new bucket does
@@ -253,7 +257,7 @@ func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher, filter strin
 				c.log.Warn("bucket was recreated (NATS lost its data, or a restore); reloading it")
 				continue
 			}
-			if ok {
+			if synced && ok {
 				c.looked(look{seq: last, at: asked})
 			}
 			if updates != nil && !dog.stalled(last, c.last.Load()) {
