@@ -147,12 +147,13 @@ func (s *Service) signup(c *fiber.Ctx) error {
 		e := web.Unavailable(fmt.Errorf("signup: session not created: %w", err))
 		s.o.Log.Warn("signed up but not signed in", "user", user, "err", e.Cause)
 		c.Status(e.Status)
-		if web.WantsHTML(c) {
-			return web.ShowToken(c, user, token, "/")
-		}
+		note := "Your account was created, but you are not signed in: " + e.Detail + ". Sign in with this token later."
 		c.Set(fiber.HeaderCacheControl, "no-store")
-		return c.JSON(fiber.Map{"user": user, "token": token, "url": s.sites.SandboxURL(c, user), "signed_in": false,
-			"error": "your account was created, but you are not signed in: " + e.Detail + "; sign in with this token later"})
+		if web.WantsHTML(c) {
+			c.Type("html")
+			return web.RenderToken(c, web.Token{User: user, Token: token, Back: "/", Note: note})
+		}
+		return c.JSON(fiber.Map{"user": user, "token": token, "url": s.sites.SandboxURL(c, user), "signed_in": false, "error": note})
 	}
 	s.setCookie(c, sid, user)
 

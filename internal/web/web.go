@@ -256,7 +256,12 @@ func RenderAdminBudgetConfirm(w io.Writer, d AdminBudgetConfirm) error {
 type Confirm struct{ User, Action, Path string }
 
 // Token shows a new bearer token once: User's, with where to go Back to.
-type Token struct{ User, Token, Back string }
+type Token struct {
+	User, Token, Back string
+	// Note, when set, says why the token is shown instead of the usual
+	// word on the token it replaced (a signup that could not sign in).
+	Note string
+}
 
 // RenderToken writes the page that shows a new token.
 func RenderToken(w io.Writer, d Token) error { return pages.ExecuteTemplate(w, "token.html", d) }

@@ -3,6 +3,7 @@ package accounts_test
 import (
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -80,6 +81,12 @@ func TestAFullSessionsBucketRefusesSignInsClearly(t *testing.T) {
 	cookies := strings.Join(r.Header.Values("Set-Cookie"), "; ")
 	if r.JSON()["signed_in"] != false || bea == "" || strings.Contains(cookies, "dsh_gw_session=") {
 		t.Fatalf("a signup not signed in: %s (Set-Cookie %q), want its token and no session", r.Body, cookies)
+	}
+	// The form's page shows the token too, saying why it is not signed in.
+	r = testenv.NewClient(t, edge.URL).Do(http.MethodPost, "/users", strings.NewReader(url.Values{"user": {"cy"}, "invite": {invite}}.Encode()),
+		"Content-Type", "application/x-www-form-urlencoded", "Accept", "text/html")
+	if r.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(r.Body), "you are not signed in") || !strings.Contains(string(r.Body), `id="token">cy.`) {
+		t.Fatalf("a signup from the form into a full sessions bucket: %d %s, want the token page saying it is not signed in", r.StatusCode, r.Body)
 	}
 	if n := keys(); n != before {
 		t.Fatalf("refused sign-ins stored sessions: %d keys, had %d", n, before)
