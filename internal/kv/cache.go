@@ -447,14 +447,15 @@ func (c *Cache[T]) Note(key string, v T, rev uint64) {
 }
 
 func (c *Cache[T]) apply(e jetstream.KeyValueEntry) {
+	key := e.Key()
+	if c.limit > 0 && c.passOver(c.index(key), e.Revision()) {
+		return // a bounded cache sees every change, and holds few
+	}
 	// A key is a slice of its message's subject ("$KV.<bucket>.<key>"):
 	// held as it is, it would keep the whole subject alive, three times
-	// its own size for a user's name.
-	key := strings.Clone(e.Key())
+	// its own size for a user's name. Copied only once it is to be held.
+	key = strings.Clone(key)
 	idx := c.index(key)
-	if c.limit > 0 && c.passOver(idx, e.Revision()) {
-		return
-	}
 	if c.reloading != nil {
 		c.reloading[idx] = struct{}{}
 	}
