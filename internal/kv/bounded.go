@@ -45,7 +45,7 @@ func (c *Cache[T]) startBounded(ctx context.Context, filter string, started time
 	if err != nil {
 		return err
 	}
-	w, err := c.bucket.kv.Watch(ctx, filter, jetstream.UpdatesOnly())
+	w, err := c.bucket.watch(ctx, []string{filter}, jetstream.UpdatesOnly())
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", c.bucket.name, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -52,6 +53,52 @@ func Open[T any](ctx context.Context, js jetstream.JetStream, name string) (*Buc
 		b.failover = f.FailoverWait()
 	}
 	return b, nil
+}
+
+// watchMade bounds the making of a watch: the request that creates its
+// consumer can go unanswered (sent while NATS restarts, or over a link
+// that drops it), and a watch made under a context that never ends (a
+// process's) would wait for that answer forever, its cache never loaded
+// and its watchdog never run.
+const watchMade = 5 * time.Second
+
+// watch starts a watch of the keys matching filters. Its context must
+// outlive the watch (nats.go ends the watch's subscription when it ends),
+// so the bound on its making is a cancel of a context of its own, which
+// Stop releases.
+func (b *Bucket[T]) watch(ctx context.Context, filters []string, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	return watch(ctx, b.kv, b.name, filters, opts...)
+}
+
+func watch(ctx context.Context, kv jetstream.KeyValue, bucket string, filters []string, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	what := strings.Join(filters, ",")
+	ctx, cancel := context.WithCancel(ctx)
+	late := time.AfterFunc(watchMade, cancel)
+	// WatchFiltered writes the bucket's prefix into the slice it is given.
+	w, err := kv.WatchFiltered(ctx, slices.Clone(filters), opts...)
+	if !late.Stop() {
+		if err == nil {
+			_ = w.Stop()
+		}
+		cancel()
+		return nil, fmt.Errorf("watch %s/%s: not made within %v", bucket, what, watchMade)
+	}
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("watch %s/%s: %w", bucket, what, err)
+	}
+	return stoppable{w, cancel}, nil
+}
+
+// stoppable is a watch whose Stop also releases its context.
+type stoppable struct {
+	jetstream.KeyWatcher
+	cancel context.CancelFunc
+}
+
+func (s stoppable) Stop() error {
+	defer s.cancel()
+	return s.KeyWatcher.Stop()
 }
 
 // Leaderless reports whether err means the stream had no leader to answer
@@ -266,53 +313,57 @@ func (b *Bucket[T]) Keys(ctx context.Context, filter string) ([]string, error) {
 
 // EachKey calls fn with each live key matching a subject-style filter
 // (">" for all) as the listing brings it, and holds none of them: a pass
-// over every session key costs their time, not their memory.
+// over every session key costs their time, not their memory. A listing
+// cut short is an error, never a shorter list (a caller may take a key it
+// was not told of for gone).
 func (b *Bucket[T]) EachKey(ctx context.Context, filter string, fn func(key string)) error {
-	lister, err := b.kv.ListKeysFiltered(ctx, filter)
-	if err != nil {
-		if errors.Is(err, jetstream.ErrNoKeysFound) {
-			return nil
-		}
-		return fmt.Errorf("list %s/%s: %w", b.name, filter, err)
-	}
-	defer func() { _ = lister.Stop() }()
-	for k := range lister.Keys() {
-		fn(k)
-	}
-	// The listing ends early, its channel closed, when ctx does.
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("list %s/%s: %w", b.name, filter, err)
-	}
-	return nil
+	return b.each(ctx, []string{filter}, func(e jetstream.KeyValueEntry) error {
+		fn(e.Key())
+		return nil
+	}, jetstream.IgnoreDeletes(), jetstream.MetaOnly())
 }
 
 // List reads the live entries whose keys match any of the subject-style
 // filters (all of one user's sessions: "<user>.*"; a page of users'), in
 // one consumer of the stream.
 func (b *Bucket[T]) List(ctx context.Context, filters ...string) ([]Entry[T], error) {
-	filter := strings.Join(filters, ",")
-	w, err := b.kv.WatchFiltered(ctx, filters, jetstream.IgnoreDeletes())
+	var out []Entry[T]
+	err := b.each(ctx, filters, func(e jetstream.KeyValueEntry) error {
+		v, err := b.decode(e)
+		if err == nil {
+			out = append(out, v)
+		}
+		return err
+	}, jetstream.IgnoreDeletes())
 	if err != nil {
-		return nil, fmt.Errorf("list %s/%s: %w", b.name, filter, err)
+		return nil, err
+	}
+	return out, nil
+}
+
+// each calls fn with every live entry matching filters, in one watch of
+// them that ends once their values as of its start are in.
+func (b *Bucket[T]) each(ctx context.Context, filters []string, fn func(jetstream.KeyValueEntry) error, opts ...jetstream.WatchOpt) error {
+	what := strings.Join(filters, ",")
+	w, err := b.watch(ctx, filters, opts...)
+	if err != nil {
+		return fmt.Errorf("list: %w", err)
 	}
 	defer func() { _ = w.Stop() }()
-	var out []Entry[T]
 	for {
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("list %s/%s: %w", b.name, filter, ctx.Err())
+			return fmt.Errorf("list %s/%s: %w", b.name, what, ctx.Err())
 		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, fmt.Errorf("list %s/%s: the watch ended", b.name, filter)
+			switch {
+			case !ok:
+				return fmt.Errorf("list %s/%s: the watch ended", b.name, what)
+			case e == nil:
+				return nil
 			}
-			if e == nil {
-				return out, nil
+			if err := fn(e); err != nil {
+				return err
 			}
-			v, err := b.decode(e)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, v)
 		}
 	}
 }

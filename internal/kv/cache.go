@@ -163,7 +163,7 @@ func (c *Cache[T]) start(ctx context.Context, filter string) {
 	}()
 	for attempt := 1; ; attempt++ {
 		started := time.Now()
-		w, err := c.bucket.kv.Watch(ctx, filter)
+		w, err := c.bucket.watch(ctx, []string{filter})
 		if err == nil {
 			if filter == ">" {
 				// Which stream this is, so that its loss is noticed
@@ -236,7 +236,7 @@ func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher, filter strin
 				// watch starts over too, and what the new bucket does
 				// not hold is dropped once it is loaded.
 				if c.limit > 0 {
-					nw, err := c.bucket.kv.Watch(ctx, filter, jetstream.UpdatesOnly())
+					nw, err := c.bucket.watch(ctx, []string{filter}, jetstream.UpdatesOnly())
 					if err != nil {
 						c.log.Warn("recreated bucket not followed", "err", err)
 						continue
@@ -246,7 +246,7 @@ func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher, filter strin
 					c.forgetAll(created, last, asked)
 					continue
 				}
-				nw, err := c.bucket.kv.Watch(ctx, filter)
+				nw, err := c.bucket.watch(ctx, []string{filter})
 				if err != nil {
 					c.log.Warn("recreated bucket not reloaded", "err", err)
 					continue
@@ -264,7 +264,7 @@ func (c *Cache[T]) run(ctx context.Context, w jetstream.KeyWatcher, filter strin
 				continue
 			}
 			from := c.last.Load() + 1
-			nw, err := c.bucket.kv.Watch(ctx, filter, jetstream.ResumeFromRevision(from))
+			nw, err := c.bucket.watch(ctx, []string{filter}, jetstream.ResumeFromRevision(from))
 			if err != nil {
 				// Still stalled: tried again at the next look.
 				c.log.Warn("stalled watch not replaced", "err", err)

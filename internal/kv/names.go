@@ -120,7 +120,7 @@ func (b *Bucket[T]) Follow(ctx context.Context, log *slog.Logger, changed func(k
 		if err != nil {
 			return err
 		}
-		w, err := b.kv.Watch(ctx, ">", jetstream.MetaOnly(), jetstream.UpdatesOnly())
+		w, err := b.watch(ctx, []string{">"}, jetstream.MetaOnly(), jetstream.UpdatesOnly())
 		if err != nil {
 			return err
 		}
@@ -161,7 +161,7 @@ func (b *Bucket[T]) Follow(ctx context.Context, log *slog.Logger, changed func(k
 // recreated, or deletions passed while none ran).
 func (n *Names) watch(ctx context.Context, i int) error {
 	src := n.sources[i]
-	w, err := src.kv.Watch(ctx, ">", jetstream.MetaOnly())
+	w, err := watch(ctx, src.kv, src.name, []string{">"}, jetstream.MetaOnly())
 	if err != nil {
 		return err
 	}

@@ -23,11 +23,11 @@ type deadFirstWatch struct {
 	made atomic.Int32
 }
 
-func (d *deadFirstWatch) Watch(ctx context.Context, keys string, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+func (d *deadFirstWatch) WatchFiltered(ctx context.Context, keys []string, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
 	if d.made.Add(1) == 1 {
 		return deadWatcher{make(chan jetstream.KeyValueEntry)}, nil
 	}
-	return d.KeyValue.Watch(ctx, keys, opts...)
+	return d.KeyValue.WatchFiltered(ctx, keys, opts...)
 }
 
 type deadWatcher struct{ ch chan jetstream.KeyValueEntry }

@@ -1,7 +1,9 @@
-// Package restarttest holds the kv test that stops and restarts its NATS
-// server under a cache's start. It runs in a test process of its own: the
-// full copies' turn to load is the process's, and the kv package's other
-// tests leave caches behind that made this one miss its minute in CI.
+// Package restarttest holds the kv tests that take NATS away while a
+// watch is being made: a server stopped and restarted under a cache's
+// start, a link that loses the watch's request. Their failures in CI
+// (a cache still unsynced a minute after NATS came back) came from a
+// watch made under a context with a far deadline, which nats.go waited
+// out for an answer that was lost; kv now bounds the making itself.
 package restarttest
 
 import (
