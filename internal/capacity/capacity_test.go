@@ -83,8 +83,9 @@ func TestPhasesThatCount(t *testing.T) {
 
 // Tally, kept change by change, always says what a walk of the same
 // sandboxes says: through creations, phase changes, managed flips and
-// deletions in any order, whether told by records (Observe) or by their
-// fields (Note).
+// deletions in any order, told by records (Observe) or by their fields
+// (Change), and with two changes of one key told in the order they were
+// not made (as a cache's subscribers can be).
 func TestTallyIsCount(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var tally Tally
@@ -96,20 +97,32 @@ func TestTallyIsCount(t *testing.T) {
 		}
 		return u
 	}
-	for i := range 20_000 {
-		key := "u" + strconv.Itoa(rng.IntN(300))
+	// change makes one change of key and returns how to tell the tally.
+	change := func(key string, i int) func() {
+		was, had := now[key]
 		if rng.IntN(5) == 0 {
 			delete(now, key)
-			tally.Observe(key, kv.Entry[state.Sandbox]{Key: key}, true)
-		} else {
-			b := state.Sandbox{User: key, Phase: state.Phases[rng.IntN(len(state.Phases))], Managed: rng.IntN(10) > 0}
-			now[key] = b
-			if i%2 == 0 {
-				tally.Observe(key, kv.Entry[state.Sandbox]{Key: key, Value: b}, false)
-			} else {
-				tally.Note(key, b.Managed, b.Phase, false)
+			return func() {
+				tally.Observe(key, kv.Entry[state.Sandbox]{Key: key, Value: was}, had, kv.Entry[state.Sandbox]{Key: key}, true)
 			}
 		}
+		b := state.Sandbox{User: key, Phase: state.Phases[rng.IntN(len(state.Phases))], Managed: rng.IntN(10) > 0}
+		now[key] = b
+		if i%2 == 0 {
+			return func() {
+				tally.Observe(key, kv.Entry[state.Sandbox]{Key: key, Value: was}, had, kv.Entry[state.Sandbox]{Key: key, Value: b}, false)
+			}
+		}
+		return func() { tally.Change(Counted{was.Managed, was.Phase}, had, Counted{b.Managed, b.Phase}, true) }
+	}
+	for i := range 20_000 {
+		key := "u" + strconv.Itoa(rng.IntN(300))
+		first := change(key, i)
+		if rng.IntN(4) == 0 {
+			second := change(key, i+1)
+			second()
+		}
+		first()
 		if got, want := tally.Usage(), walk(); got != want {
 			t.Fatalf("after change %d: tally %+v, walk %+v", i, got, want)
 		}
@@ -136,7 +149,7 @@ func BenchmarkAdmissionRound(b *testing.B) {
 			if i%5 == 0 {
 				phase = state.PhaseReady
 			}
-			tally.Note("u"+strconv.Itoa(i), true, phase, false)
+			tally.Change(Counted{}, false, Counted{Managed: true, Phase: phase}, true)
 		}
 		lim := Limits{MaxRunning: n/5 + 10, MaxStarts: 20}
 		b.Run(fmt.Sprintf("sandboxes=%d", n), func(b *testing.B) {

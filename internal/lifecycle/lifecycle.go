@@ -131,7 +131,7 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 	if w.userCache, err = kv.NewCache(ctx, w.users, ">", o.Log, requeue[state.User](w.mirror)); err != nil {
 		return nil, err
 	}
-	if w.boxCache, err = kv.NewCache(ctx, w.sandboxes, ">", o.Log, requeue[state.Sandbox](w.mirror), kv.OnChange(w.usage.Observe)); err != nil {
+	if w.boxCache, err = kv.NewCache(ctx, w.sandboxes, ">", o.Log, requeue[state.Sandbox](w.mirror), kv.OnReplace(w.usage.Observe)); err != nil {
 		return nil, err
 	}
 	if w.queue, err = kv.Open[state.Queued](ctx, o.JS, state.BucketQueue); err != nil {

@@ -122,7 +122,8 @@ func New(ctx context.Context, o Options) (*Sweeper, error) {
 // observe takes in one change of the sandboxes cache: the counts, and
 // the timetables (a change is a reason to look at the sandbox now).
 func (s *Sweeper) observe(key string, was kv.Entry[state.SandboxSummary], had bool, e kv.Entry[state.SandboxSummary], deleted bool) {
-	s.usage.Note(key, e.Value.Managed, e.Value.Phase, deleted)
+	s.usage.Change(capacity.Counted{Managed: was.Value.Managed, Phase: was.Value.Phase}, had,
+		capacity.Counted{Managed: e.Value.Managed, Phase: e.Value.Phase}, !deleted)
 	s.phases.observe(was, had, e, deleted)
 	switch b := e.Value; {
 	case !deleted && b.Managed && b.Phase == state.PhaseReady:
