@@ -269,7 +269,7 @@ func (c *Cache[T]) Writing(key string) (done func(v T, rev uint64)) {
 			c.mu.Unlock()
 			return
 		}
-		c.set(key, idx, Entry[T]{Key: key, Value: v, Revision: rev, Created: time.Now()}, false, func(cur Entry[T], ok bool) bool {
+		c.set(key, idx, Entry[T]{Key: key, Value: v, Revision: rev}, false, func(cur Entry[T], ok bool) bool {
 			delete(c.reading, idx)
 			return (!ok || cur.Revision < rev) && c.absent[idx] < rev
 		})

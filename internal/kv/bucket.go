@@ -122,7 +122,6 @@ type Entry[T any] struct {
 	Key      string
 	Value    T
 	Revision uint64
-	Created  time.Time
 }
 
 // Get reads key; ErrNotFound when absent or deleted. While the bucket has
@@ -149,7 +148,7 @@ func (b *Bucket[T]) decode(e jetstream.KeyValueEntry) (Entry[T], error) {
 	if err := decodeInto(e.Value(), &v); err != nil {
 		return Entry[T]{}, fmt.Errorf("decode %s/%s: %w", b.name, e.Key(), err)
 	}
-	return Entry[T]{Key: e.Key(), Value: v, Revision: e.Revision(), Created: e.Created()}, nil
+	return Entry[T]{Key: e.Key(), Value: v, Revision: e.Revision()}, nil
 }
 
 // WriteOption adjusts a write.
@@ -391,7 +390,7 @@ func (b *Bucket[T]) GetMatching(ctx context.Context, filter string) (Entry[T], e
 		return Entry[T]{}, fmt.Errorf("decode %s/%s: %w", b.name, m.Subject, err)
 	}
 	key := strings.TrimPrefix(m.Subject, "$KV."+b.name+".")
-	return Entry[T]{Key: key, Value: v, Revision: m.Sequence, Created: m.Time}, nil
+	return Entry[T]{Key: key, Value: v, Revision: m.Sequence}, nil
 }
 
 // Mutate applies fn to the current value of key (ok=false when absent) and

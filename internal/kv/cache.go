@@ -441,7 +441,7 @@ func (d *watchdog) resumed() { d.resumedAt, d.behind = d.last, false }
 // passed rev, a key the cache did not hold then is left to the next Load.
 func (c *Cache[T]) Note(key string, v T, rev uint64) {
 	idx := c.index(key)
-	c.set(key, idx, Entry[T]{Key: key, Value: v, Revision: rev, Created: time.Now()}, false, func(cur Entry[T], ok bool) bool {
+	c.set(key, idx, Entry[T]{Key: key, Value: v, Revision: rev}, false, func(cur Entry[T], ok bool) bool {
 		return c.last.Load() < rev && (!ok || cur.Revision < rev) && c.absent[idx] < rev
 	})
 }
@@ -471,7 +471,7 @@ func (c *Cache[T]) apply(e jetstream.KeyValueEntry) {
 			deleted = true
 		}
 	}
-	entry.Key, entry.Revision, entry.Created = key, e.Revision(), e.Created()
+	entry.Key, entry.Revision = key, e.Revision()
 
 	// Stored before last moves on: a CatchUp that sees last reach this
 	// revision must find the entry. A bounded cache's reads may have put

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -109,10 +108,9 @@ func (b *Bucket[T]) rawEntry(m *nats.Msg, prefix string) (Entry[T], error) {
 	if err != nil {
 		return Entry[T]{}, fmt.Errorf("%s: sequence: %w", key, err)
 	}
-	created, _ := time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.TimeStampHeaer))
 	var v T
 	if err := decodeInto(m.Data, &v); err != nil {
 		return Entry[T]{}, fmt.Errorf("decode %s/%s: %w", b.name, key, err)
 	}
-	return Entry[T]{Key: key, Value: v, Revision: seq, Created: created}, nil
+	return Entry[T]{Key: key, Value: v, Revision: seq}, nil
 }
