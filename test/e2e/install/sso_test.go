@@ -236,7 +236,9 @@ func ssoJourney(t *testing.T, op string) {
 				testenv.Screenshot(t, ctx, "failure-"+strings.ReplaceAll(t.Name(), "/", "_"))
 				t.Fatalf("%s: %v (at %s)", what, err, loc)
 			}
-			t.Logf("%s: Chromium abandoned a navigation (%v); trying again", what, err)
+			// The error page names Chromium's reason (ERR_NETWORK_CHANGED).
+			t.Logf("%s: Chromium abandoned a navigation (%v: %q); trying again", what, err,
+				testenv.Get(t, ctx, "the error page's text", chromedp.Evaluate[string](`document.body.innerText.slice(0, 300)`)))
 		}
 	}
 	// signIn is directory[i] on the provider's login page, then arrived.
@@ -290,11 +292,23 @@ func ssoJourney(t *testing.T, op string) {
 
 	// Sign out: back at the provider's login page, and the sandbox's
 	// origin sends the browser there too (its session ended with SSO's).
+	// A try whose navigation Chromium abandoned after the click (the warm
+	// pool's new pod, made as alice's sandbox took one, changes the
+	// host's addresses) has signed alice out already: the next try finds
+	// the provider's login page where the button was.
 	browse("alice signs out",
 		chromedp.Navigate("https://"+domain+"/"),
-		chromedp.WaitVisible(id("logout")),
-		chromedp.Click(id("logout")),
-		chromedp.WaitVisible(id("username")),
+		chromedp.WaitVisible(chromedp.CSS("#logout, #username")),
+		func(ctx context.Context, tgt *chromedp.Target) (chromedp.Void, error) {
+			out, err := chromedp.Evaluate[bool](`document.getElementById("logout") === null`)(ctx, tgt)
+			if err != nil || out {
+				return chromedp.Void{}, err
+			}
+			if _, err := chromedp.Click(id("logout"))(ctx, tgt); err != nil {
+				return chromedp.Void{}, err
+			}
+			return chromedp.WaitVisible(id("username"))(ctx, tgt)
+		},
 	)
 	atProvider()
 	// Revocation reaches every edge within a second: until then an edge
