@@ -57,9 +57,9 @@ func Open[T any](ctx context.Context, js jetstream.JetStream, name string) (*Buc
 
 // watchMade bounds the making of a watch: the request that creates its
 // consumer can go unanswered (sent while NATS restarts, or over a link
-// that drops it), and a watch made under a context that never ends (a
-// process's) would wait for that answer forever, its cache never loaded
-// and its watchdog never run.
+// that drops it), and nats.go waits for that answer until the deadline of
+// the watch's context (its own 5 s only when there is none). Under a far
+// deadline a cache stayed unloaded, and its watchdog unstarted, that long.
 const watchMade = 5 * time.Second
 
 // watch starts a watch of the keys matching filters. Its context must
