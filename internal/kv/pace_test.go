@@ -11,8 +11,7 @@ import (
 )
 
 // Full copies started together load one after another, each complete.
-// (One whose watch cannot start loads once NATS is back: restarttest,
-// in a process of its own.)
+// (One whose watch cannot start loads once NATS is back: restarttest.)
 func TestFullCopiesLoadInTurn(t *testing.T) {
 	ns := natstest.Start(t)
 	_, js := natstest.Connect(t, ns.URL())

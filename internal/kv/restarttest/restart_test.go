@@ -7,21 +7,24 @@
 package restarttest
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/dev/embednats"
 	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
 )
 
-// A full copy whose watch cannot start (NATS is down) is not synced and
-// returns no error for its process to exit on; it loads once NATS is back.
-func TestAFullCopyStartedWhileNATSIsDownLoadsWhenItIsBack(t *testing.T) {
+// filled is a NATS server whose sandboxes bucket holds n keys, a context
+// of the test's 2 minutes, and the bucket.
+func filled(t *testing.T, n int) (*embednats.Server, context.Context, *kv.Bucket[map[string]any]) {
+	t.Helper()
 	ns := natstest.Start(t)
 	_, js := natstest.Connect(t, ns.URL())
 	ctx := natstest.Context(t, 2*time.Minute)
@@ -32,11 +35,18 @@ func TestAFullCopyStartedWhileNATSIsDownLoadsWhenItIsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 3000 {
+	for i := range n {
 		if _, err := b.Put(ctx, "k"+strconv.Itoa(i), map[string]any{"i": i}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return ns, ctx, b
+}
+
+// A full copy whose watch cannot start (NATS is down) is not synced and
+// returns no error for its process to exit on; it loads once NATS is back.
+func TestAFullCopyStartedWhileNATSIsDownLoadsWhenItIsBack(t *testing.T) {
+	ns, ctx, b := filled(t, 3000)
 	ns.Stop()
 	late, err := kv.NewCache(ctx, b, ">", slog.New(slog.DiscardHandler))
 	if err != nil {

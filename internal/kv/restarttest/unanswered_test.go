@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -26,21 +25,7 @@ import (
 // the link is back, and a listing answers with an error well before its
 // caller's deadline.
 func TestAWatchWhoseMakingGoesUnansweredIsMadeAgain(t *testing.T) {
-	ns := natstest.Start(t)
-	_, js := natstest.Connect(t, ns.URL())
-	ctx := natstest.Context(t, 2*time.Minute)
-	if err := state.EnsureBuckets(ctx, js, state.DefaultBucketsConfig()); err != nil {
-		t.Fatal(err)
-	}
-	filled, err := kv.Open[map[string]any](ctx, js, state.BucketSandboxes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 300 {
-		if _, err := filled.Put(ctx, "k"+strconv.Itoa(i), map[string]any{"i": i}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ns, ctx, _ := filled(t, 300)
 
 	faults := testenv.NewFaults(t)
 	nc, cutJS := natstest.Connect(t, faults.Links("cut", []string{strings.TrimPrefix(ns.URL(), "nats://")}))
