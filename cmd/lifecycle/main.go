@@ -45,7 +45,7 @@ func run(p *process.Process, cfg config.Lifecycle) error {
 		return err
 	}
 	cluster, err := sandbox.New(rc, sandbox.Config{
-		Namespace: cfg.SandboxNamespace, WarmPool: cfg.WarmPool,
+		Namespace:  cfg.SandboxNamespace,
 		ManagedKey: cfg.ManagedKey, ManagedValue: cfg.ManagedValue,
 		Container: cfg.Container, Port: cfg.Port, UseService: cfg.UpstreamAddress == "service",
 		QPS: cfg.KubeQPS, Burst: cfg.KubeBurst, CallTimeout: cfg.KubeCallTimeout, LogLimitBytes: cfg.LogLimitBytes, Log: p.Log,
@@ -64,7 +64,8 @@ func run(p *process.Process, cfg config.Lifecycle) error {
 		Cluster: cluster, JS: p.JS, Publisher: events.NewPublisher(p.JS, cfg.InstanceID, p.Log), Sealer: sealer,
 		LogTailLines: cfg.LogTailLines, LogLimitBytes: cfg.LogLimitBytes, HandshakeTTL: cfg.Buckets.HandshakeTTL,
 		HandshakeTimeout: cfg.HandshakeTimeout, HandshakeWorkers: cfg.HandshakeWorkers, RecreateTimeout: cfg.RecreateTimeout, PruneInterval: cfg.PruneInterval,
-		Limits: capacity.Limits{MaxRunning: cfg.MaxRunning, MaxStarts: cfg.MaxStarts}, Notify: n,
+		Profiles: cfg.Profiles,
+		Limits:   capacity.Limits{MaxRunning: cfg.MaxRunning, MaxStarts: cfg.MaxStarts}, Notify: n,
 		Log: p.Log, Metrics: p.Metrics,
 	})
 	if err != nil {

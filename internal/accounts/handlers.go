@@ -28,11 +28,12 @@ import (
 func (s *Service) landing(c *fiber.Ctx) error {
 	d := web.Landing{Invite: s.o.InviteCode != "", SSO: s.o.SSO, MaxUserLen: ident.MaxUserLen}
 	id, err := s.identity(c)
+	d.Profiles = s.profileChoices(c, id)
 	switch {
 	case err == nil:
 		d.User, d.Sandbox = id.User, s.sites.SandboxURL(c, id.User)
 		st := s.statusOf(httpguard.Context(c), id.User, d.Sandbox)
-		d.Phase, d.Reason, d.Sleep = st.Phase, st.Reason, s.sleep(st)
+		d.Phase, d.Reason, d.Sleep, d.Profile = st.Phase, st.Reason, s.sleep(st), st.Profile
 		d.Models = s.landingModels(httpguard.Context(c), id.User)
 		if s.o.APITokens != nil && id.TokenName == "" {
 			// Shown only when listed: an empty list read from a bus that
@@ -87,7 +88,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	if httpguard.ForeignOrigin(c) {
 		return s.refuse(c, web.Refuse(fiber.StatusForbidden, "cross-origin request refused"))
 	}
-	f, err := web.ReadForm(c, "user", "invite")
+	f, err := web.ReadForm(c, "user", "invite", "profile")
 	if err != nil {
 		return s.refuse(c, err)
 	}
@@ -106,6 +107,10 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	if err := ident.ValidateUser(user); err != nil {
 		return s.refuse(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 	}
+	profile, err := s.chosenProfile(c, auth.Identity{}, f["profile"])
+	if err != nil {
+		return s.refuse(c, err)
+	}
 	if _, ok := s.o.Users.Load(httpguard.Context(c), user); ok {
 		s.o.Auth.Counter().WithLabelValues("signup", "conflict").Inc()
 		return s.refuse(c, web.Refuse(fiber.StatusConflict, "that user name is taken; sign in with your token instead"))
@@ -120,7 +125,7 @@ func (s *Service) signup(c *fiber.Ctx) error {
 	start := time.Now()
 	token := ident.NewToken(user)
 	req := ident.NewAnswerID()
-	res, err := s.command(httpguard.Context(c), events.NewClaim(user, req, ident.HashHex(token)))
+	res, err := s.command(httpguard.Context(c), events.NewClaim(user, req, ident.HashHex(token), profile))
 	switch {
 	case errors.Is(err, auth.ErrTimeout) && !web.WantsHTML(c):
 		// The claim may still succeed: hand out the token now, as it will
@@ -290,7 +295,7 @@ func (s *Service) deleteAccount(c *fiber.Ctx) error {
 	if c.Params("user") != id.User {
 		return s.refuse(c, web.Refuse(fiber.StatusForbidden, "you can only delete your own account"))
 	}
-	res, ok, err := s.accountAction(c, id.User, events.VerbDelete)
+	res, ok, err := s.accountAction(c, id.User, events.VerbDelete, "")
 	if !ok {
 		return err
 	}
@@ -315,7 +320,21 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 	if !ok {
 		return err
 	}
-	res, ok, err := s.accountAction(c, id.User, events.VerbRecreate)
+	// A body is optional: without one (or without a profile in it) the
+	// new sandbox is of the old one's profile.
+	var named string
+	if c.Request().Header.ContentLength() != 0 { // a length, or chunked (-1)
+		f, err := web.ReadForm(c, "profile")
+		if err != nil {
+			return s.refuse(c, err)
+		}
+		named = f["profile"]
+	}
+	profile, err := s.chosenProfile(c, id, named)
+	if err != nil {
+		return s.refuse(c, err)
+	}
+	res, ok, err := s.accountAction(c, id.User, events.VerbRecreate, profile)
 	if !ok {
 		return err
 	}
@@ -340,8 +359,8 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 // accountAction runs a recreate or deletion of user's account (Act) and
 // returns its answer. ok=false means a refusal has been written;
 // otherwise err is the command's failure, if any.
-func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb) (state.Result, bool, error) {
-	res, err := s.Act(httpguard.Context(c), user, verb)
+func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb, profile string) (state.Result, bool, error) {
+	res, err := s.Act(httpguard.Context(c), user, verb, profile)
 	var r *web.Error
 	if errors.As(err, &r) {
 		return state.Result{}, false, s.refuse(c, r)
@@ -356,8 +375,10 @@ func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb) (st
 // the account record's revision), so they all wait for the one answer; on
 // one edge they also share one rate-limit entry and one publish. Actions
 // are limited per user (RECREATE_RATE_LIMIT in AUTH_RATE_WINDOW): each
-// costs a pod and a volume. Any other error is the command's failure.
-func (s *Service) Act(ctx context.Context, user string, verb events.Verb) (state.Result, error) {
+// costs a pod and a volume. A recreate's new sandbox is of profile (""
+// keeps the old one's), which the caller has checked the user may choose.
+// Any other error is the command's failure.
+func (s *Service) Act(ctx context.Context, user string, verb events.Verb, profile string) (state.Result, error) {
 	acct, found := s.o.Users.Load(ctx, user)
 	if !found {
 		return state.Result{}, &web.Error{Status: fiber.StatusNotFound, Detail: "no such account"}
@@ -366,7 +387,12 @@ func (s *Service) Act(ctx context.Context, user string, verb events.Verb) (state
 		return state.Result{}, &web.Error{Status: fiber.StatusTooManyRequests, Detail: "the sandbox is being recreated; try again when it is ready", RetryAfter: 9 * time.Second}
 	}
 	requestID := fmt.Sprintf("%s-%s-%d", verb, user, acct.Revision)
-	cmd := events.NewRecreate(user, requestID)
+	if profile != "" {
+		// A recreate into another profile is another command than one
+		// asked for at the same moment into the old one.
+		requestID += "-" + profile
+	}
+	cmd := events.NewRecreate(user, requestID, profile)
 	if verb == events.VerbDelete {
 		cmd = events.NewDelete(user, requestID)
 	}

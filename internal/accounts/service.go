@@ -20,6 +20,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/capacity"
+	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/ident"
@@ -48,6 +49,9 @@ type Options struct {
 	Requests  *kv.Cache[state.Result]
 	// Queue shows a waiting user their place.
 	Queue capacity.Queue
+	// Profiles are what a user may choose their sandbox's kind from
+	// (PROFILES); the first is the default.
+	Profiles config.Profiles
 	// InFlight is the per-user cap the proxy's requests count against;
 	// status streams count too.
 	InFlight Slots
@@ -191,7 +195,7 @@ func (s *Service) provision(c *fiber.Ctx, missing *auth.NoAccount) error {
 	}
 	ctx, user, bound := httpguard.Context(c), missing.Name, missing.Bound
 	req := fmt.Sprintf("sso-%s-%s-%d", user, bound[:12], time.Now().Unix()/60)
-	res, err := s.command(ctx, events.NewClaim(user, req, bound))
+	res, err := s.command(ctx, events.NewClaim(user, req, bound, ""))
 	switch {
 	case err != nil:
 		return err

@@ -27,6 +27,8 @@ type statusBody struct {
 	Phase  string `json:"phase"`
 	Reason string `json:"reason,omitempty"`
 	URL    string `json:"url"`
+	// Profile is the profile the sandbox is of (PROFILES).
+	Profile string `json:"profile"`
 
 	LastActive *time.Time `json:"last_active,omitempty"`
 	Busy       bool       `json:"busy,omitempty"`
@@ -46,7 +48,7 @@ type statusBody struct {
 // (Sites.SandboxURL of the request asking).
 func (s *Service) statusOf(ctx context.Context, user, url string) statusBody {
 	st := s.state(ctx, user)
-	b := statusBody{User: user, Phase: string(st.Phase), Reason: st.Reason, URL: url, LastSuspend: st.LastSuspend, Slept: web.Slept(st.LastSuspend)}
+	b := statusBody{User: user, Phase: string(st.Phase), Reason: st.Reason, URL: url, Profile: s.profileOf(st.Profile), LastSuspend: st.LastSuspend, Slept: web.Slept(st.LastSuspend)}
 	if st.Phase != state.PhaseReady || s.o.Activity == nil {
 		return b
 	}
@@ -212,6 +214,8 @@ func (s *Service) confirm(c *fiber.Ctx) error {
 	switch d.Action {
 	case "recreate":
 		d.Path = "/recreate"
+		d.Profiles = s.profileChoices(c, id)
+		d.Profile = s.profileOf(s.state(httpguard.Context(c), id.User).Profile)
 	case "delete":
 		d.Path = "/users/" + id.User + "/delete"
 	case "token":

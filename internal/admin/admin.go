@@ -31,6 +31,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
 	"github.com/aaas-project/aaas/internal/ident"
@@ -50,8 +51,9 @@ const (
 // Accounts is what the admin view needs of the account service
 // (accounts.Service): the actions it shares with the users themselves.
 type Accounts interface {
-	// Act recreates or deletes user's account; its errors are *web.Error.
-	Act(ctx context.Context, user string, verb events.Verb) (state.Result, error)
+	// Act recreates or deletes user's account (a recreate into profile;
+	// "" keeps the sandbox's); its errors are *web.Error.
+	Act(ctx context.Context, user string, verb events.Verb, profile string) (state.Result, error)
 	// ReplaceToken gives user a new bearer token, by whom, and returns it.
 	ReplaceToken(ctx context.Context, user, by string) (string, error)
 }
@@ -63,6 +65,9 @@ type Options struct {
 	Accounts  Accounts
 	Users     *kv.Cache[state.User]
 	Sandboxes *kv.Cache[state.Sandbox]
+	// Profiles are PROFILES: the list shows each sandbox's and filters by
+	// them.
+	Profiles config.Profiles
 	// Names are every account's and sandbox's name, for the list.
 	Names    *kv.Names
 	Activity *idle.Views
@@ -118,8 +123,10 @@ func (s *Service) Register(app *fiber.App) {
 
 // Row is one user as the admin view shows it.
 type Row struct {
-	User    string `json:"user"`
-	Phase   string `json:"phase"`
+	User  string `json:"user"`
+	Phase string `json:"phase"`
+	// Profile is the profile (PROFILES) the sandbox is of.
+	Profile string `json:"profile"`
 	Reason  string `json:"reason,omitempty"`
 	Managed bool   `json:"managed"`
 	Pod     string `json:"pod,omitempty"`
@@ -148,11 +155,21 @@ type Row struct {
 const dormantFilter = "Dormant"
 
 // Query selects a page of the list: users after After, whose name
-// starts with Prefix and whose phase is Phase (each optional), by name or,
-// with Sort "spend", by this month's model spend, most first.
+// starts with Prefix, whose phase is Phase and whose sandbox is of
+// Profile (each optional), by name or, with Sort "spend", by this month's
+// model spend, most first.
 type Query struct {
-	After, Prefix, Phase, Sort string
-	Limit                      int
+	After, Prefix, Phase, Profile, Sort string
+	Limit                               int
+}
+
+// values are q's filters and order as a link's query, with more.
+func (q Query) values(more url.Values) string {
+	v := url.Values{"q": {q.Prefix}, "phase": {q.Phase}, "profile": {q.Profile}}
+	for k, x := range more {
+		v[k] = x
+	}
+	return "/_/admin?" + v.Encode()
 }
 
 // Page is a page of the list; Next is the After of the next page ("" on
@@ -165,7 +182,7 @@ type Page struct {
 
 // parseQuery reads a Query from the request, refusing what it cannot use.
 func (s *Service) parseQuery(c *fiber.Ctx) (Query, error) {
-	q := Query{After: c.Query("after"), Prefix: c.Query("q"), Phase: c.Query("phase"), Sort: c.Query("sort"), Limit: DefaultLimit}
+	q := Query{After: c.Query("after"), Prefix: c.Query("q"), Phase: c.Query("phase"), Profile: c.Query("profile"), Sort: c.Query("sort"), Limit: DefaultLimit}
 	if q.Sort != "" && (q.Sort != "spend" || s.o.Spend == nil) {
 		return q, errors.New(`sort is "spend" (most first) or absent (by name)`)
 	}
@@ -178,6 +195,9 @@ func (s *Service) parseQuery(c *fiber.Ctx) (Query, error) {
 	}
 	if q.Phase != "" && q.Phase != dormantFilter && !slices.Contains(state.Phases, state.Phase(q.Phase)) {
 		return q, fmt.Errorf("phase must be one of %v or %s", state.Phases, dormantFilter)
+	}
+	if _, ok := s.o.Profiles.Find(q.Profile); !ok || len(q.Profile) > ident.MaxProfileLen {
+		return q, fmt.Errorf("profile must be one of %s", s.o.Profiles.Names())
 	}
 	if len(q.After) > ident.MaxUserLen || len(q.Prefix) > ident.MaxUserLen {
 		return q, errors.New("after and q are user names or their beginnings")
@@ -233,7 +253,8 @@ func (s *Service) Page(ctx context.Context, q Query, now time.Time) (Page, error
 		if err != nil {
 			return Page{}, err
 		}
-		if q.Phase == dormantFilter && !r.Dormant || q.Phase != "" && q.Phase != dormantFilter && r.Phase != q.Phase {
+		if q.Phase == dormantFilter && !r.Dormant || q.Phase != "" && q.Phase != dormantFilter && r.Phase != q.Phase ||
+			q.Profile != "" && r.Profile != q.Profile {
 			continue
 		}
 		if len(page.Users) == q.Limit {
@@ -264,13 +285,16 @@ func (s *Service) Page(ctx context.Context, q Query, now time.Time) (Page, error
 
 // row is name's row but for its sessions (Page counts a page's at once).
 func (s *Service) row(ctx context.Context, name string, now time.Time) (Row, error) {
-	r := Row{User: name, Phase: "Unknown"}
+	r := Row{User: name, Phase: "Unknown", Profile: s.o.Profiles[0].Name}
 	if u, ok := s.o.Users.Load(ctx, name); ok {
 		r.Managed, r.Created = u.Value.Managed, u.Value.Created
 	}
 	if b, ok := s.o.Sandboxes.Load(ctx, name); ok {
 		r.Phase, r.Reason, r.Pod, r.ReadySince = string(b.Value.Phase), b.Value.Reason, b.Value.PodName, b.Value.ReadySince
 		r.Managed = r.Managed || b.Value.Managed
+		if b.Value.Profile != "" {
+			r.Profile = b.Value.Profile
+		}
 		if ls := b.Value.LastSuspend; ls != nil && b.Value.Phase == state.PhaseSuspended && b.Value.Managed {
 			var at time.Time
 			if r.Dormant, at = s.o.Idle.Dormancy(ls.At, now); r.Dormant && !at.IsZero() {
@@ -372,10 +396,15 @@ func (s *Service) page(c *fiber.Ctx) error {
 		return web.Fail(c, web.Unavailable(err))
 	}
 	d := web.Admin{Admin: id.User, Query: q.Prefix, Phase: q.Phase, Phases: phaseNames(), Total: p.Total, Actions: actions,
-		Spend: s.o.Spend != nil, Sort: q.Sort, Month: state.Month(time.Now())}
+		Spend: s.o.Spend != nil, Sort: q.Sort, Month: state.Month(time.Now()), Profile: q.Profile}
+	if len(s.o.Profiles) > 1 {
+		for _, p := range s.o.Profiles {
+			d.Profiles = append(d.Profiles, p.Name)
+		}
+	}
 	if d.Spend {
-		d.SortLink = "/_/admin?" + url.Values{"q": {q.Prefix}, "phase": {q.Phase}, "sort": {"spend"}}.Encode()
-		d.NameLink = "/_/admin?" + url.Values{"q": {q.Prefix}, "phase": {q.Phase}}.Encode()
+		d.SortLink = q.values(url.Values{"sort": {"spend"}})
+		d.NameLink = q.values(nil)
 	}
 	// The notice is rebuilt from what is valid, so a crafted link cannot
 	// put words on this page.
@@ -387,7 +416,7 @@ func (s *Service) page(c *fiber.Ctx) error {
 	}
 	for _, r := range p.Users {
 		row := web.AdminRow{
-			User: r.User, Phase: r.Phase, Reason: r.Reason, Managed: r.Managed, Pod: r.Pod,
+			User: r.User, Phase: r.Phase, Profile: r.Profile, Reason: r.Reason, Managed: r.Managed, Pod: r.Pod,
 			Age: since(r.Created, time.Now()), LastActive: since(r.LastActive, time.Now()), Sessions: r.Sessions,
 			InFlight: inFlightText(r.InFlight), URL: s.sandboxURL(c, r.User), Dormant: r.Dormant,
 		}
@@ -400,7 +429,7 @@ func (s *Service) page(c *fiber.Ctx) error {
 		d.Rows = append(d.Rows, row)
 	}
 	if p.Next != "" {
-		d.Next = "/_/admin?" + url.Values{"after": {p.Next}, "q": {q.Prefix}, "phase": {q.Phase}, "sort": {q.Sort}}.Encode()
+		d.Next = q.values(url.Values{"after": {p.Next}, "sort": {q.Sort}})
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	c.Type("html")
@@ -553,7 +582,7 @@ func (s *Service) run(ctx context.Context, user, action, by string, token *strin
 	if action == "recreate" {
 		verb, want = events.VerbRecreate, state.OutcomeRecreated
 	}
-	res, err := s.o.Accounts.Act(ctx, user, verb)
+	res, err := s.o.Accounts.Act(ctx, user, verb, "")
 	switch {
 	case err != nil:
 		return "", 0, refused(err)

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aaas-project/aaas/internal/auth"
+	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/events"
@@ -70,7 +71,13 @@ func fixtureJS(t testing.TB, n int, where Options) (*Service, string, jetstream.
 		if _, err := users.Put(ctx, name, u); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := boxes.Put(ctx, name, state.Sandbox{User: name, Phase: phase, Managed: true, PodName: "dsh-" + name}); err != nil {
+		// A seventh of the sandboxes are of the gpu profile; the rest
+		// name none, so are of the default.
+		profile := ""
+		if i%7 == 3 {
+			profile = "gpu"
+		}
+		if _, err := boxes.Put(ctx, name, state.Sandbox{User: name, Phase: phase, Managed: true, PodName: "dsh-" + name, Profile: profile}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -100,7 +107,8 @@ func fixtureJS(t testing.TB, n int, where Options) (*Service, string, jetstream.
 	book := &spend.Book{Usage: served, Months: &spend.Months{Bucket: usage, Log: quiet, Life: context.Background()}, Budgets: cache(t, budgets),
 		Groups: cache(t, testutil.Open[state.UserGroups](t, js, state.BucketUserGroups)), DefaultMicros: 20_000_000}
 	return New(Options{Auth: a, Users: uc, Sandboxes: bc, Names: kv.NewNames(context.Background(), quiet, users.KeySource(), boxes.KeySource()), Activity: &idle.Views{NC: js.Conn()}, Log: quiet, Publisher: events.NewPublisher(js, "edge-test", quiet),
-		Hosts: where.Hosts, SandboxDomain: where.SandboxDomain, PublicHosts: where.PublicHosts, Spend: book, Budgets: budgets, JS: js}), token, js
+		Hosts: where.Hosts, SandboxDomain: where.SandboxDomain, PublicHosts: where.PublicHosts, Spend: book, Budgets: budgets, JS: js,
+		Profiles: config.Profiles{{Name: "small", WarmPool: "dsh-pool"}, {Name: "gpu", WarmPool: "dsh-gpu"}}}), token, js
 }
 
 func cache[T any](t testing.TB, b *kv.Bucket[T]) *kv.Cache[T] {
@@ -125,6 +133,8 @@ func TestPagesCoverEveryUserOnce(t *testing.T) {
 		{"a page of the most", Query{Limit: MaxLimit}, 1235, "u00000"},
 		{"by phase", Query{Limit: 7, Phase: string(state.PhaseSuspended)}, 124, "u00000"},
 		{"by prefix", Query{Limit: 3, Prefix: "u012"}, 34, "u01200"},
+		{"by profile", Query{Limit: 9, Profile: "gpu"}, 176, "u00003"},
+		{"by the default profile, which a record without one is", Query{Limit: 40, Profile: "small"}, 1235 - 176, "u00000"},
 		{"after a name", Query{Limit: 50, After: "u01199"}, 35, "u01200"},
 		{"after the last", Query{Limit: 50, After: "zed"}, 0, ""},
 		{"prefix that matches nothing", Query{Limit: 50, Prefix: "nobody"}, 0, ""},
@@ -148,6 +158,9 @@ func TestPagesCoverEveryUserOnce(t *testing.T) {
 					}
 					if tc.q.Phase != "" && r.Phase != tc.q.Phase {
 						t.Fatalf("%s is %s", r.User, r.Phase)
+					}
+					if tc.q.Profile != "" && r.Profile != tc.q.Profile {
+						t.Fatalf("%s is of profile %s", r.User, r.Profile)
 					}
 					prev = r.User
 					seen++

@@ -220,7 +220,17 @@ func TestSpendListAndExport(t *testing.T) {
 	if status, _, body := send(t, s, "GET", "/_/admin/users?sort=cost", "", token, false); status != 400 {
 		t.Fatalf("sort=cost: %d %s", status, body)
 	}
-	status, _, page := send(t, s, "GET", "/_/admin?sort=spend", "", token, true)
+	for _, q := range []string{"profile=huge", "profile=GPU", "profile=" + strings.Repeat("g", 40)} {
+		if status, _, body := send(t, s, "GET", "/_/admin/users?"+q, "", token, false); status != 400 || !strings.Contains(body, "small, gpu") {
+			t.Fatalf("%s: %d %s, want 400 naming the profiles", q, status, body)
+		}
+	}
+	// The page shows each sandbox's profile, and filters by it.
+	status, _, page := send(t, s, "GET", "/_/admin?profile=gpu&limit=3", "", token, true)
+	if status != 200 || !strings.Contains(page, `id="profile-u00003">gpu<`) || strings.Contains(page, `id="user-u00000"`) || !strings.Contains(page, `<option selected>gpu</option>`) {
+		t.Fatalf("page by profile: %d %s", status, page)
+	}
+	status, _, page = send(t, s, "GET", "/_/admin?sort=spend", "", token, true)
 	if status != 200 || !strings.Contains(page, `id="spent-u00007">$12.34<`) || !strings.Contains(page, `id="spent-u00011">$0.0000<`) ||
 		!strings.Contains(page, `id="budget-u00007">$20.00 a month (the default)<`) || strings.Index(page, `id="user-u00007"`) > strings.Index(page, `id="user-u00003"`) {
 		t.Fatalf("page: %d %s", status, page)

@@ -379,6 +379,17 @@ func (a *Authenticator) ssoAllowed(login, groups string) bool {
 	return false
 }
 
+// Member returns whether id, authenticated on request c, is in a group:
+// an SSO user's groups are the SSO proxy's header on c (read while c is
+// served); any other user is in none. It is valid while c is.
+func (a *Authenticator) Member(c *fiber.Ctx, id Identity) func(group string) bool {
+	if id.Method != MethodSSO || a.o.SSO.GroupsHeader == "" {
+		return func(string) bool { return false }
+	}
+	groups := c.Get(a.o.SSO.GroupsHeader)
+	return func(g string) bool { return inGroups(groups, g) }
+}
+
 // inGroups reports whether a comma-separated group list (the SSO proxy's
 // header) holds g, in any case.
 func inGroups(groups, g string) bool {

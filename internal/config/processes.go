@@ -117,6 +117,9 @@ type Edge struct {
 	// AdminGroups is ADMIN_GROUPS: with SSO, the groups (from
 	// AUTH_PROXY_GROUPS_HEADER) whose members may use /_/admin.
 	AdminGroups []string
+	// Profiles is PROFILES: what a user may choose their sandbox's kind
+	// from (the one default profile when unset).
+	Profiles Profiles
 	// Idle is IDLE_TIMEOUT and MAX_RUNTIME, read as the sweeper reads them:
 	// the user's page shows when the sandbox will be suspended.
 	Idle idle.Policy
@@ -246,6 +249,7 @@ func LoadEdge(e *Env) (Edge, error) {
 		}
 	}
 	c.AuthProxySignOutURL = signOutURL(e, c.AuthProxyHeader != "")
+	c.Profiles = loadProfiles(e, c.AuthProxyHeader != "")
 	if c.AuthProxyHeader != "" && len(c.AuthProxyAllow) == 0 {
 		e.Fail("AUTH_PROXY_ALLOW", "required with AUTH_PROXY_HEADER: the logins and group:<name> entries SSO admits (or * for everyone the SSO proxy admits)")
 	}
@@ -368,8 +372,9 @@ type Lifecycle struct {
 	Kube
 	// Notify is the webhook (loadNotify).
 	Notify Notify
-	// WarmPool is WARM_POOL, the SandboxWarmPool new claims draw from.
-	WarmPool string
+	// Profiles is PROFILES (or WARM_POOL's one default profile): the warm
+	// pool each claim draws from.
+	Profiles Profiles
 	// LogTailLines is DSH_LOG_TAIL_LINES, how much of the pod log is
 	// searched for the launch token.
 	LogTailLines int
@@ -413,7 +418,7 @@ func LoadLifecycle(e *Env) (Lifecycle, error) {
 		Common:           LoadCommon(e, ":9091"),
 		Kube:             loadKube(e),
 		Notify:           loadNotify(e),
-		WarmPool:         e.String("WARM_POOL", "dsh-pool"),
+		Profiles:         loadProfiles(e, true),
 		LogTailLines:     e.Int("DSH_LOG_TAIL_LINES", 1000, 1, 100000),
 		Container:        e.String("DSH_CONTAINER", ""),
 		Port:             dshPort(e),

@@ -69,7 +69,7 @@ func New(p *process.Process, cfg config.Edge) (*Edge, error) {
 	adm := admin.New(admin.Options{
 		Auth: authn, Accounts: acct, Users: st.users, Sandboxes: st.boxes, Names: st.names, Activity: clocks, Publisher: pub, Log: p.Log,
 		Hosts: cfg.AdminHosts, PublicHosts: cfg.PublicHosts, SandboxDomain: cfg.SandboxDomain,
-		Spend: st.book, Budgets: st.budgets, JS: p.JS, Idle: cfg.Idle,
+		Spend: st.book, Budgets: st.budgets, JS: p.JS, Idle: cfg.Idle, Profiles: cfg.Profiles,
 	})
 	e := &Edge{p: p, cfg: cfg, proxy: prx, clients: clients, authn: authn}
 	e.ready = func() bool {
@@ -189,6 +189,7 @@ func newAccounts(p *process.Process, cfg config.Edge, st *edgeState, authn *auth
 	return accounts.New(accounts.Options{
 		Auth: authn, Actions: st.actions, Publisher: pub, Users: st.users, Names: st.names, Sandboxes: st.boxes, Requests: st.requests, Queue: st.queue,
 		APITokens: &accounts.APITokens{Bucket: st.tokensBucket, Cache: st.apiTokens, MaxEach: cfg.MaxAPITokensPerUser},
+		Profiles:  cfg.Profiles,
 		InFlight:  slots, CookieSecure: cfg.CookieSecure, CookieMaxAge: cfg.Buckets.SessionTTL,
 		InviteCode: cfg.InviteCode, MaxUsers: cfg.MaxUsers, SSO: sso.NameHeader != "", SignOutURL: cfg.AuthProxySignOutURL, WakeTimeout: cfg.WakeTimeout,
 		WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Log: p.Log,

@@ -478,10 +478,13 @@ func TestInvalidCommandsAreRefusedAtPublish(t *testing.T) {
 	ctx := natstest.Context(t, 10*time.Second)
 	pub := events.NewPublisher(js, "edge", quiet)
 	bad := []events.Command{
-		events.NewClaim("bob", "r1", "short"),
+		events.NewClaim("bob", "r1", "short", ""),
 		events.NewWake("bo.b", 1),
 		events.NewHandshake("bob", events.HandshakeArgs{}),
 		events.NewToken("bob", "r1", "short", "user"),
+		events.NewClaim("bob", "r1", strings.Repeat("a", 64), "GPU"),
+		events.NewClaim("bob", "r1", strings.Repeat("a", 64), "gpu.>"),
+		events.NewRecreate("bob", "r1", strings.Repeat("x", 33)),
 		{V: 2, Verb: events.VerbToken, User: "bob", ID: "x"},
 		{V: 99, Verb: events.VerbWake, User: "bob", ID: "x"},
 	}
@@ -496,13 +499,27 @@ func TestDecodeRefusesNewerSchema(t *testing.T) {
 	if _, err := events.Decode[events.Beacon]([]byte(`{"v":2,"user":"bob"}`)); err == nil {
 		t.Fatal("a beacon from a newer schema was accepted")
 	}
-	if _, err := events.Decode[events.Command]([]byte(`{"v":3,"verb":"wake","user":"bob"}`)); !errors.Is(err, events.ErrNewerSchema) {
+	if _, err := events.Decode[events.Command]([]byte(`{"v":4,"verb":"wake","user":"bob"}`)); !errors.Is(err, events.ErrNewerSchema) {
 		t.Fatalf("a command from a newer schema: %v", err)
 	}
 	// The token command is version 2: a 0.2.0 lifecycle (reads 1) hands it
 	// back to the queue instead of refusing a verb it does not know.
 	if c := events.NewToken("bob", "r1", strings.Repeat("a", 64), "user"); c.V != 2 || c.Validate() != nil {
 		t.Fatalf("token command %+v: %v", c, c.Validate())
+	}
+	// A claim or recreate that names a profile is version 3: a lifecycle
+	// that predates profiles (reads up to 2) hands it back rather than
+	// make the default profile's sandbox. One that names none stays 1.
+	hash := strings.Repeat("a", 64)
+	for _, c := range []events.Command{events.NewClaim("bob", "r1", hash, "gpu"), events.NewRecreate("bob", "r1", "gpu")} {
+		if c.V != 3 || c.Validate() != nil {
+			t.Fatalf("%s naming a profile %+v: %v", c.Verb, c, c.Validate())
+		}
+	}
+	for _, c := range []events.Command{events.NewClaim("bob", "r1", hash, ""), events.NewRecreate("bob", "r1", "")} {
+		if c.V != 1 || c.Validate() != nil {
+			t.Fatalf("%s naming no profile %+v: %v", c.Verb, c, c.Validate())
+		}
 	}
 	b, err := events.Decode[events.Beacon]([]byte(`{"v":1,"user":"bob","in_flight":2}`))
 	if err != nil || b.InFlight != 2 {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/state"
 )
 
@@ -20,12 +21,19 @@ import (
 const SchemaVersion = 1
 
 // CommandReadsUpTo is the newest command version this build reads.
-const CommandReadsUpTo = tokenVersion
+const CommandReadsUpTo = profileVersion
 
 // tokenVersion is the version of the token command, new in 0.3.0: a 0.2.0
 // lifecycle, which reads 1 only, hands it back to the queue for a newer
 // replica instead of refusing a verb it does not know.
 const tokenVersion = 2
+
+// profileVersion is the version of a claim or recreate that names a
+// profile, new in 0.4.0: a lifecycle that predates profiles would make
+// the default one, so it hands the command back for a newer replica
+// instead. One that names none keeps the old version, which every
+// release reads the same.
+const profileVersion = 3
 
 // ErrNewerSchema marks a message written by a newer build than this one.
 var ErrNewerSchema = errors.New("written by a newer version")
@@ -109,6 +117,7 @@ type Command struct {
 	Suspend   *SuspendArgs   `json:"suspend,omitempty"`
 	Handshake *HandshakeArgs `json:"handshake,omitempty"`
 	Token     *TokenArgs     `json:"token,omitempty"`
+	Recreate  *RecreateArgs  `json:"recreate,omitempty"`
 }
 
 // TokenArgs carries an account's new token.
@@ -125,6 +134,16 @@ type ClaimArgs struct {
 	// TokenHash is the hex SHA-256 of the user's bearer token; the token
 	// itself never leaves the edge that minted it.
 	TokenHash string `json:"token_hash"`
+	// Profile names the profile (config.Profiles) the sandbox is made of;
+	// empty: the default.
+	Profile string `json:"profile,omitempty"`
+}
+
+// RecreateArgs carries what a recreate changes.
+type RecreateArgs struct {
+	// Profile names the profile the new sandbox is made of; empty: the
+	// one the old sandbox was.
+	Profile string `json:"profile,omitempty"`
 }
 
 // SuspendArgs carries the sweeper's evidence, so lifecycle can refuse the
@@ -181,7 +200,12 @@ func (c Command) Validate() error {
 		if c.Claim == nil || len(c.Claim.TokenHash) != 64 {
 			return fmt.Errorf("claim without a token hash")
 		}
-	case VerbRecreate, VerbDelete, VerbWake:
+		return validProfile(c.Claim.Profile)
+	case VerbRecreate:
+		if c.Recreate != nil {
+			return validProfile(c.Recreate.Profile)
+		}
+	case VerbDelete, VerbWake:
 	case VerbToken:
 		if c.Token == nil || len(c.Token.TokenHash) != 64 {
 			return fmt.Errorf("token without a token hash")
@@ -200,6 +224,17 @@ func (c Command) Validate() error {
 	return nil
 }
 
+// validProfile checks a command's profile name ("" is the default).
+func validProfile(name string) error {
+	if name == "" {
+		return nil
+	}
+	if err := ident.ValidateProfile(name); err != nil {
+		return fmt.Errorf("profile %q: %w", name, err)
+	}
+	return nil
+}
+
 // maxTrace bounds Command.Trace: the edge passes on an ingress's request
 // id of at most 64 bytes, or its own shorter one.
 const maxTrace = 64
@@ -208,11 +243,15 @@ func newCommand(v Verb, user, id string) Command {
 	return Command{V: SchemaVersion, Verb: v, User: user, ID: string(v) + "." + user + "." + id, IssuedAt: time.Now().UTC()}
 }
 
-// NewClaim asks for an account. requestID is unique per signup attempt.
-func NewClaim(user, requestID, tokenHash string) Command {
+// NewClaim asks for an account whose sandbox is of profile ("": the
+// default). requestID is unique per signup attempt.
+func NewClaim(user, requestID, tokenHash, profile string) Command {
 	c := newCommand(VerbClaim, user, requestID)
 	c.RequestID = requestID
-	c.Claim = &ClaimArgs{TokenHash: tokenHash}
+	c.Claim = &ClaimArgs{TokenHash: tokenHash, Profile: profile}
+	if profile != "" {
+		c.V = profileVersion
+	}
 	return c
 }
 
@@ -269,10 +308,14 @@ func NewToken(user, requestID, tokenHash, by string) Command {
 	return c
 }
 
-// NewRecreate asks for a fresh sandbox and volume under the same account.
-func NewRecreate(user, requestID string) Command {
+// NewRecreate asks for a fresh sandbox and volume under the same account,
+// of profile ("": the one it was).
+func NewRecreate(user, requestID, profile string) Command {
 	c := newCommand(VerbRecreate, user, requestID)
 	c.RequestID = requestID
+	if profile != "" {
+		c.V, c.Recreate = profileVersion, &RecreateArgs{Profile: profile}
+	}
 	return c
 }
 

@@ -1,10 +1,10 @@
-// Package ident holds the formats every process agrees on: account names,
-// API token names, ADMIN_USERS entries, the shape of secrets (session ids,
-// bearer tokens, sign-in codes) and their hashes, request ids, and the
-// host names and proxy addresses of the edge's configuration. It is a
-// leaf: it imports nothing of ours and no HTTP framework, so lifecycle,
-// the broker, the sweeper and config check names without linking the
-// edge's server.
+// Package ident holds the formats every process agrees on: account,
+// API token and profile names, ADMIN_USERS entries, the shape of secrets
+// (session ids, bearer tokens, sign-in codes) and their hashes, request
+// ids, and the host names and proxy addresses of the edge's
+// configuration. It is a leaf: it imports nothing of ours and no HTTP
+// framework, so lifecycle, the broker, the sweeper and config check names
+// without linking the edge's server.
 package ident
 
 import (
@@ -96,6 +96,23 @@ var ErrBadTokenName = errors.New("a token name is 1 to 32 lowercase letters, dig
 func ValidateTokenName(name string) error {
 	if len(name) < 1 || len(name) > MaxTokenNameLen || !tokenNameRE.MatchString(name) {
 		return ErrBadTokenName
+	}
+	return nil
+}
+
+// MaxProfileLen bounds a profile's name: it is written on claims (an
+// annotation) and shown on pages.
+const MaxProfileLen = 32
+
+// ErrBadProfile says what a profile's name may be.
+var ErrBadProfile = errors.New("a profile name is 2 to 32 lowercase letters, digits and single hyphens, starting with a letter and ending with a letter or digit")
+
+// ValidateProfile checks a profile's name (PROFILES, and the one a user
+// or a command names). The account grammar's alphabet, and no "--",
+// which named sandboxes' hosts will use as a separator.
+func ValidateProfile(name string) error {
+	if len(name) < 2 || len(name) > MaxProfileLen || !nameRE.MatchString(name) || strings.Contains(name, "--") {
+		return ErrBadProfile
 	}
 	return nil
 }

@@ -200,3 +200,19 @@ func TestConfigEntries(t *testing.T) {
 		t.Errorf("10.1.2.3/8 → %v %v", p, err)
 	}
 }
+
+func TestValidateProfile(t *testing.T) {
+	for _, name := range []string{"gpu", "small", "a1", "large-2", strings.Repeat("p", MaxProfileLen)} {
+		if err := ValidateProfile(name); err != nil {
+			t.Errorf("%q refused: %v", name, err)
+		}
+	}
+	// A profile's name is written on claims and into command subjects'
+	// payloads and pages: nothing outside the narrow alphabet, and no
+	// "--", which named sandboxes' hosts keep as their separator.
+	for _, name := range []string{"", "g", "GPU", "2gpu", "gpu-", "-gpu", "a--b", "gpu.x", "gpu>", "gp u", "gpu\n", "ǵpu", strings.Repeat("p", MaxProfileLen+1)} {
+		if ValidateProfile(name) == nil {
+			t.Errorf("%q accepted", name)
+		}
+	}
+}

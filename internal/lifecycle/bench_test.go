@@ -119,7 +119,7 @@ func BenchmarkClaimsFromWarmPool(b *testing.B) {
 			go func() {
 				defer wg.Done()
 				hash := tokenHash()
-				if _, err := f.pub.Command(ctx(b), events.NewClaim(user, "req-"+user, hash)); err != nil {
+				if _, err := f.pub.Command(ctx(b), events.NewClaim(user, "req-"+user, hash, "")); err != nil {
 					b.Error(err)
 				}
 			}()

@@ -58,7 +58,13 @@ func (w *Worker) claim(ctx context.Context, c events.Command) (string, error) {
 	} else if err != nil && !errors.Is(err, kv.ErrNotFound) {
 		return "", err
 	}
-	claim, err := w.k8s.CreateClaim(ctx, c.User, hash)
+	profile, ok := w.o.Profiles.Find(c.Claim.Profile)
+	if !ok {
+		// The edge that sent it knows a profile this replica does not: a
+		// PROFILES change rolling out. Nothing is made.
+		return w.refuseProfile(ctx, c, events.AuditClaim, c.Claim.Profile)
+	}
+	claim, err := w.k8s.CreateClaim(ctx, c.User, hash, profile.Name, profile.WarmPool)
 	if apierrors.IsAlreadyExists(err) {
 		if claim, err = w.k8s.GetClaim(ctx, c.User); err != nil {
 			return "", w.kubeFail(ctx, "get claim", err)
@@ -75,8 +81,19 @@ func (w *Worker) claim(ctx context.Context, c events.Command) (string, error) {
 	if err := w.answer(ctx, c, state.OutcomeCreated, ""); err != nil {
 		return "", err
 	}
-	w.audit(ctx, events.AuditEvent{Kind: events.AuditClaim, User: c.User, Outcome: state.OutcomeCreated, Detail: "SandboxClaim " + claim.Name})
+	w.audit(ctx, events.AuditEvent{Kind: events.AuditClaim, User: c.User, Outcome: state.OutcomeCreated, Detail: "SandboxClaim " + claim.Name + ", profile " + profile.Name})
 	return state.OutcomeCreated, nil
+}
+
+// refuseProfile answers a claim or recreate that names a profile this
+// replica's PROFILES does not list: failed, with nothing made.
+func (w *Worker) refuseProfile(ctx context.Context, c events.Command, kind events.AuditKind, name string) (string, error) {
+	why := fmt.Sprintf("no profile %q (PROFILES lists %s)", name, w.o.Profiles.Names())
+	if err := w.answer(ctx, c, state.OutcomeFailed, why); err != nil {
+		return "", err
+	}
+	w.audit(ctx, events.AuditEvent{Kind: kind, User: c.User, Outcome: state.OutcomeFailed, Detail: why})
+	return state.OutcomeFailed, nil
 }
 
 // recordClaim writes the account and a first sandbox record for a claim
@@ -342,6 +359,13 @@ func (w *Worker) forget(ctx context.Context, user string) error {
 // is marked first, so that the moment without a claim is not mistaken for
 // a deletion and nobody else can sign up under the name.
 func (w *Worker) recreate(ctx context.Context, c events.Command) (string, error) {
+	var chosen string
+	if c.Recreate != nil {
+		chosen = c.Recreate.Profile
+		if _, ok := w.o.Profiles.Find(chosen); !ok {
+			return w.refuseProfile(ctx, c, events.AuditRecreate, chosen)
+		}
+	}
 	u, err := w.users.Mutate(ctx, c.User, func(cur state.User, ok bool) (state.User, bool, error) {
 		if !ok {
 			return cur, false, events.Permanent(fmt.Errorf("no account %q", c.User))
@@ -366,6 +390,9 @@ func (w *Worker) recreate(ctx context.Context, c events.Command) (string, error)
 	}
 
 	old, err := w.k8s.GetClaim(ctx, c.User)
+	if chosen == "" && err == nil {
+		chosen = old.Annotations[sandbox.ProfileAnnotation]
+	}
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
@@ -380,7 +407,13 @@ func (w *Worker) recreate(ctx context.Context, c events.Command) (string, error)
 		}
 	}
 
-	claim, err := w.k8s.CreateClaim(ctx, c.User, u.Value.TokenHash)
+	// The old sandbox's profile, unless the user chose another; one that
+	// PROFILES no longer lists gives way to the default.
+	profile, ok := w.o.Profiles.Find(chosen)
+	if !ok {
+		profile, _ = w.o.Profiles.Find("")
+	}
+	claim, err := w.k8s.CreateClaim(ctx, c.User, u.Value.TokenHash, profile.Name, profile.WarmPool)
 	if apierrors.IsAlreadyExists(err) {
 		claim, err = w.k8s.GetClaim(ctx, c.User)
 	}
@@ -393,7 +426,7 @@ func (w *Worker) recreate(ctx context.Context, c events.Command) (string, error)
 	if err := w.answer(ctx, c, state.OutcomeRecreated, ""); err != nil {
 		return "", err
 	}
-	w.audit(ctx, events.AuditEvent{Kind: events.AuditRecreate, User: c.User, Outcome: state.OutcomeRecreated, Detail: "SandboxClaim " + claim.Name})
+	w.audit(ctx, events.AuditEvent{Kind: events.AuditRecreate, User: c.User, Outcome: state.OutcomeRecreated, Detail: "SandboxClaim " + claim.Name + ", profile " + profile.Name})
 	return state.OutcomeRecreated, nil
 }
 

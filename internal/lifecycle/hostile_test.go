@@ -230,7 +230,7 @@ func deliveries(p *testenv.Proc, verb events.Verb) int {
 func (f *fixture) bearer(user string) string {
 	f.t.Helper()
 	token := ident.NewToken(user)
-	if res := f.command(events.NewClaim(user, "req-"+user, ident.HashHex(token))); res.Outcome != state.OutcomeCreated {
+	if res := f.command(events.NewClaim(user, "req-"+user, ident.HashHex(token), "")); res.Outcome != state.OutcomeCreated {
 		f.t.Fatalf("claim %s: %+v", user, res)
 	}
 	f.waitPhase(user, state.PhaseReady)

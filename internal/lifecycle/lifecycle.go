@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aaas-project/aaas/internal/capacity"
+	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/ident"
@@ -46,6 +47,9 @@ type Options struct {
 	// stay free for claims and wakes however pods answer.
 	HandshakeWorkers int
 	RecreateTimeout  time.Duration
+	// Profiles are what claims are made of: a command names one (or the
+	// default), and its warm pool is the claim's.
+	Profiles config.Profiles
 	// Limits cap running sandboxes and concurrent starts; wakes beyond
 	// them wait in the queue, which the lease holder admits from.
 	Limits capacity.Limits
@@ -95,6 +99,9 @@ type Worker struct {
 
 // New opens the buckets and caches Worker needs; ctx bounds the caches.
 func New(ctx context.Context, o Options) (*Worker, error) {
+	if len(o.Profiles) == 0 {
+		return nil, errors.New("lifecycle: no profiles: a claim would have no warm pool")
+	}
 	w := &Worker{o: o, log: o.Log, m: newMetrics(o.Metrics), pub: o.Publisher, k8s: o.Cluster, http: handshake.Client(),
 		handshakeSlots: make(chan struct{}, max(o.HandshakeWorkers, 1)), refreshes: handshake.LifecycleRefreshes()}
 	var err error

@@ -117,7 +117,7 @@ func (f *fixture) command(c events.Command) state.Result {
 func (f *fixture) signup(user string) string {
 	f.t.Helper()
 	hash := tokenHash()
-	if res := f.command(events.NewClaim(user, "req-"+user+"-"+hash[:8], hash)); res.Outcome != state.OutcomeCreated {
+	if res := f.command(events.NewClaim(user, "req-"+user+"-"+hash[:8], hash, "")); res.Outcome != state.OutcomeCreated {
 		f.t.Fatalf("claim %s: %+v", user, res)
 	}
 	f.waitPhase(user, state.PhaseReady)
@@ -225,11 +225,11 @@ func TestClaimConflictAndRedelivery(t *testing.T) {
 	}
 
 	// Someone else asks for bob.
-	if res := f.command(events.NewClaim("bob", "req-other", tokenHash())); res.Outcome != state.OutcomeConflict {
+	if res := f.command(events.NewClaim("bob", "req-other", tokenHash(), "")); res.Outcome != state.OutcomeConflict {
 		t.Fatalf("second claim for bob: %+v", res)
 	}
 	// Our own claim again (what a redelivery carries): created, not conflict.
-	if res := f.command(events.NewClaim("bob", "req-again", hash)); res.Outcome != state.OutcomeCreated {
+	if res := f.command(events.NewClaim("bob", "req-again", hash, "")); res.Outcome != state.OutcomeCreated {
 		t.Fatalf("redelivered claim: %+v", res)
 	}
 	if n := len(f.claims()); n != 1 {
@@ -255,7 +255,7 @@ func TestRedeliveryAfterTheKubernetesWriteIsCreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.lifecycle("lc-a")
-	if res := f.command(events.NewClaim("cara", "req-cara", hash)); res.Outcome != state.OutcomeCreated {
+	if res := f.command(events.NewClaim("cara", "req-cara", hash, "")); res.Outcome != state.OutcomeCreated {
 		t.Fatalf("redelivered claim: %+v", res)
 	}
 	f.waitPhase("cara", state.PhaseReady)
@@ -375,7 +375,7 @@ func TestUnmanagedClaimIsNeverSuspendedOrTaken(t *testing.T) {
 	f.command(events.NewSuspend("ctl", f.lastActivitySeq("ctl"), ctl.Revision, time.Now(), "idle", ""))
 	f.waitPhase("ctl", state.PhaseSuspended)
 	f.drained(t) // alice's suspends were handled, not left waiting
-	if res := f.command(events.NewClaim("alice", "req-alice", tokenHash())); res.Outcome != state.OutcomeConflict {
+	if res := f.command(events.NewClaim("alice", "req-alice", tokenHash(), "")); res.Outcome != state.OutcomeConflict {
 		t.Fatalf("signup as alice: %+v", res)
 	}
 	sb, err := sc.AgentsV1beta1().Sandboxes(f.NS.Name).Get(ctx(t), sbName, metav1.GetOptions{})
@@ -402,7 +402,7 @@ func TestKilledWorkerMidClaimAndMidWakeIsFinishedByAnother(t *testing.T) {
 	a := f.lifecycle("lc-a")
 	f.Faults.Blackhole("kube-lc-a")
 	hash := tokenHash()
-	if _, err := f.pub.Command(ctx(t), events.NewClaim("finn", "req-finn", hash)); err != nil {
+	if _, err := f.pub.Command(ctx(t), events.NewClaim("finn", "req-finn", hash, "")); err != nil {
 		t.Fatal(err)
 	}
 	f.takenNotDone(t)
@@ -607,7 +607,7 @@ func TestRecreateGivesAFreshVolumeUnderTheSameAccount(t *testing.T) {
 	before, _ := f.boxes.Get("jane")
 	oldClaim := f.claims()[0]
 
-	if res := f.command(events.NewRecreate("jane", "req-re")); res.Outcome != state.OutcomeRecreated {
+	if res := f.command(events.NewRecreate("jane", "req-re", "")); res.Outcome != state.OutcomeRecreated {
 		t.Fatalf("recreate: %+v", res)
 	}
 	// The old claim and its sandbox were gone before the new claim came.

@@ -52,7 +52,7 @@ func TestLifecycleRoleIsMinimal(t *testing.T) {
 		"pods/list": f.notReady, "pods/watch": f.notReady,
 		"sandboxclaims/create": func(t *testing.T, _ string) {
 			n++
-			if res := f.command(events.NewClaim(fmt.Sprintf("new%d", n), fmt.Sprintf("req-new-%d", n), tokenHash())); res.Outcome != state.OutcomeFailed {
+			if res := f.command(events.NewClaim(fmt.Sprintf("new%d", n), fmt.Sprintf("req-new-%d", n), tokenHash(), "")); res.Outcome != state.OutcomeFailed {
 				t.Fatalf("signup without create: %+v", res)
 			}
 		},

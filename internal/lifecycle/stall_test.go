@@ -95,7 +95,7 @@ func TestOneUsersCommandsHoldOneWorker(t *testing.T) {
 		}
 	}
 	hash := tokenHash()
-	if res := f.command(events.NewClaim("dan", "req-dan", hash)); res.Outcome != state.OutcomeCreated {
+	if res := f.command(events.NewClaim("dan", "req-dan", hash, "")); res.Outcome != state.OutcomeCreated {
 		t.Fatalf("dan's signup: %+v", res)
 	}
 	answered, err := f.requests.Get(ctx(t), "req-dan")
@@ -195,7 +195,7 @@ func TestHostileHandshakesLeaveWorkersForSignups(t *testing.T) {
 	}
 	start := time.Now()
 	hash := tokenHash()
-	if _, err := f.pub.Command(ctx(t), events.NewClaim("zed", "req-zed", hash)); err != nil {
+	if _, err := f.pub.Command(ctx(t), events.NewClaim("zed", "req-zed", hash, "")); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := f.boxes.Wait(testenv.Context(t, wake.WakeTimeout), "zed", func(e kv.Entry[state.Sandbox], ok bool) bool {

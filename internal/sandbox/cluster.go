@@ -48,6 +48,9 @@ const (
 	// it into the sandbox's record, so the user's pages can say why it
 	// sleeps.
 	SuspendAnnotation = "aaas.example.com/last-suspend"
+	// ProfileAnnotation names the profile (PROFILES) a claim was made of;
+	// a claim without it predates profiles and is of the default one.
+	ProfileAnnotation = "aaas.example.com/profile"
 	// UserLabel names the gateway user a claim belongs to.
 	UserLabel = "aaas.example.com/user"
 	// ClaimUIDLabel is set by agent-sandbox on a claimed sandbox; warm
@@ -65,7 +68,6 @@ const (
 // Config says which claims are ours and how to reach DSH.
 type Config struct {
 	Namespace string
-	WarmPool  string
 	// ManagedKey=ManagedValue marks the claims this gateway created; no
 	// other claim is ever suspended or deleted.
 	ManagedKey, ManagedValue string
@@ -376,17 +378,17 @@ func (c *Cluster) Users() []string {
 	return users
 }
 
-// CreateClaim creates dsh-<user> from the warm pool, labelled as ours and
-// annotated with the token hash.
-func (c *Cluster) CreateClaim(ctx context.Context, user, tokenHash string) (*extv1beta1.SandboxClaim, error) {
+// CreateClaim creates dsh-<user> from profile's warm pool, labelled as
+// ours and annotated with the token hash and the profile.
+func (c *Cluster) CreateClaim(ctx context.Context, user, tokenHash, profile, pool string) (*extv1beta1.SandboxClaim, error) {
 	claim := &extv1beta1.SandboxClaim{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        ClaimName(user),
 			Namespace:   c.cfg.Namespace,
 			Labels:      map[string]string{c.cfg.ManagedKey: c.cfg.ManagedValue, UserLabel: user},
-			Annotations: map[string]string{TokenHashAnnotation: tokenHash},
+			Annotations: map[string]string{TokenHashAnnotation: tokenHash, ProfileAnnotation: profile},
 		},
-		Spec: extv1beta1.SandboxClaimSpec{WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: c.cfg.WarmPool},
+		Spec: extv1beta1.SandboxClaimSpec{WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: pool},
 			AdditionalPodMetadata: sandboxv1beta1.PodMetadata{Labels: map[string]string{PodUserLabel: user}}},
 	}
 	ctx, cancel := c.call(ctx)

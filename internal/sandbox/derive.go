@@ -29,7 +29,7 @@ func (c *Cluster) Derive(user string, s State, prev state.Sandbox) state.Sandbox
 		r.Phase = state.PhaseDeleting
 		return r
 	}
-	r.Claim = s.Claim.Name
+	r.Claim, r.Profile = s.Claim.Name, s.Claim.Annotations[ProfileAnnotation]
 	if s.Sandbox != nil {
 		r.Sandbox = s.Sandbox.Name
 		r.LastSuspend = lastSuspend(s.Sandbox.Annotations[SuspendAnnotation])

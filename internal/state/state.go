@@ -273,6 +273,10 @@ type Sandbox struct {
 	Phase   Phase  `json:"phase"`
 	Managed bool   `json:"managed"`
 	Claim   string `json:"claim"`
+	// Profile is the profile (PROFILES) the claim was made of, as its
+	// annotation says; empty: the default (a claim older than profiles,
+	// or one adopted).
+	Profile string `json:"profile,omitempty"`
 	Sandbox string `json:"sandbox,omitempty"`
 	PodName string `json:"pod_name,omitempty"`
 	PodUID  string `json:"pod_uid,omitempty"`

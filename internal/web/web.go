@@ -121,7 +121,15 @@ type Landing struct {
 	// they are not enabled, or the user came with an API token).
 	TokensOn  bool
 	APITokens []APIToken
+	// Profile is the sandbox's profile, shown when Profiles offers a
+	// choice; Profiles are those the signup form offers (none: no choice).
+	Profile  string
+	Profiles []Profile
 }
+
+// Profile is a profile a user may choose, on the signup form and the
+// recreate page.
+type Profile struct{ Name, Description string }
 
 // APIToken is one of the user's named API tokens on their page.
 type APIToken struct{ Name, Created, Expires string }
@@ -207,13 +215,15 @@ type Admin struct {
 	// Admin is who is looking.
 	Admin string
 	Rows  []AdminRow
-	// Query and Phase are the filters shown; Next links the next page.
-	Query, Phase string
-	Phases       []string
-	Actions      []string
-	Total        int
-	Next         string
-	Notice       string
+	// Query, Phase and Profile are the filters shown; Next links the next
+	// page. Profiles are the profiles to filter by (none: one profile,
+	// and no column for it).
+	Query, Phase, Profile string
+	Phases, Profiles      []string
+	Actions               []string
+	Total                 int
+	Next                  string
+	Notice                string
 	// Spend shows the spend and budget columns (Month's), the list in
 	// Sort's order ("spend" or by name), linked by SortLink and NameLink.
 	Spend              bool
@@ -223,11 +233,11 @@ type Admin struct {
 
 // AdminRow is one user on the admin page.
 type AdminRow struct {
-	User, Phase, Reason, Pod string
-	Managed                  bool
-	Age, LastActive          string
-	Sessions                 int
-	InFlight                 string
+	User, Phase, Profile, Reason, Pod string
+	Managed                           bool
+	Age, LastActive                   string
+	Sessions                          int
+	InFlight                          string
 	// URL is where the user's sandbox is reached (Sites.SandboxURL).
 	URL string
 	// Spent and Budget are the user's model spend this month and the
@@ -253,7 +263,13 @@ func RenderAdminBudgetConfirm(w io.Writer, d AdminBudgetConfirm) error {
 
 // Confirm asks a user to confirm a destructive action on their own
 // account (Action: recreate or delete), posting to Path.
-type Confirm struct{ User, Action, Path string }
+type Confirm struct {
+	User, Action, Path string
+	// Profiles, on the recreate page, are those the new sandbox may be
+	// made of (none: no choice), Profile the current one.
+	Profiles []Profile
+	Profile  string
+}
 
 // Token shows a new bearer token once: User's, with where to go Back to.
 type Token struct {

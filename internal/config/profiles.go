@@ -1,0 +1,116 @@
+package config
+
+import (
+	"encoding/json"
+	"strings"
+
+	"github.com/aaas-project/aaas/internal/ident"
+)
+
+// Profile is one kind of sandbox a user may choose (PROFILES): which warm
+// pool, and so which SandboxTemplate, its claim draws from, and who may
+// choose it.
+type Profile struct {
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
+	// WarmPool is the SandboxWarmPool the profile's claims draw from.
+	WarmPool string `json:"warm_pool"`
+	// Groups are the SSO groups (AUTH_PROXY_GROUPS_HEADER) whose members
+	// may choose the profile; empty: every user.
+	Groups []string `json:"groups,omitempty"`
+}
+
+// Profiles is PROFILES in its order: the first is the default, which a
+// user who chooses none gets, and which every sandbox made before
+// profiles existed (a claim that names none) is.
+type Profiles []Profile
+
+// Find returns the named profile; "" names the default.
+func (ps Profiles) Find(name string) (Profile, bool) {
+	if name == "" {
+		return ps[0], true
+	}
+	for _, p := range ps {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return Profile{}, false
+}
+
+// Names lists the profiles' names, for messages.
+func (ps Profiles) Names() string {
+	names := make([]string, len(ps))
+	for i, p := range ps {
+		names[i] = p.Name
+	}
+	return strings.Join(names, ", ")
+}
+
+// Allows reports whether a user in the groups member says may choose p.
+func (p Profile) Allows(member func(group string) bool) bool {
+	if len(p.Groups) == 0 {
+		return true
+	}
+	for _, g := range p.Groups {
+		if member(g) {
+			return true
+		}
+	}
+	return false
+}
+
+// maxDescription bounds a profile's description: it is shown on every
+// user's page.
+const maxDescription = 200
+
+// loadProfiles reads PROFILES, or makes the one default profile of
+// WARM_POOL when it is unset: one name per setting, so the two are not
+// set together. sso says whether groups can be known (the edge; lifecycle
+// passes true: it checks no groups).
+func loadProfiles(e *Env, sso bool) Profiles {
+	v := e.String("PROFILES", "")
+	pool := e.String("WARM_POOL", "dsh-pool")
+	if v == "" {
+		if !dns1123.MatchString(pool) {
+			e.Fail("WARM_POOL", "%q is not a Kubernetes object name", pool)
+		}
+		return Profiles{{Name: "default", WarmPool: pool}}
+	}
+	if e.Set("WARM_POOL") {
+		e.Fail("WARM_POOL", "set with PROFILES, which names each profile's warm_pool; leave WARM_POOL unset")
+	}
+	var ps Profiles
+	dec := json.NewDecoder(strings.NewReader(v))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&ps); err != nil || dec.More() {
+		e.Fail("PROFILES", `not a JSON list of profiles such as [{"name":"small","description":"2 CPUs","warm_pool":"dsh-pool"}]: %v`, err)
+		return Profiles{{Name: "default", WarmPool: pool}}
+	}
+	if len(ps) == 0 {
+		e.Fail("PROFILES", "lists no profile; leave it unset for one default profile")
+		return Profiles{{Name: "default", WarmPool: pool}}
+	}
+	seen := map[string]bool{}
+	for _, p := range ps {
+		switch {
+		case ident.ValidateProfile(p.Name) != nil:
+			e.Fail("PROFILES", "profile name %q: %v", p.Name, ident.ErrBadProfile)
+		case seen[p.Name]:
+			e.Fail("PROFILES", "profile %q is listed twice", p.Name)
+		case !dns1123.MatchString(p.WarmPool):
+			e.Fail("PROFILES", "profile %q: warm_pool %q is not a Kubernetes object name", p.Name, p.WarmPool)
+		case len(p.Description) > maxDescription:
+			e.Fail("PROFILES", "profile %q: a description of %d bytes (at most %d)", p.Name, len(p.Description), maxDescription)
+		case len(p.Groups) > 0 && !sso:
+			e.Fail("PROFILES", "profile %q names groups, which need SSO (AUTH_PROXY_HEADER): groups come from the SSO proxy", p.Name)
+		}
+		seen[p.Name] = true
+	}
+	if len(ps[0].Groups) > 0 {
+		// Everyone may have to fall back on the default: accounts made
+		// before profiles, and users who choose none.
+		e.Fail("PROFILES", "the first profile, %q, is the default every user may get: it names no groups", ps[0].Name)
+	}
+	return ps
+}
