@@ -53,6 +53,7 @@ var ChartManaged = map[string]string{
 	"NATS_KEY":                 "nats.tls.existingSecret",
 	"NATS_NKEY":                "nats.existingSecret",
 	"NATS_URL":                 "nats.bundled, nats.external.url",
+	"PROFILES":                 "sandbox.profiles",
 	"PUBLIC_HOSTS":             "hosts.public",
 	"SANDBOX_DOMAIN":           "hosts.sandboxDomain",
 	"SANDBOX_NAMESPACE":        "sandboxNamespace.name",
