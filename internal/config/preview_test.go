@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -8,6 +9,28 @@ import (
 
 	"github.com/aaas-project/aaas/internal/config"
 )
+
+// loadEdge loads the edge's settings from envs merged in order, and says
+// whether they loaded: when fail names a variable, the load must fail
+// naming it (and ok is false); otherwise it must not fail.
+func loadEdge(t *testing.T, fail string, envs ...map[string]string) (config.Edge, bool) {
+	t.Helper()
+	env := map[string]string{}
+	for _, m := range envs {
+		maps.Copy(env, m)
+	}
+	c, err := config.LoadEdge(config.FromMap(env))
+	switch {
+	case fail != "":
+		if err == nil || !strings.Contains(err.Error(), fail+":") {
+			t.Fatalf("err = %v, want one naming %s", err, fail)
+		}
+		return c, false
+	case err != nil:
+		t.Fatal(err)
+	}
+	return c, true
+}
 
 func TestPreviewSettings(t *testing.T) {
 	base := map[string]string{
@@ -44,22 +67,9 @@ func TestPreviewSettings(t *testing.T) {
 		{name: "too many", env: map[string]string{"PREVIEW_PORTS": strings.Join(many, ",")}, fail: "PREVIEW_PORTS"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			env := map[string]string{}
-			for k, v := range base {
-				env[k] = v
-			}
-			for k, v := range tc.env {
-				env[k] = v
-			}
-			c, err := config.LoadEdge(config.FromMap(env))
-			if tc.fail != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.fail+":") {
-					t.Fatalf("err = %v, want one naming %s", err, tc.fail)
-				}
+			c, ok := loadEdge(t, tc.fail, base, tc.env)
+			if !ok {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if !slices.Equal(c.Preview.Ports, tc.ports) || c.Preview.Users != tc.users {
 				t.Fatalf("preview = %+v, want ports %v users %v", c.Preview, tc.ports, tc.users)

@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"maps"
 	"strings"
 	"testing"
 
@@ -41,26 +42,14 @@ func TestProfileSettings(t *testing.T) {
 		{name: "the default names groups", env: map[string]string{"PROFILES": `[{"name":"a1","warm_pool":"p","groups":["ml"]}]`}, sso: true, fail: "PROFILES"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			env := map[string]string{}
-			for _, m := range []map[string]string{base, tc.env} {
-				for k, v := range m {
-					env[k] = v
-				}
-			}
+			with := base
 			if tc.sso {
-				for k, v := range sso {
-					env[k] = v
-				}
+				with = maps.Clone(base)
+				maps.Copy(with, sso)
 			}
-			c, err := config.LoadEdge(config.FromMap(env))
-			if tc.fail != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.fail+":") {
-					t.Fatalf("err = %v, want one naming %s", err, tc.fail)
-				}
+			c, ok := loadEdge(t, tc.fail, with, tc.env)
+			if !ok {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			var pools []string
 			for _, p := range c.Profiles {
@@ -70,6 +59,8 @@ func TestProfileSettings(t *testing.T) {
 				t.Fatalf("profiles %q of pools %q, want %q of %q", c.Profiles.Names(), pools, tc.want, tc.pools)
 			}
 			// Lifecycle reads the same list (groups are the edge's to check).
+			env := maps.Clone(with)
+			maps.Copy(env, tc.env)
 			l, err := config.LoadLifecycle(config.FromMap(env))
 			if err != nil || l.Profiles.Names() != tc.want {
 				t.Fatalf("lifecycle's profiles %q (%v), want %q", l.Profiles.Names(), err, tc.want)
