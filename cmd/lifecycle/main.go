@@ -65,7 +65,7 @@ func run(p *process.Process, cfg config.Lifecycle) error {
 		LogTailLines: cfg.LogTailLines, LogLimitBytes: cfg.LogLimitBytes, HandshakeTTL: cfg.Buckets.HandshakeTTL,
 		HandshakeTimeout: cfg.HandshakeTimeout, HandshakeWorkers: cfg.HandshakeWorkers, RecreateTimeout: cfg.RecreateTimeout, PruneInterval: cfg.PruneInterval,
 		Profiles: cfg.Profiles,
-		Limits:   capacity.Limits{MaxRunning: cfg.MaxRunning, MaxStarts: cfg.MaxStarts}, Notify: n,
+		Limits:   capacity.Limits{MaxRunning: cfg.MaxRunning, MaxStarts: cfg.MaxStarts, Profiles: cfg.Profiles.Caps()}, Notify: n,
 		Log: p.Log, Metrics: p.Metrics,
 	})
 	if err != nil {

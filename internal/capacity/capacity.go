@@ -11,6 +11,7 @@ package capacity
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -22,22 +23,33 @@ import (
 // Limits are the caps; 0 means none.
 type Limits struct {
 	MaxRunning, MaxStarts int
+	// Profiles caps, per profile named, its sandboxes that hold a pod
+	// (a profile's max_running); a profile not named has no cap of its
+	// own.
+	Profiles map[string]int
 }
 
 // On reports whether any cap is set: only then do wakes queue.
-func (l Limits) On() bool { return l.MaxRunning > 0 || l.MaxStarts > 0 }
+func (l Limits) On() bool { return l.MaxRunning > 0 || l.MaxStarts > 0 || len(l.Profiles) > 0 }
 
 // Usage is how many managed sandboxes hold a pod (Running), and of those
 // how many are starting (Waking) and how many are giving theirs up
-// (Suspending: places about to be free).
-type Usage struct{ Running, Starting, Stopping int }
+// (Suspending: places about to be free); Profiles is Running by profile.
+type Usage struct {
+	Running, Starting, Stopping int
+	Profiles                    map[string]int
+}
 
 // add counts a sandbox's contribution to u, n times (-1 takes it back).
 // Claims applied by hand (not managed) are not the gateway's to count.
-func (u *Usage) add(managed bool, phase state.Phase, n int) {
+func (u *Usage) add(managed bool, phase state.Phase, profile string, n int) {
 	if !managed || !phase.Running() {
 		return
 	}
+	if u.Profiles == nil {
+		u.Profiles = map[string]int{}
+	}
+	u.Profiles[profile] += n
 	u.Running += n
 	switch phase {
 	case state.PhaseWaking:
@@ -55,20 +67,24 @@ func (u *Usage) add(managed bool, phase state.Phase, n int) {
 // changes do not depend on their order, as the cache's subscribers may
 // be told two changes of one key in either.
 type Tally struct {
-	mu sync.Mutex
-	u  Usage
+	// Default is the default profile's name, which a record that names
+	// none is of; set before the first change.
+	Default string
+	mu      sync.Mutex
+	u       Usage
 }
 
 // Counted is what a Tally reads of one sandbox record.
 type Counted struct {
 	Managed bool
 	Phase   state.Phase
+	Profile string
 }
 
 // Observe takes in one change of a cache of sandbox records (its
 // kv.OnReplace).
 func (t *Tally) Observe(_ string, was kv.Entry[state.Sandbox], had bool, e kv.Entry[state.Sandbox], deleted bool) {
-	t.Change(Counted{was.Value.Managed, was.Value.Phase}, had, Counted{e.Value.Managed, e.Value.Phase}, !deleted)
+	t.Change(Counted{was.Value.Managed, was.Value.Phase, was.Value.Profile}, had, Counted{e.Value.Managed, e.Value.Phase, e.Value.Profile}, !deleted)
 }
 
 // Change takes in one change of a sandbox: it replaced was (when had)
@@ -77,18 +93,20 @@ func (t *Tally) Change(was Counted, had bool, now Counted, present bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if had {
-		t.u.add(was.Managed, was.Phase, -1)
+		t.u.add(was.Managed, was.Phase, cmp.Or(was.Profile, t.Default), -1)
 	}
 	if present {
-		t.u.add(now.Managed, now.Phase, 1)
+		t.u.add(now.Managed, now.Phase, cmp.Or(now.Profile, t.Default), 1)
 	}
 }
 
-// Usage is the usage now.
+// Usage is the usage now (its own copy).
 func (t *Tally) Usage() Usage {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.u
+	u := t.u
+	u.Profiles = maps.Clone(u.Profiles)
+	return u
 }
 
 // free is how many more sandboxes may start now under l.
@@ -113,15 +131,28 @@ func Order(a, b state.Queued) int {
 }
 
 // Admit is who of the queue may start now, under l and with u in use:
-// the oldest, as many as there are free places.
-func Admit(queue []state.Queued, u Usage, l Limits) []string {
+// the oldest, as many as there are free places, passing over those whose
+// profile (profileOf) is at its own cap: a full profile holds its own
+// users back, not the others'.
+func Admit(queue []state.Queued, profileOf func(user string) string, u Usage, l Limits) []string {
 	free := l.free(u)
 	if free < 0 {
 		free = len(queue)
 	}
-	queue = slices.SortedFunc(slices.Values(queue), Order)
+	running := maps.Clone(u.Profiles)
+	if running == nil {
+		running = map[string]int{}
+	}
 	var out []string
-	for _, q := range queue[:min(free, len(queue))] {
+	for _, q := range slices.SortedFunc(slices.Values(queue), Order) {
+		if len(out) == free {
+			break
+		}
+		p := profileOf(q.User)
+		if c, ok := l.Profiles[p]; ok && running[p] >= c {
+			continue
+		}
+		running[p]++
 		out = append(out, q.User)
 	}
 	return out

@@ -1,7 +1,9 @@
 package capacity
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"strconv"
 	"testing"
@@ -32,9 +34,16 @@ func TestAdmit(t *testing.T) {
 		{"the tighter cap wins", q, Usage{Running: 5, Starting: 0}, Limits{MaxRunning: 7, MaxStarts: 1}, "[ann]"},
 		{"ties go by name", tied, Usage{}, Limits{MaxRunning: 1}, "[al]"},
 		{"empty queue", nil, Usage{}, Limits{MaxRunning: 1}, "[]"},
+		// ann and bo are of gpu, cy of small.
+		{"a full profile passes over its own users, not the others'", q, Usage{Running: 1, Profiles: map[string]int{"gpu": 1}}, Limits{Profiles: map[string]int{"gpu": 1}}, "[cy]"},
+		{"a profile's places are given within the round", q, Usage{}, Limits{Profiles: map[string]int{"gpu": 1}}, "[ann cy]"},
+		{"a profile's cap lowered below its use", q, Usage{Running: 5, Profiles: map[string]int{"gpu": 5}}, Limits{Profiles: map[string]int{"gpu": 3}}, "[cy]"},
+		{"the total cap holds over every profile", q, Usage{Running: 9}, Limits{MaxRunning: 10, Profiles: map[string]int{"gpu": 5}}, "[ann]"},
+		{"a profile with room keeps the order", q, Usage{Running: 2, Profiles: map[string]int{"gpu": 1, "small": 1}}, Limits{MaxRunning: 4, Profiles: map[string]int{"gpu": 2, "small": 1}}, "[ann]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := fmt.Sprint(Admit(tc.queue, tc.use, tc.lim)); got != tc.want {
+			profileOf := func(user string) string { return map[string]string{"ann": "gpu", "bo": "gpu", "cy": "small"}[user] }
+			if got := fmt.Sprint(Admit(tc.queue, profileOf, tc.use, tc.lim)); got != tc.want {
 				t.Fatalf("Admit = %s, want %s", got, tc.want)
 			}
 		})
@@ -88,14 +97,20 @@ func TestPhasesThatCount(t *testing.T) {
 // not made (as a cache's subscribers can be).
 func TestTallyIsCount(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	var tally Tally
+	tally := Tally{Default: "small"}
 	now := map[string]state.Sandbox{}
 	walk := func() Usage {
 		var u Usage
 		for _, b := range now {
-			u.add(b.Managed, b.Phase, 1)
+			u.add(b.Managed, b.Phase, cmp.Or(b.Profile, "small"), 1)
 		}
 		return u
+	}
+	// same compares two usages, a profile counted 0 as one not counted.
+	same := func(a, b Usage) bool {
+		maps.DeleteFunc(a.Profiles, func(_ string, n int) bool { return n == 0 })
+		maps.DeleteFunc(b.Profiles, func(_ string, n int) bool { return n == 0 })
+		return a.Running == b.Running && a.Starting == b.Starting && a.Stopping == b.Stopping && maps.Equal(a.Profiles, b.Profiles)
 	}
 	// change makes one change of key and returns how to tell the tally.
 	change := func(key string, i int) func() {
@@ -106,14 +121,15 @@ func TestTallyIsCount(t *testing.T) {
 				tally.Observe(key, kv.Entry[state.Sandbox]{Key: key, Value: was}, had, kv.Entry[state.Sandbox]{Key: key}, true)
 			}
 		}
-		b := state.Sandbox{User: key, Phase: state.Phases[rng.IntN(len(state.Phases))], Managed: rng.IntN(10) > 0}
+		b := state.Sandbox{User: key, Phase: state.Phases[rng.IntN(len(state.Phases))], Managed: rng.IntN(10) > 0,
+			Profile: []string{"", "small", "gpu"}[rng.IntN(3)]}
 		now[key] = b
 		if i%2 == 0 {
 			return func() {
 				tally.Observe(key, kv.Entry[state.Sandbox]{Key: key, Value: was}, had, kv.Entry[state.Sandbox]{Key: key, Value: b}, false)
 			}
 		}
-		return func() { tally.Change(Counted{was.Managed, was.Phase}, had, Counted{b.Managed, b.Phase}, true) }
+		return func() { tally.Change(Counted{was.Managed, was.Phase, was.Profile}, had, Counted{b.Managed, b.Phase, b.Profile}, true) }
 	}
 	for i := range 20_000 {
 		key := "u" + strconv.Itoa(rng.IntN(300))
@@ -123,11 +139,11 @@ func TestTallyIsCount(t *testing.T) {
 			second()
 		}
 		first()
-		if got, want := tally.Usage(), walk(); got != want {
+		if got, want := tally.Usage(), walk(); !same(got, want) {
 			t.Fatalf("after change %d: tally %+v, walk %+v", i, got, want)
 		}
 	}
-	if u := tally.Usage(); u.Running == 0 || u.Starting == 0 || u.Stopping == 0 {
+	if u := tally.Usage(); u.Running == 0 || u.Starting == 0 || u.Stopping == 0 || u.Profiles["gpu"] == 0 || u.Profiles["small"] == 0 {
 		t.Fatalf("the changes never made every count move: %+v", u)
 	}
 }
@@ -154,7 +170,7 @@ func BenchmarkAdmissionRound(b *testing.B) {
 		lim := Limits{MaxRunning: n/5 + 10, MaxStarts: 20}
 		b.Run(fmt.Sprintf("sandboxes=%d", n), func(b *testing.B) {
 			for b.Loop() {
-				if got := Admit(queue, tally.Usage(), lim); len(got) != 10 {
+				if got := Admit(queue, func(string) string { return "" }, tally.Usage(), lim); len(got) != 10 {
 					b.Fatalf("admitted %d, want the 10 free places", len(got))
 				}
 			}

@@ -18,6 +18,10 @@ type Profile struct {
 	// Groups are the SSO groups (AUTH_PROXY_GROUPS_HEADER) whose members
 	// may choose the profile; empty: every user.
 	Groups []string `json:"groups,omitempty"`
+	// MaxRunning caps the profile's sandboxes that hold a pod (0: no cap
+	// of its own; MAX_RUNNING_SANDBOXES still counts every profile):
+	// wakes beyond it queue, and pass over no other profile's.
+	MaxRunning int `json:"max_running,omitempty"`
 }
 
 // Profiles is PROFILES in its order: the first is the default, which a
@@ -45,6 +49,17 @@ func (ps Profiles) Names() string {
 		names[i] = p.Name
 	}
 	return strings.Join(names, ", ")
+}
+
+// Caps is each capped profile's MaxRunning, by name.
+func (ps Profiles) Caps() map[string]int {
+	caps := map[string]int{}
+	for _, p := range ps {
+		if p.MaxRunning > 0 {
+			caps[p.Name] = p.MaxRunning
+		}
+	}
+	return caps
 }
 
 // Allows reports whether a user in the groups member says may choose p.
@@ -102,6 +117,8 @@ func loadProfiles(e *Env, sso bool) Profiles {
 			e.Fail("PROFILES", "profile %q: warm_pool %q is not a Kubernetes object name", p.Name, p.WarmPool)
 		case len(p.Description) > maxDescription:
 			e.Fail("PROFILES", "profile %q: a description of %d bytes (at most %d)", p.Name, len(p.Description), maxDescription)
+		case p.MaxRunning < 0:
+			e.Fail("PROFILES", "profile %q: max_running %d is below 0", p.Name, p.MaxRunning)
 		case len(p.Groups) > 0 && !sso:
 			e.Fail("PROFILES", "profile %q names groups, which need SSO (AUTH_PROXY_HEADER): groups come from the SSO proxy", p.Name)
 		}

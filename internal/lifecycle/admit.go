@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/capacity"
 	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/sandbox"
 	"github.com/aaas-project/aaas/internal/state"
 )
 
@@ -16,10 +18,16 @@ import (
 // freed is taken within it.
 const admitEvery = 250 * time.Millisecond
 
-// admitted remembers the sandboxes admit has started until their KV
-// record says so itself (the mirror writes it a moment after the patch):
-// meanwhile they count as starting, or one place could be given twice.
-type admitted map[string]time.Time
+// admitted remembers the sandboxes admit has started, and of which
+// profile, until their KV record says so itself (the mirror writes it a
+// moment after the patch): meanwhile they count as starting, or one place
+// could be given twice.
+type admitted map[string]admission
+
+type admission struct {
+	at      time.Time
+	profile string
+}
 
 // admitLag bounds how long an admitted sandbox counts without its record.
 const admitLag = 30 * time.Second
@@ -50,8 +58,9 @@ func (w *Worker) admitOnce(ctx context.Context, pending admitted, now time.Time)
 	// Each waiting user's entry and sandbox as this round read them: the
 	// informer and the cache may move on before the round admits them.
 	type waiter struct {
-		since time.Time
-		sb    *sandboxv1beta1.Sandbox
+		since   time.Time
+		sb      *sandboxv1beta1.Sandbox
+		profile string
 	}
 	waiting := map[string]waiter{}
 	w.queueCache.Range(func(e kv.Entry[state.Queued]) bool {
@@ -66,7 +75,11 @@ func (w *Worker) admitOnce(ctx context.Context, pending admitted, now time.Time)
 			return true
 		}
 		queue = append(queue, e.Value)
-		waiting[e.Value.User] = waiter{e.Value.Since, st.Sandbox}
+		profile := w.o.Profiles[0].Name
+		if st.Claim != nil {
+			profile = cmp.Or(st.Claim.Annotations[sandbox.ProfileAnnotation], profile)
+		}
+		waiting[e.Value.User] = waiter{e.Value.Since, st.Sandbox, profile}
 		return true
 	})
 	for _, user := range settled {
@@ -75,23 +88,28 @@ func (w *Worker) admitOnce(ctx context.Context, pending admitted, now time.Time)
 		}
 	}
 	use := w.usage.Usage()
-	for user, at := range pending {
-		if b, ok := w.boxCache.Get(user); (ok && b.Value.Phase != state.PhaseSuspended) || now.Sub(at) > admitLag {
+	for user, a := range pending {
+		if b, ok := w.boxCache.Get(user); (ok && b.Value.Phase != state.PhaseSuspended) || now.Sub(a.at) > admitLag {
 			delete(pending, user)
 			continue
 		}
 		use.Running++
 		use.Starting++
+		if use.Profiles == nil {
+			use.Profiles = map[string]int{}
+		}
+		use.Profiles[a.profile]++
 	}
 	if len(queue) == 0 {
 		return nil
 	}
-	for _, user := range capacity.Admit(queue, use, w.o.Limits) {
+	profileOf := func(user string) string { return waiting[user].profile }
+	for _, user := range capacity.Admit(queue, profileOf, use, w.o.Limits) {
 		wt := waiting[user]
 		if err := w.start(ctx, user, wt.sb, fmt.Sprintf("after %s in the queue", now.Sub(wt.since).Round(time.Second))); err != nil {
 			return fmt.Errorf("start %s: %w", user, err)
 		}
-		pending[user] = now
+		pending[user] = admission{now, wt.profile}
 		if err := w.queue.Purge(ctx, user); err != nil {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/aaas-project/aaas/internal/dev/testenv"
 	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/sandbox"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // Profiles through the edge: a user picks one at signup (the token edge)
@@ -23,16 +24,8 @@ import (
 func TestProfilesAreChosenAtSignupAndRecreate(t *testing.T) {
 	const profiles = `[{"name":"small","warm_pool":"dsh-pool"},{"name":"large","description":"more of everything","warm_pool":"dsh-large","groups":["acme:ml"]}]`
 	w := pkg.NewStack(t, testenv.StackOptions{Env: map[string]string{"SIGNUP_INVITE_CODE": invite, "PROFILES": profiles}, Lifecycle: "lc-a"})
+	addPool(t, w, "dsh-large")
 	_, ext, _ := pkg.Cluster.SandboxClients()
-	pools := ext.ExtensionsV1beta1().SandboxWarmPools(w.NS.Name)
-	small, err := pools.Get(testenv.Context(t, time.Minute), "dsh-pool", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pools.Create(testenv.Context(t, time.Minute), &extv1beta1.SandboxWarmPool{
-		ObjectMeta: metav1.ObjectMeta{Name: "dsh-large", Namespace: w.NS.Name}, Spec: small.Spec}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	claim := func(user string) (uid, profile, pool string) {
 		t.Helper()
 		c, err := ext.ExtensionsV1beta1().SandboxClaims(w.NS.Name).Get(testenv.Context(t, time.Minute), sandbox.ClaimName(user), metav1.GetOptions{})
@@ -117,5 +110,65 @@ func TestProfilesAreChosenAtSignupAndRecreate(t *testing.T) {
 	}
 	if uid, profile, _ := claim("carol"); uid != before || profile != "small" {
 		t.Fatalf("carol's claim after refused recreates: uid %s (was %s), profile %q", uid, before, profile)
+	}
+}
+
+// addPool adds a warm pool named name to the stack's namespace, of the
+// same template as the namespace's own dsh-pool.
+func addPool(t *testing.T, w *testenv.Stack, name string) {
+	t.Helper()
+	_, ext, _ := pkg.Cluster.SandboxClients()
+	pools := ext.ExtensionsV1beta1().SandboxWarmPools(w.NS.Name)
+	own, err := pools.Get(testenv.Context(t, time.Minute), "dsh-pool", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pools.Create(testenv.Context(t, time.Minute), &extv1beta1.SandboxWarmPool{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: w.NS.Name}, Spec: own.Spec}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A profile's max_running queues its own users' wakes beyond it, and
+// passes over no other profile's: with two large sandboxes running (its
+// cap), a third large wake waits while a small wake made after it is
+// served; when a large sandbox sleeps, the waiting one starts.
+func TestAProfilesCapQueuesItsOwnWakesOnly(t *testing.T) {
+	w := pkg.NewStack(t, testenv.StackOptions{Env: map[string]string{"SIGNUP_INVITE_CODE": invite,
+		"PROFILES": `[{"name":"small","warm_pool":"dsh-pool"},{"name":"large","warm_pool":"dsh-large","max_running":2}]`,
+	}, Lifecycle: "lc-a"})
+	addPool(t, w, "dsh-large")
+	edge := w.Edge("edge-a", nil)
+	clients := map[string]*testenv.Client{}
+	for user, profile := range map[string]string{"l1": "large", "l2": "large", "l3": "large", "s1": "small"} {
+		clients[user] = testenv.NewClient(t, edge.URL)
+		if r := clients[user].Form("/users", "user", user, "invite", invite, "profile", profile); r.StatusCode != http.StatusCreated && r.StatusCode != http.StatusAccepted {
+			t.Fatalf("signup of %s: %d %s", user, r.StatusCode, r.Body)
+		}
+	}
+	for _, user := range []string{"l1", "l2", "l3", "s1"} {
+		w.WaitPhase(t, user, state.PhaseReady, 2*time.Minute)
+		w.Suspend(user)
+	}
+	open := func(user string) {
+		t.Helper()
+		if r := clients[user].WithTimeout(2*time.Minute).Do(http.MethodGet, "/u/"+user+"/api/files", nil, "Accept", "application/json"); r.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d %s", user, r.StatusCode, r.Body)
+		}
+	}
+	open("l1")
+	open("l2")
+	startingPage(t, clients["l3"], "l3", "number 1 of 1 in the queue")
+	// s1 wakes after l3 queued, so it queues behind l3: it is served only
+	// if admission passes over l3, whose profile is full.
+	open("s1")
+	if p := w.Box("l3").Phase; p != state.PhaseSuspended {
+		t.Fatalf("l3 started beyond its profile's cap: %s", p)
+	}
+	startingPage(t, clients["l3"], "l3", "number 1 of 1 in the queue")
+	w.Suspend("l1")
+	w.WaitPhase(t, "l3", state.PhaseReady, 2*time.Minute)
+	if p := w.Box("l2").Phase; p != state.PhaseReady {
+		t.Fatalf("l2 is %s", p)
 	}
 }
