@@ -26,7 +26,7 @@ func run(p *process.Process, cfg config.Sweeper) error {
 	go n.Run(p.Ctx)
 	s, err := sweeper.New(p.Ctx, sweeper.Options{
 		JS: p.JS, Publisher: events.NewPublisher(p.JS, cfg.InstanceID, p.Log),
-		Policy: cfg.Policy, Interval: cfg.Interval,
+		Policy: cfg.Policy, Profiles: cfg.Profiles, Interval: cfg.Interval,
 		IdleEvict: cfg.IdleEvict, MaxRunning: cfg.MaxRunning, Notify: n, WarnBefore: cfg.Notify.WarnBefore,
 		Log: p.Log, Metrics: p.Metrics,
 	})

@@ -20,6 +20,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/capacity"
+	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/credentials"
 	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/dev/testutil"
@@ -103,7 +104,7 @@ func newPage(t *testing.T) *page {
 		SSO: auth.SSO{NameHeader: "X-Forwarded-User", GroupsHeader: "X-Forwarded-Groups", Allow: []string{"*"}}, SeenGroups: rec.Seen, Metrics: prometheus.NewRegistry()})
 	svc := New(Options{Auth: a, Publisher: pub, Users: uc, Sandboxes: cache(t, testutil.Open[state.Sandbox](t, js, state.BucketSandboxes)),
 		Requests: cache(t, testutil.Open[state.Result](t, js, state.BucketRequests)), Queue: capacity.Queue{Cache: cache(t, testutil.Open[state.Queued](t, js, state.BucketQueue))},
-		SSO: true, SignOutURL: "/oauth2/sign_out", WakeTimeout: 5 * time.Second, Log: quiet, Spend: book,
+		SSO: true, SignOutURL: "/oauth2/sign_out", WakeTimeout: 5 * time.Second, Log: quiet, Spend: book, Profiles: config.Profiles{{Name: "default", WarmPool: "dsh-pool"}},
 		BYOK: &BYOK{Credentials: p.creds, PublicKey: k.Public[:], Providers: []string{"openai", "anthropic"}}})
 	testutil.Eventually(t, time.Minute, func() error {
 		if !svc.Ready() || uc.Len() != 2 {

@@ -67,10 +67,12 @@ func (s *Service) statusOf(ctx context.Context, user, url string) statusBody {
 		sb.KeepAwakeUntil = k.Value.Until
 		b.KeepAwakeUntil = second(k.Value.Until)
 	}
-	d := s.o.Idle.Decide(v, sb, now)
+	// The rule of the sandbox's profile, as the sweeper decides by it.
+	rule := s.o.Profiles.PolicyOf(s.o.Idle, st.Profile)
+	d := rule.Decide(v, sb, now)
 	b.LastActive, b.Busy = second(d.Last), d.Busy
 	if !d.SuspendAt.IsZero() {
-		b.SuspendAt, b.SuspendReason, b.SuspendWhy = second(d.SuspendAt), string(d.Reason), d.Reason.Ahead(s.o.Idle)
+		b.SuspendAt, b.SuspendReason, b.SuspendWhy = second(d.SuspendAt), string(d.Reason), d.Reason.Ahead(rule)
 	}
 	return b
 }

@@ -250,6 +250,7 @@ func LoadEdge(e *Env) (Edge, error) {
 	}
 	c.AuthProxySignOutURL = signOutURL(e, c.AuthProxyHeader != "")
 	c.Profiles = loadProfiles(e, c.AuthProxyHeader != "")
+	checkPolicies(e, c.Profiles, c.Idle)
 	if c.AuthProxyHeader != "" && len(c.AuthProxyAllow) == 0 {
 		e.Fail("AUTH_PROXY_ALLOW", "required with AUTH_PROXY_HEADER: the logins and group:<name> entries SSO admits (or * for everyone the SSO proxy admits)")
 	}
@@ -591,8 +592,10 @@ func handshakeKeys(e *Env) [][]byte {
 // Sweeper is the configuration of cmd/sweeper.
 type Sweeper struct {
 	Common
-	// Policy is IDLE_TIMEOUT and MAX_RUNTIME (idlePolicy).
-	Policy idle.Policy
+	// Policy is IDLE_TIMEOUT and MAX_RUNTIME (idlePolicy); Profiles
+	// (PROFILES) may give their sandboxes their own.
+	Policy   idle.Policy
+	Profiles Profiles
 	// Notify is the webhook (loadNotify).
 	Notify Notify
 	// Interval is SWEEP_INTERVAL, default a tenth of IDLE_TIMEOUT (at
@@ -619,7 +622,9 @@ func LoadSweeper(e *Env) (Sweeper, error) {
 		LeaseTTL:   e.Duration("LEASE_TTL", 10*time.Second, time.Second, 5*time.Minute),
 		MaxRunning: maxRunning(e),
 		IdleEvict:  e.Bool("IDLE_EVICT", false),
+		Profiles:   loadProfiles(e, true),
 	}
+	checkPolicies(e, c.Profiles, c.Policy)
 	if c.IdleEvict && c.MaxRunning == 0 {
 		e.Fail("IDLE_EVICT", "needs MAX_RUNNING_SANDBOXES: eviction makes room under that cap")
 	}

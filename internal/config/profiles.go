@@ -2,9 +2,12 @@ package config
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
+	"time"
 
 	"github.com/aaas-project/aaas/internal/ident"
+	"github.com/aaas-project/aaas/internal/idle"
 )
 
 // Profile is one kind of sandbox a user may choose (PROFILES): which warm
@@ -22,6 +25,60 @@ type Profile struct {
 	// of its own; MAX_RUNNING_SANDBOXES still counts every profile):
 	// wakes beyond it queue, and pass over no other profile's.
 	MaxRunning int `json:"max_running,omitempty"`
+	// IdleTimeout and MaxRuntime replace IDLE_TIMEOUT and MAX_RUNTIME for
+	// the profile's sandboxes (0: the global one).
+	IdleTimeout Duration `json:"idle_timeout,omitzero"`
+	MaxRuntime  Duration `json:"max_runtime,omitzero"`
+}
+
+// Duration is a time.Duration written as Go writes one ("30m", "8h").
+type Duration time.Duration
+
+// UnmarshalJSON reads "30m" and the like.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("a duration is a string such as \"30m\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Policy is base, the idle rule of IDLE_TIMEOUT and MAX_RUNTIME, with
+// p's own idle_timeout and max_runtime in their place where given.
+func (p Profile) Policy(base idle.Policy) idle.Policy {
+	if p.IdleTimeout > 0 {
+		base.IdleTimeout = time.Duration(p.IdleTimeout)
+	}
+	if p.MaxRuntime > 0 {
+		base.MaxRuntime = time.Duration(p.MaxRuntime)
+	}
+	return base
+}
+
+// PolicyOf is the idle rule of the sandboxes of profile name ("" or one
+// PROFILES no longer lists: the default's).
+func (ps Profiles) PolicyOf(base idle.Policy, name string) idle.Policy {
+	p, ok := ps.Find(name)
+	if !ok {
+		p = ps[0]
+	}
+	return p.Policy(base)
+}
+
+// checkPolicies refuses a profile whose idle rule, merged with base,
+// would suspend every sandbox at its ceiling before it could fall idle
+// (the rule idlePolicy applies to IDLE_TIMEOUT and MAX_RUNTIME).
+func checkPolicies(e *Env, ps Profiles, base idle.Policy) {
+	for _, p := range ps {
+		if r := p.Policy(base); r.MaxRuntime > 0 && r.MaxRuntime < r.IdleTimeout {
+			e.Fail("PROFILES", "profile %q: max_runtime %s is shorter than its idle timeout %s", p.Name, r.MaxRuntime, r.IdleTimeout)
+		}
+	}
 }
 
 // Profiles is PROFILES in its order: the first is the default, which a
@@ -117,6 +174,10 @@ func loadProfiles(e *Env, sso bool) Profiles {
 			e.Fail("PROFILES", "profile %q: warm_pool %q is not a Kubernetes object name", p.Name, p.WarmPool)
 		case len(p.Description) > maxDescription:
 			e.Fail("PROFILES", "profile %q: a description of %d bytes (at most %d)", p.Name, len(p.Description), maxDescription)
+		case p.IdleTimeout != 0 && (p.IdleTimeout < Duration(time.Second) || p.IdleTimeout > Duration(30*24*time.Hour)):
+			e.Fail("PROFILES", "profile %q: idle_timeout %s is not from 1s to 720h", p.Name, time.Duration(p.IdleTimeout))
+		case p.MaxRuntime < 0 || p.MaxRuntime > Duration(365*24*time.Hour):
+			e.Fail("PROFILES", "profile %q: max_runtime %s is not from 0 to 8760h", p.Name, time.Duration(p.MaxRuntime))
 		case p.MaxRunning < 0:
 			e.Fail("PROFILES", "profile %q: max_running %d is below 0", p.Name, p.MaxRunning)
 		case len(p.Groups) > 0 && !sso:

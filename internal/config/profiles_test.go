@@ -4,8 +4,10 @@ import (
 	"maps"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aaas-project/aaas/internal/config"
+	"github.com/aaas-project/aaas/internal/idle"
 )
 
 func TestProfileSettings(t *testing.T) {
@@ -39,6 +41,14 @@ func TestProfileSettings(t *testing.T) {
 		{name: "too long", env: map[string]string{"PROFILES": `[{"name":"` + strings.Repeat("a", 33) + `","warm_pool":"p"}]`}, fail: "PROFILES"},
 		{name: "no warm pool", env: map[string]string{"PROFILES": `[{"name":"a1"}]`}, fail: "PROFILES"},
 		{name: "long description", env: map[string]string{"PROFILES": `[{"name":"a1","warm_pool":"p","description":"` + strings.Repeat("x", 201) + `"}]`}, fail: "PROFILES"},
+		{name: "idle rules", env: map[string]string{"PROFILES": `[{"name":"a1","warm_pool":"p","idle_timeout":"5m","max_runtime":"8h","max_running":3}]`}, want: "a1", pools: "p"},
+		{name: "not a duration", env: map[string]string{"PROFILES": `[{"name":"a1","warm_pool":"p","idle_timeout":"soon"}]`}, fail: "PROFILES"},
+		{name: "a duration as a number", env: map[string]string{"PROFILES": `[{"name":"a1","warm_pool":"p","idle_timeout":300}]`}, fail: "PROFILES"},
+		{name: "idle timeout too short", env: map[string]string{"PROFILES": `[{"name":"a1","warm_pool":"p","idle_timeout":"10ms"}]`}, fail: "PROFILES"},
+		{name: "negative ceiling", env: map[string]string{"PROFILES": `[{"name":"a1","warm_pool":"p","max_runtime":"-1h"}]`}, fail: "PROFILES"},
+		{name: "ceiling below the global idle timeout", env: map[string]string{"PROFILES": `[{"name":"a1","warm_pool":"p","max_runtime":"5m"}]`}, fail: "PROFILES"},
+		{name: "ceiling below its own idle timeout", env: map[string]string{"PROFILES": `[{"name":"a1","warm_pool":"p","idle_timeout":"2h","max_runtime":"1h"}]`}, fail: "PROFILES"},
+		{name: "negative cap", env: map[string]string{"PROFILES": `[{"name":"a1","warm_pool":"p","max_running":-1}]`}, fail: "PROFILES"},
 		{name: "the default names groups", env: map[string]string{"PROFILES": `[{"name":"a1","warm_pool":"p","groups":["ml"]}]`}, sso: true, fail: "PROFILES"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -103,6 +113,22 @@ func TestProfileFindAndAllows(t *testing.T) {
 		}
 		if got := p.Allows(member); got != tc.allows {
 			t.Errorf("%s allows a member of %v: %v, want %v", p.Name, tc.groups, got, tc.allows)
+		}
+	}
+}
+
+func TestProfilePolicy(t *testing.T) {
+	base := idle.Policy{IdleTimeout: 15 * time.Minute, MaxRuntime: 8 * time.Hour, DormantAfter: time.Hour}
+	ps := config.Profiles{{Name: "small"}, {Name: "quick", IdleTimeout: config.Duration(time.Minute)}, {Name: "long", MaxRuntime: config.Duration(24 * time.Hour)}}
+	for name, want := range map[string]idle.Policy{
+		"":      base,
+		"small": base,
+		"gone":  base,
+		"quick": {IdleTimeout: time.Minute, MaxRuntime: 8 * time.Hour, DormantAfter: time.Hour},
+		"long":  {IdleTimeout: 15 * time.Minute, MaxRuntime: 24 * time.Hour, DormantAfter: time.Hour},
+	} {
+		if got := ps.PolicyOf(base, name); got != want {
+			t.Errorf("PolicyOf(%q) = %+v, want %+v", name, got, want)
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+	"unique"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -308,12 +309,16 @@ type SandboxSummary struct {
 	Managed bool
 	// readySince and asleep are Unix nanoseconds (0: the zero time).
 	readySince, asleep int64
+	// profile is the record's profile, one copy of each name however
+	// many sandboxes are of it (the zero handle: none).
+	profile unique.Handle[string]
 }
 
 // sandboxSummaryJSON is the part of a Sandbox record a summary reads.
 type sandboxSummaryJSON struct {
 	Phase       Phase     `json:"phase"`
 	Managed     bool      `json:"managed"`
+	Profile     string    `json:"profile,omitempty"`
 	ReadySince  time.Time `json:"ready_since,omitzero"`
 	LastSuspend *struct {
 		At time.Time `json:"at"`
@@ -338,7 +343,18 @@ func (s *SandboxSummary) UnmarshalJSON(data []byte) error {
 		}
 	}
 	*s = SandboxSummary{Phase: phase, Managed: r.Managed, readySince: nanos(r.ReadySince), asleep: nanos(asleep)}
+	if r.Profile != "" {
+		s.profile = unique.Make(r.Profile)
+	}
 	return nil
+}
+
+// Profile is the record's profile ("": none, the default).
+func (s SandboxSummary) Profile() string {
+	if s.profile == (unique.Handle[string]{}) {
+		return ""
+	}
+	return s.profile.Value()
 }
 
 // ErrSummaryWritten is a SandboxSummary given to be written.

@@ -94,16 +94,18 @@ func TestSandboxSummaryReadsTheRecord(t *testing.T) {
 	}
 	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
 	full := state.Sandbox{User: "ann", Phase: state.PhaseSuspended, Managed: true, Claim: "dsh-ann", PodName: "p", PodUID: "uid", Address: "10.0.0.1:8080",
-		Reason: "idle", ReadySince: at.Add(-time.Hour), LastSuspend: &state.Suspension{At: at, Reason: "idle", Detail: "idle for 15m"}, Updated: at.Add(time.Minute)}
+		Reason: "idle", ReadySince: at.Add(-time.Hour), LastSuspend: &state.Suspension{At: at, Reason: "idle", Detail: "idle for 15m"}, Updated: at.Add(time.Minute), Profile: "gpu"}
 	for _, tc := range []struct {
 		name       string
 		rec        state.Sandbox
 		readySince time.Time
 		asleep     time.Time
+		profile    string
 	}{
-		{"suspended by the gateway", full, full.ReadySince, at},
-		{"never suspended by it: asleep since its last change", func() state.Sandbox { r := full; r.LastSuspend = nil; return r }(), full.ReadySince, full.Updated},
-		{"never ready", func() state.Sandbox { r := full; r.ReadySince = time.Time{}; return r }(), time.Time{}, at},
+		{"suspended by the gateway", full, full.ReadySince, at, "gpu"},
+		{"never suspended by it: asleep since its last change", func() state.Sandbox { r := full; r.LastSuspend = nil; return r }(), full.ReadySince, full.Updated, "gpu"},
+		{"never ready", func() state.Sandbox { r := full; r.ReadySince = time.Time{}; return r }(), time.Time{}, at, "gpu"},
+		{"of no profile (made before profiles)", func() state.Sandbox { r := full; r.Profile = ""; return r }(), full.ReadySince, at, ""},
 	} {
 		data, err := kv.Encode(tc.rec)
 		if err != nil {
@@ -113,7 +115,7 @@ func TestSandboxSummaryReadsTheRecord(t *testing.T) {
 		if err := json.Unmarshal(data, &got); err != nil {
 			t.Fatal(err)
 		}
-		if got.Phase != full.Phase || !got.Managed || !got.ReadySince().Equal(tc.readySince) || got.ReadySince().IsZero() != tc.readySince.IsZero() || !got.Asleep().Equal(tc.asleep) {
+		if got.Phase != full.Phase || !got.Managed || !got.ReadySince().Equal(tc.readySince) || got.ReadySince().IsZero() != tc.readySince.IsZero() || !got.Asleep().Equal(tc.asleep) || got.Profile() != tc.profile {
 			t.Errorf("%s: summary %+v (ready since %s, asleep %s)", tc.name, got, got.ReadySince(), got.Asleep())
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aaas-project/aaas/internal/capacity"
+	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
@@ -24,8 +25,10 @@ type Options struct {
 	JS        jetstream.JetStream
 	Publisher *events.Publisher
 	// Policy is IDLE_TIMEOUT and MAX_RUNTIME: the rule the sweeper
-	// decides by (idle.Policy.Decide).
-	Policy idle.Policy
+	// decides by (idle.Policy.Decide); a profile of Profiles (PROFILES)
+	// may give its sandboxes their own idle timeout and ceiling.
+	Policy   idle.Policy
+	Profiles config.Profiles
 	// Interval is how often the active sweeper looks.
 	Interval time.Duration
 	// IdleEvict suspends the longest-idle sandboxes while wakes wait for
@@ -271,11 +274,31 @@ func (s *Sweeper) Lead(ctx context.Context) {
 	}
 }
 
-// candidate is a Ready, managed sandbox.
+// candidate is a Ready, managed sandbox, and the idle rule of its
+// profile.
 type candidate struct {
 	user       string
 	rev        uint64
 	readySince time.Time
+	policy     idle.Policy
+}
+
+// policyOf is the idle rule of the sandboxes of profile.
+func (s *Sweeper) policyOf(profile string) idle.Policy {
+	if len(s.o.Profiles) == 0 {
+		return s.o.Policy
+	}
+	return s.o.Profiles.PolicyOf(s.o.Policy, profile)
+}
+
+// longestIdle is the longest idle timeout of any profile: a gone user's
+// clock is kept that long.
+func (s *Sweeper) longestIdle() time.Duration {
+	d := s.o.Policy.IdleTimeout
+	for _, p := range s.o.Profiles {
+		d = max(d, p.Policy(s.o.Policy).IdleTimeout)
+	}
+	return d
 }
 
 // Sweep makes one round of decisions at now, for the sandboxes whose time
@@ -296,7 +319,7 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 		// Only sandboxes this gateway created: a claim applied by hand is
 		// not ours to suspend. One no longer Ready has left the set.
 		if e, ok := s.boxes.Get(u); ok && e.Value.Phase == state.PhaseReady && e.Value.Managed {
-			cands = append(cands, candidate{user: u, rev: e.Revision, readySince: e.Value.ReadySince()})
+			cands = append(cands, candidate{user: u, rev: e.Revision, readySince: e.Value.ReadySince(), policy: s.policyOf(e.Value.Profile())})
 		}
 	}
 	due, freeing := 0, 0
@@ -309,7 +332,7 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 		if k, ok := s.awake.Get(c.user); ok {
 			sb.KeepAwakeUntil = k.Value.Until
 		}
-		d := s.o.Policy.Decide(v, sb, now)
+		d := c.policy.Decide(v, sb, now)
 		a := ask{candidate: c, seq: v.Seq, last: d.Last, reason: d.Reason}
 		if d.Due {
 			// Looked at every round until lifecycle's suspend changes
@@ -326,7 +349,7 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) {
 			continue
 		}
 		if !d.Due {
-			s.warn(c.user, d, now)
+			s.warn(c.user, d, c.policy, now)
 			if !sb.KeepAwakeUntil.After(now) {
 				evictable = append(evictable, capacity.Candidate{User: c.user, Last: d.Last, Busy: d.Busy})
 			}
@@ -419,7 +442,7 @@ const publishers = 64
 // outcome in its ask.
 func (s *Sweeper) publish(ctx context.Context, asks []ask) {
 	for i := range asks {
-		asks[i].detail = asks[i].reason.Describe(s.o.Policy)
+		asks[i].detail = asks[i].reason.Describe(asks[i].policy)
 	}
 	sem := make(chan struct{}, publishers)
 	var wg sync.WaitGroup
@@ -438,7 +461,7 @@ func (s *Sweeper) publish(ctx context.Context, asks []ask) {
 // suspend: a deadline that moved (activity, a keep-awake) by more than
 // WarnBefore is a new one. The id is the user and the deadline, the same
 // on a standby that takes over with the same clocks.
-func (s *Sweeper) warn(user string, d idle.Decision, now time.Time) {
+func (s *Sweeper) warn(user string, d idle.Decision, p idle.Policy, now time.Time) {
 	if s.o.Notify == nil || d.SuspendAt.IsZero() || d.SuspendAt.Sub(now) > s.o.WarnBefore {
 		return
 	}
@@ -448,7 +471,7 @@ func (s *Sweeper) warn(user string, d idle.Decision, now time.Time) {
 	s.warned[user] = d.SuspendAt
 	at := d.SuspendAt.UTC().Truncate(time.Second)
 	s.o.Notify.Send(notify.Notice{ID: fmt.Sprintf("warning.%s.%d", user, at.Unix()), Kind: notify.KindWarning, User: user,
-		At: now.UTC(), When: at, Reason: string(d.Reason), Detail: d.Reason.Ahead(s.o.Policy)})
+		At: now.UTC(), When: at, Reason: string(d.Reason), Detail: d.Reason.Ahead(p)})
 }
 
 // dormancy audits the accounts whose managed sandbox has slept for
@@ -521,7 +544,7 @@ func (s *Sweeper) forget(now time.Time) {
 		_, ok := s.boxes.Get(user)
 		return !ok
 	}
-	s.clocks.Forget(gone, now, s.o.Policy.IdleTimeout)
+	s.clocks.Forget(gone, now, s.longestIdle())
 	for u := range s.issued {
 		if gone(u) {
 			delete(s.issued, u)

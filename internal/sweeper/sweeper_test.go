@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/dev/embednats/natstest"
 	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/events"
@@ -61,10 +62,18 @@ func (w *world) sweeper() *sweeper.Sweeper {
 
 func (w *world) sweeperWith(p idle.Policy) *sweeper.Sweeper {
 	w.t.Helper()
+	return w.sweeperOf(sweeper.Options{Policy: p})
+}
+
+// sweeperOf is a ready sweeper of o, with the world's bus, an hour's
+// interval (the tests sweep themselves) and a registry of its own.
+func (w *world) sweeperOf(o sweeper.Options) *sweeper.Sweeper {
+	w.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	w.t.Cleanup(cancel)
 	w.reg = prometheus.NewRegistry()
-	s, err := sweeper.New(ctx, sweeper.Options{JS: w.js, Publisher: events.NewPublisher(w.js, "sweeper", quiet), Policy: p, Interval: time.Hour, Log: quiet, Metrics: w.reg})
+	o.JS, o.Publisher, o.Interval, o.Log, o.Metrics = w.js, events.NewPublisher(w.js, "sweeper", quiet), time.Hour, quiet, w.reg
+	s, err := sweeper.New(ctx, o)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -255,6 +264,48 @@ func TestReasonsCeilingAndKeepAwake(t *testing.T) {
 	want["kept"], want["kept-marathon"] = "idle", "max_runtime"
 	if got := reasons(w.now.Add(31 * time.Second)); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("after the keep-awake ended: suspended %v, want %v", got, want)
+	}
+}
+
+// A profile's idle_timeout and max_runtime are its sandboxes' rule, in
+// the same sweep as the default's: a sandbox of a quick profile sleeps
+// after its shorter timeout while the default's sandbox idle as long
+// stays up, and a profile's ceiling suspends its busy sandbox while the
+// default's (none) leaves one as busy alone. A record of a profile
+// PROFILES no longer lists is judged by the default's rule.
+func TestAProfileHasItsOwnIdleRule(t *testing.T) {
+	w := setup(t)
+	ready := func(user, profile string, readySince time.Time) {
+		t.Helper()
+		if _, err := w.boxes.Put(context.Background(), user, state.Sandbox{User: user, Phase: state.PhaseReady, Managed: true, ReadySince: readySince, Profile: profile}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	long := w.now.Add(-3 * time.Hour)
+	ready("quick", "quick", long)
+	ready("plain", "", long)
+	ready("removed", "gone", long)
+	for _, u := range []string{"quick", "plain", "removed"} {
+		w.beacon(u, "edge-a", 0, idleTimeout/2, time.Second)
+	}
+	ready("marathon", "marathon", long)
+	ready("plain-busy", "", long)
+	for _, u := range []string{"marathon", "plain-busy"} {
+		w.beacon(u, "edge-a", 1, 0, 3*idleTimeout)
+	}
+	s := w.sweeperOf(sweeper.Options{Policy: idle.Policy{IdleTimeout: idleTimeout}, Profiles: config.Profiles{
+		{Name: "small", WarmPool: "p"},
+		{Name: "quick", WarmPool: "p", IdleTimeout: config.Duration(idleTimeout / 4)},
+		{Name: "marathon", WarmPool: "p", MaxRuntime: config.Duration(2 * time.Hour)},
+	}})
+	s.Sweep(context.Background(), w.now.Add(time.Second))
+	got := map[string]string{}
+	for u, c := range w.suspends() {
+		got[u] = c.Suspend.Reason + ": " + c.Suspend.Detail
+	}
+	want := map[string]string{"quick": "idle: it was idle for 15 seconds", "marathon": "max_runtime: it had been running for 2 hours, the longest this gateway allows without a keep-awake"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("suspended %v, want %v", got, want)
 	}
 }
 

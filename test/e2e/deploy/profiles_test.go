@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
@@ -21,7 +22,7 @@ import (
 func TestChartMakesAWarmPoolAndTemplatePerProfile(t *testing.T) {
 	objs := renderChart(t,
 		"--set", "sandbox.profiles[0].name=small", "--set", "sandbox.profiles[0].description=2 CPUs",
-		"--set", "sandbox.profiles[1].name=gpu", "--set", "sandbox.profiles[1].groups={acme:ml}", "--set", "sandbox.profiles[1].replicas=0", "--set", "sandbox.profiles[1].maxRunning=4",
+		"--set", "sandbox.profiles[1].name=gpu", "--set", "sandbox.profiles[1].groups={acme:ml}", "--set", "sandbox.profiles[1].replicas=0", "--set", "sandbox.profiles[1].maxRunning=4", "--set", "sandbox.profiles[1].idleTimeout=5m", "--set", "sandbox.profiles[1].maxRuntime=1h30m",
 		"--set", "sandbox.profiles[1].image.repository=dsh-gpu", "--set", "sandbox.profiles[1].image.tag=2.0.0",
 		"--set", "sandbox.profiles[1].resources.limits.nvidia\\.com/gpu=1")
 	data := get(t, objs, "ConfigMap", "aaas-config").Object["data"].(map[string]any)
@@ -34,7 +35,7 @@ func TestChartMakesAWarmPoolAndTemplatePerProfile(t *testing.T) {
 	if err != nil {
 		t.Fatalf("PROFILES %s: %v", data["PROFILES"], err)
 	}
-	if l.Profiles.Names() != "small, gpu" || l.Profiles[0].Description != "2 CPUs" || strings.Join(l.Profiles[1].Groups, ",") != "acme:ml" || l.Profiles[1].MaxRunning != 4 || l.Profiles[0].MaxRunning != 0 {
+	if l.Profiles.Names() != "small, gpu" || l.Profiles[0].Description != "2 CPUs" || strings.Join(l.Profiles[1].Groups, ",") != "acme:ml" || l.Profiles[1].MaxRunning != 4 || l.Profiles[1].IdleTimeout != config.Duration(5*time.Minute) || l.Profiles[1].MaxRuntime != config.Duration(90*time.Minute) || l.Profiles[0].MaxRunning != 0 {
 		t.Fatalf("profiles %+v", l.Profiles)
 	}
 	for i, want := range []struct{ image, replicas, gpus string }{{"dsh-web:1.0.0", "2", ""}, {"dsh-gpu:2.0.0", "0", "1"}} {
