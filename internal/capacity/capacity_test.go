@@ -129,7 +129,9 @@ func TestTallyIsCount(t *testing.T) {
 				tally.Observe(key, kv.Entry[state.Sandbox]{Key: key, Value: was}, had, kv.Entry[state.Sandbox]{Key: key, Value: b}, false)
 			}
 		}
-		return func() { tally.Change(Counted{was.Managed, was.Phase, was.Profile}, had, Counted{b.Managed, b.Phase, b.Profile}, true) }
+		return func() {
+			tally.Change(Counted{was.Managed, was.Phase, was.Profile}, had, Counted{b.Managed, b.Phase, b.Profile}, true)
+		}
 	}
 	for i := range 20_000 {
 		key := "u" + strconv.Itoa(rng.IntN(300))
