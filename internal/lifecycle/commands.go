@@ -105,7 +105,7 @@ func (w *Worker) recordClaim(ctx context.Context, user, hash string, claim *extv
 		return err
 	}
 	_, err := w.sandboxes.Mutate(ctx, user, func(cur state.Sandbox, ok bool) (state.Sandbox, bool, error) {
-		fresh := state.Sandbox{User: user, Phase: state.PhaseClaiming, Managed: true, Claim: claim.Name, Updated: time.Now().UTC()}
+		fresh := state.Sandbox{User: user, Phase: state.PhaseClaiming, Managed: true, Claim: claim.Name, Profile: claim.Annotations[sandbox.ProfileAnnotation], Updated: time.Now().UTC()}
 		return fresh, !ok || cur.Phase == state.PhaseDeleting, nil
 	})
 	return err
