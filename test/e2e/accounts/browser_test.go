@@ -1,15 +1,19 @@
 package accounts_test
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/dev/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
+	"github.com/aaas-project/aaas/internal/sandbox"
 )
 
 // TestBrowserAccountJourney drives headless Chromium through the landing
@@ -91,3 +95,64 @@ func TestBrowserAccountJourney(t *testing.T) {
 }
 
 func id(s string) chromedp.ID { return chromedp.ID(s) }
+
+// TestBrowserChoosesAProfile: in Chromium, a user picks a profile on the
+// signup form and gets a sandbox of it (its claim draws from that
+// profile's pool, and the page names it), then picks another on the
+// recreate page and gets a sandbox of that one.
+func TestBrowserChoosesAProfile(t *testing.T) {
+	w := pkg.NewStack(t, testenv.StackOptions{Env: map[string]string{"SIGNUP_INVITE_CODE": invite,
+		"PROFILES": `[{"name":"small","warm_pool":"dsh-pool"},{"name":"large","description":"more of everything","warm_pool":"dsh-large"}]`,
+	}, Lifecycle: "lc-a"})
+	addPool(t, w, "dsh-large")
+	edge := w.Edge("edge-a", nil)
+	ctx := testenv.Browser(t)
+	pool := func(want string) {
+		t.Helper()
+		_, ext, _ := pkg.Cluster.SandboxClients()
+		testutil.Eventually(t, time.Minute, func() error {
+			c, err := ext.ExtensionsV1beta1().SandboxClaims(w.NS.Name).Get(testenv.Context(t, time.Minute), sandbox.ClaimName("pia"), metav1.GetOptions{})
+			if err != nil || c.Spec.WarmPoolRef.Name != want {
+				return fmt.Errorf("pia's claim: %v %v, want pool %s", c, err, want)
+			}
+			return nil
+		})
+	}
+
+	testenv.Do(t, ctx, "sign up with the large profile",
+		chromedp.Navigate(edge.URL+"/"),
+		chromedp.WaitVisible(id("signup-profile")),
+		chromedp.SendKeys(id("signup-user"), "pia"),
+		chromedp.SendKeys(id("signup-invite"), invite),
+		chromedp.SetValue(id("signup-profile"), "large"),
+		chromedp.Click(id("signup-submit")),
+		chromedp.WaitVisible(id("token-box")),
+		chromedp.Click(id("continue")),
+		chromedp.WaitVisible(id("chat-input")),
+	)
+	pool("dsh-large")
+	testenv.Do(t, ctx, "the page names the profile",
+		chromedp.Navigate(edge.URL+"/"),
+		testenv.Until(`document.getElementById("profile").textContent === "large"`, 30*time.Second),
+	)
+	testenv.Do(t, ctx, "recreate with the small profile",
+		chromedp.Click(chromedp.CSS("summary")),
+		chromedp.WaitVisible(id("recreate")),
+		chromedp.Click(id("recreate")),
+		chromedp.WaitVisible(id("recreate-profile")),
+		testenv.Until(`document.getElementById("recreate-profile").value === "large"`, 5*time.Second),
+		chromedp.SetValue(id("recreate-profile"), "small"),
+		chromedp.Click(id("confirm")),
+		chromedp.WaitVisible(id("account")),
+	)
+	pool("dsh-pool")
+	// The page is drawn from the edge's copy of the record, which may
+	// lag the recreate's answer a moment.
+	testutil.Eventually(t, 30*time.Second, func() error {
+		testenv.Do(t, ctx, "load the page", chromedp.Navigate(edge.URL+"/"), chromedp.WaitVisible(id("profile")))
+		if got := testenv.Get(t, ctx, "the profile shown", chromedp.Text(id("profile"))); got != "small" {
+			return fmt.Errorf("the page says profile %q", got)
+		}
+		return nil
+	})
+}
