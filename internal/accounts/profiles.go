@@ -46,12 +46,3 @@ func (s *Service) profileChoices(c *fiber.Ctx, id auth.Identity) []web.Profile {
 	}
 	return out
 }
-
-// profileOf names the profile a sandbox record's profile is ("": the
-// default's name).
-func (s *Service) profileOf(name string) string {
-	if name == "" {
-		return s.o.Profiles[0].Name
-	}
-	return name
-}

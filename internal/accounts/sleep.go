@@ -48,7 +48,7 @@ type statusBody struct {
 // (Sites.SandboxURL of the request asking).
 func (s *Service) statusOf(ctx context.Context, user, url string) statusBody {
 	st := s.state(ctx, user)
-	b := statusBody{User: user, Phase: string(st.Phase), Reason: st.Reason, URL: url, Profile: s.profileOf(st.Profile), LastSuspend: st.LastSuspend, Slept: web.Slept(st.LastSuspend)}
+	b := statusBody{User: user, Phase: string(st.Phase), Reason: st.Reason, URL: url, Profile: s.o.Profiles.NameOf(st.Profile), LastSuspend: st.LastSuspend, Slept: web.Slept(st.LastSuspend)}
 	if st.Phase != state.PhaseReady || s.o.Activity == nil {
 		return b
 	}
@@ -217,7 +217,7 @@ func (s *Service) confirm(c *fiber.Ctx) error {
 	case "recreate":
 		d.Path = "/recreate"
 		d.Profiles = s.profileChoices(c, id)
-		d.Profile = s.profileOf(s.state(httpguard.Context(c), id.User).Profile)
+		d.Profile = s.o.Profiles.NameOf(s.state(httpguard.Context(c), id.User).Profile)
 	case "delete":
 		d.Path = "/users/" + id.User + "/delete"
 	case "token":

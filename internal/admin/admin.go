@@ -196,7 +196,7 @@ func (s *Service) parseQuery(c *fiber.Ctx) (Query, error) {
 	if q.Phase != "" && q.Phase != dormantFilter && !slices.Contains(state.Phases, state.Phase(q.Phase)) {
 		return q, fmt.Errorf("phase must be one of %v or %s", state.Phases, dormantFilter)
 	}
-	if _, ok := s.o.Profiles.Find(q.Profile); !ok || len(q.Profile) > ident.MaxProfileLen {
+	if _, ok := s.o.Profiles.Find(q.Profile); !ok {
 		return q, fmt.Errorf("profile must be one of %s", s.o.Profiles.Names())
 	}
 	if len(q.After) > ident.MaxUserLen || len(q.Prefix) > ident.MaxUserLen {
@@ -285,16 +285,13 @@ func (s *Service) Page(ctx context.Context, q Query, now time.Time) (Page, error
 
 // row is name's row but for its sessions (Page counts a page's at once).
 func (s *Service) row(ctx context.Context, name string, now time.Time) (Row, error) {
-	r := Row{User: name, Phase: "Unknown", Profile: s.o.Profiles[0].Name}
+	r := Row{User: name, Phase: "Unknown", Profile: s.o.Profiles.NameOf("")}
 	if u, ok := s.o.Users.Load(ctx, name); ok {
 		r.Managed, r.Created = u.Value.Managed, u.Value.Created
 	}
 	if b, ok := s.o.Sandboxes.Load(ctx, name); ok {
 		r.Phase, r.Reason, r.Pod, r.ReadySince = string(b.Value.Phase), b.Value.Reason, b.Value.PodName, b.Value.ReadySince
-		r.Managed = r.Managed || b.Value.Managed
-		if b.Value.Profile != "" {
-			r.Profile = b.Value.Profile
-		}
+		r.Managed, r.Profile = r.Managed || b.Value.Managed, s.o.Profiles.NameOf(b.Value.Profile)
 		if ls := b.Value.LastSuspend; ls != nil && b.Value.Phase == state.PhaseSuspended && b.Value.Managed {
 			var at time.Time
 			if r.Dormant, at = s.o.Idle.Dormancy(ls.At, now); r.Dormant && !at.IsZero() {

@@ -99,6 +99,15 @@ func (ps Profiles) Find(name string) (Profile, bool) {
 	return Profile{}, false
 }
 
+// NameOf is the name of the profile a record or claim names: name, or
+// the default's for "" (one made before profiles).
+func (ps Profiles) NameOf(name string) string {
+	if name == "" {
+		return ps[0].Name
+	}
+	return name
+}
+
 // Names lists the profiles' names, for messages.
 func (ps Profiles) Names() string {
 	names := make([]string, len(ps))

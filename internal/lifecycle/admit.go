@@ -1,7 +1,6 @@
 package lifecycle
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -75,11 +74,11 @@ func (w *Worker) admitOnce(ctx context.Context, pending admitted, now time.Time)
 			return true
 		}
 		queue = append(queue, e.Value)
-		profile := w.o.Profiles[0].Name
+		var named string
 		if st.Claim != nil {
-			profile = cmp.Or(st.Claim.Annotations[sandbox.ProfileAnnotation], profile)
+			named = st.Claim.Annotations[sandbox.ProfileAnnotation]
 		}
-		waiting[e.Value.User] = waiter{e.Value.Since, st.Sandbox, profile}
+		waiting[e.Value.User] = waiter{e.Value.Since, st.Sandbox, w.o.Profiles.NameOf(named)}
 		return true
 	})
 	for _, user := range settled {

@@ -104,7 +104,7 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 	}
 	w := &Worker{o: o, log: o.Log, m: newMetrics(o.Metrics), pub: o.Publisher, k8s: o.Cluster, http: handshake.Client(),
 		handshakeSlots: make(chan struct{}, max(o.HandshakeWorkers, 1)), refreshes: handshake.LifecycleRefreshes()}
-	w.usage.Default = o.Profiles[0].Name
+	w.usage.Default = o.Profiles.NameOf("")
 	var err error
 	if w.users, err = kv.Open[state.User](ctx, o.JS, state.BucketUsers); err != nil {
 		return nil, err
