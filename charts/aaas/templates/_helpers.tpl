@@ -131,6 +131,19 @@ checksum/config: {{ include (print .Template.BasePath "/config.yaml") . | sha256
 {{- if eq .Release.Namespace .Values.sandboxNamespace.name -}}
 {{- fail (printf "sandboxNamespace.name (%s) must differ from the release's namespace: tenants never share the control plane's namespace" .Values.sandboxNamespace.name) -}}
 {{- end -}}
+{{- $seen := dict -}}
+{{- range $i, $p := .Values.sandbox.profiles -}}
+{{- if hasKey $seen $p.name -}}
+{{- fail (printf "sandbox.profiles names %q twice: each profile is one warm pool and template" $p.name) -}}
+{{- end -}}
+{{- $_ := set $seen $p.name true -}}
+{{- if and (eq $i 0) $p.groups -}}
+{{- fail (printf "sandbox.profiles[0] (%s) is the default every user may get: it names no groups (put a profile open to all first)" $p.name) -}}
+{{- end -}}
+{{- if and $p.groups (not $.Values.gatewaySSO.enabled) -}}
+{{- fail (printf "sandbox.profiles %q names groups, which need gatewaySSO.enabled: groups come from the SSO proxy" $p.name) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Label selectors the operator names (their ingress controller's,

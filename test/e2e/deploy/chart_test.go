@@ -280,6 +280,9 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"no public host", []string{"--set", "hosts.public=null"}, "hosts"},
 		{"tenants in the control plane's namespace", []string{"--set", "sandboxNamespace.name=" + controlNS}, "must differ from the release's namespace"},
 		{"external NATS without a URL", []string{"--set", "nats.bundled=false"}, "nats.external.url is required"},
+		{"a profile's groups without SSO", []string{"--set", "sandbox.profiles[0].name=small", "--set", "sandbox.profiles[1].name=gpu", "--set", "sandbox.profiles[1].groups={ml}"}, `"gpu" names groups, which need gatewaySSO.enabled`},
+		{"a default profile with groups", []string{"--set", "ingress.enabled=false", "--set", "gatewaySSO.enabled=true", "--set", "gatewaySSO.gatewayClassName=x", "--set", "gatewaySSO.allow={*}", "--set", "sandbox.profiles[0].name=gpu", "--set", "sandbox.profiles[0].groups={ml}"}, "sandbox.profiles[0] (gpu) is the default"},
+		{"a profile named twice", []string{"--set", "sandbox.profiles[0].name=small", "--set", "sandbox.profiles[1].name=small"}, `names "small" twice`},
 		{"a provider name that is no variable", []string{"--set", "broker.providers[0].name=deep-seek", "--set", "broker.providers[0].api=openai", "--set", "broker.providers[0].base_url=https://x", "--set", "broker.providers[0].models={m}"}, "/broker/providers/0/name"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -294,6 +297,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 	}
 	// Positive control: the same values, well formed, render.
 	renderChart(t, "--set", "config.IDLE_TIMEOUT=5m", "--set", "config.AUTH_RATE_LIMIT=1", "--set", "config.LOG_LEVEL=debug", "--set", "config.COOKIE_SECURE=true")
+	renderChart(t, "--set", "sandbox.profiles[0].name=small", "--set", "sandbox.profiles[1].name=large")
 }
 
 // checksums returns each pod template's checksum annotations by workload.

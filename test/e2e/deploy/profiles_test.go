@@ -20,7 +20,7 @@ import (
 // WARM_POOL beside it is gone, which they would refuse). Without
 // profiles, the one pool of sandbox.warmPool and WARM_POOL, as before.
 func TestChartMakesAWarmPoolAndTemplatePerProfile(t *testing.T) {
-	objs := renderChart(t,
+	objs := renderChart(t, "--set", "ingress.enabled=false", "--set", "gatewaySSO.enabled=true", "--set", "gatewaySSO.gatewayClassName=x", "--set", "gatewaySSO.allow={*}",
 		"--set", "sandbox.profiles[0].name=small", "--set", "sandbox.profiles[0].description=2 CPUs",
 		"--set", "sandbox.profiles[1].name=gpu", "--set", "sandbox.profiles[1].groups={acme:ml}", "--set", "sandbox.profiles[1].replicas=0", "--set", "sandbox.profiles[1].maxRunning=4", "--set", "sandbox.profiles[1].idleTimeout=5m", "--set", "sandbox.profiles[1].maxRuntime=1h30m",
 		"--set", "sandbox.profiles[1].image.repository=dsh-gpu", "--set", "sandbox.profiles[1].image.tag=2.0.0",
