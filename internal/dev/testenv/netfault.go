@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -75,10 +74,20 @@ func (f *Faults) of(instance string) []*toxiproxy.Proxy {
 }
 
 // Cut closes instance's connections to every node and refuses new ones
-// until Restore, as a network partition the host notices does.
+// until Restore, as a network partition the host notices does. The
+// listener stays open through the cut: were it closed, an outgoing
+// connection could take its port as an ephemeral one and Restore could
+// not listen there again. A reset toxic answers each new connection with
+// a TCP reset as soon as the node greets it; the proxy's restart, whose
+// listener is back at once, drops the connections already open.
 func (f *Faults) Cut(instance string) {
+	f.t.Helper()
+	f.toxic(instance, `{"name":"cut-%s","type":"reset_peer","stream":"%s","attributes":{"timeout":0}}`)
 	for _, p := range f.of(instance) {
 		p.Stop()
+		if err := p.Start(); err != nil {
+			f.t.Fatal(err)
+		}
 	}
 }
 
@@ -118,8 +127,5 @@ func (f *Faults) Restore(instance string) {
 	f.t.Helper()
 	for _, p := range f.of(instance) {
 		p.Toxics.ResetToxics(context.Background())
-		if err := p.Start(); err != nil && !errors.Is(err, toxiproxy.ErrProxyAlreadyStarted) {
-			f.t.Fatal(err)
-		}
 	}
 }
