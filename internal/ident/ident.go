@@ -117,6 +117,68 @@ func ValidateProfile(name string) error {
 	return nil
 }
 
+// A sandbox key is the name a sandbox goes by in every bucket, subject,
+// claim and origin. An account's first sandbox, the one every account
+// made before named sandboxes has, goes by the account's name, so none
+// of its records, claim or URL moves. A named sandbox goes by
+// "<user>--<name>": no account name holds "--" (ValidateUser) and no
+// sandbox name does, so a key splits one way only and is never an
+// account's name, and a key starts with a letter, so it is never a
+// preview's "<port>-<key>". The key is one DNS label: "dsh-<key>" is
+// its claim's name and "<key>.<SANDBOX_DOMAIN>" its origin.
+const sandboxSep = "--"
+
+// MaxSandboxNameLen bounds a named sandbox's name, so that its claim,
+// "dsh-<user>--<name>", stays within a DNS label's 63 characters (58 at
+// most), and its preview origins, "<port>-<user>--<name>", too.
+const MaxSandboxNameLen = 20
+
+// ErrBadSandboxName says what a sandbox's name may be.
+var ErrBadSandboxName = errors.New("a sandbox name is 1 to 20 lowercase letters, digits and single hyphens, starting with a letter and ending with a letter or digit")
+
+var sandboxNameRE = regexp.MustCompile(`^[a-z]([a-z0-9-]*[a-z0-9])?$`)
+
+// ValidateSandboxName checks the name a user gives a sandbox of theirs.
+func ValidateSandboxName(name string) error {
+	if len(name) > MaxSandboxNameLen || !sandboxNameRE.MatchString(name) || strings.Contains(name, sandboxSep) {
+		return ErrBadSandboxName
+	}
+	return nil
+}
+
+// SandboxKey is the key of user's sandbox name; "" names the account's
+// first sandbox, whose key is the account's name.
+func SandboxKey(user, name string) string {
+	if name == "" {
+		return user
+	}
+	return user + sandboxSep + name
+}
+
+// SplitSandboxKey reads a sandbox key as its owner's account name and the
+// sandbox's name ("" for the account's first sandbox); ok is false for
+// anything no account's sandbox can be called.
+func SplitSandboxKey(key string) (user, name string, ok bool) {
+	user, name, _ = strings.Cut(key, sandboxSep)
+	if ValidateUser(user) != nil || name != "" && ValidateSandboxName(name) != nil || name == "" && len(user) != len(key) {
+		return "", "", false
+	}
+	return user, name, true
+}
+
+// ValidSandboxKey reports whether key is some account's sandbox key.
+func ValidSandboxKey(key string) bool {
+	_, _, ok := SplitSandboxKey(key)
+	return ok
+}
+
+// OwnerOf is the account a sandbox key belongs to; "" for a string that
+// is no sandbox key, which owns nothing and matches no account.
+func OwnerOf(key string) string {
+	user, _, _ := SplitSandboxKey(key)
+	return user
+}
+
 // Admin is an ADMIN_USERS entry: an account name and the identity its
 // administrator's rights are bound to, the account's token hash (the hex
 // SHA-256 of its bearer token, or of an SSO account's binding). A name

@@ -216,3 +216,59 @@ func TestValidateProfile(t *testing.T) {
 		}
 	}
 }
+
+func TestSandboxKeys(t *testing.T) {
+	long := strings.Repeat("s", MaxSandboxNameLen)
+	for _, c := range []struct{ key, user, name string }{
+		{"alice", "alice", ""},
+		{"alice--work", "alice", "work"},
+		{"alice--w", "alice", "w"},
+		{"bo-b--gpu-2", "bo-b", "gpu-2"},
+		{"alice--" + long, "alice", long},
+	} {
+		user, name, ok := SplitSandboxKey(c.key)
+		if !ok || user != c.user || name != c.name || SandboxKey(user, name) != c.key || OwnerOf(c.key) != c.user {
+			t.Errorf("%q: %q %q %v", c.key, user, name, ok)
+		}
+	}
+	// Nothing else reads as a key, so nothing else owns anything: not an
+	// empty or bad name on either side, not a third part, not a preview's
+	// "<port>-<user>", not a name longer than the claim's label allows.
+	for _, key := range []string{"", "--work", "alice--", "alice---work", "alice--work--x", "alice--work-", "alice--2work",
+		"alice--Work", "alice--wo.rk", "admin", "dshalice--w", "8080-alice", "8080-alice--work", "alice--" + long + "s", "alice--w\x00"} {
+		if user, name, ok := SplitSandboxKey(key); ok || OwnerOf(key) != "" {
+			t.Errorf("%q read as %q %q", key, user, name)
+		}
+	}
+	for _, name := range []string{"", "-w", "w-", "a--b", "W", "1w", "w_x", long + "s"} {
+		if ValidateSandboxName(name) == nil {
+			t.Errorf("name %q accepted", name)
+		}
+	}
+	// The longest key's claim is a DNS label, and so is its longest
+	// preview origin.
+	longest := SandboxKey(strings.Repeat("u", MaxUserLen), long)
+	if n := len("dsh-" + longest); n > 63 {
+		t.Errorf("claim name of %d characters", n)
+	}
+	if n := len("65535-" + longest); n > 63 {
+		t.Errorf("preview label of %d characters", n)
+	}
+}
+
+func FuzzSplitSandboxKey(f *testing.F) {
+	for _, s := range []string{"alice", "alice--work", "alice---w", "8080-alice--w", "a--b--c"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, key string) {
+		user, name, ok := SplitSandboxKey(key)
+		if !ok {
+			return
+		}
+		// A key reads back as itself, its owner is an account, and it is
+		// an account's name only when it names no sandbox.
+		if SandboxKey(user, name) != key || ValidateUser(user) != nil || ValidUser(key) != (name == "") {
+			t.Fatalf("%q: %q %q", key, user, name)
+		}
+	})
+}
