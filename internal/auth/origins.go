@@ -46,9 +46,10 @@ type Origins struct {
 	// Secure is COOKIE_SECURE.
 	CookieName string
 	Secure     bool
-	// MayOpen says whether id may sign in to user's origin at port (0:
-	// the DSH's, else a preview's); nil: only the user's own.
-	MayOpen func(id Identity, user string, port int) bool
+	// MayOpen says whether id may sign in to the origin of the sandbox of
+	// key (ident.SandboxKey) at port (0: the DSH's, else a preview's);
+	// nil: only the origins of id's own sandboxes.
+	MayOpen func(id Identity, key string, port int) bool
 }
 
 // SandboxCookie is the name of a sandbox origin's session cookie: with
@@ -163,12 +164,13 @@ func (a *Authenticator) MintSandboxCode(c *fiber.Ctx) error {
 	return c.Redirect(scheme+"://"+host+SandboxSignInPath+"?code="+code+"&next="+url.QueryEscape(path), fiber.StatusSeeOther)
 }
 
-// mayOpen is Origins.MayOpen, by default: one's own origins only.
-func (a *Authenticator) mayOpen(id Identity, user string, port int) bool {
+// mayOpen is Origins.MayOpen, by default: the origins of one's own
+// sandboxes only.
+func (a *Authenticator) mayOpen(id Identity, key string, port int) bool {
 	if a.o.Origins.MayOpen == nil {
-		return id.User == user
+		return id.User == ident.OwnerOf(key)
 	}
-	return a.o.Origins.MayOpen(id, user, port)
+	return a.o.Origins.MayOpen(id, key, port)
 }
 
 // sandboxURL reads next as an absolute URL on a sandbox origin of this

@@ -20,6 +20,7 @@ import (
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/process"
 	"github.com/aaas-project/aaas/internal/proxy"
@@ -167,8 +168,8 @@ func newAuthenticator(p *process.Process, cfg config.Edge, st *edgeState, pub *e
 		Codes: st.codes,
 		// One's own origins, and with PREVIEW_ACCESS=users any user's
 		// listed previews (the proxy admits the same).
-		MayOpen: func(id auth.Identity, user string, port int) bool {
-			return id.User == user || port != 0 && cfg.Preview.Users && cfg.Preview.Allows(port)
+		MayOpen: func(id auth.Identity, key string, port int) bool {
+			return id.User == ident.OwnerOf(key) || port != 0 && cfg.Preview.Users && cfg.Preview.Allows(port)
 		},
 	}
 	return auth.New(auth.Options{

@@ -241,13 +241,16 @@ func (p *Policy) resolve(info *Info, peer netip.Addr, xff, xfp []string, host []
 }
 
 // ParseSandboxHost reads a canonical host (see CanonicalHost) as a sandbox
-// origin's under the canonical domain: "<user>.<domain>" is that user's
-// DSH (port 0), "<port>-<user>.<domain>" a preview of that port. One label
-// below the domain, so one wildcard certificate covers every origin.
-// Account names start with a letter (ident.ValidateUser), so a label starting with a digit is never a user's. ok is
+// origin's under the canonical domain: "<key>.<domain>" is the DSH (port
+// 0) of the sandbox of that key (ident.SandboxKey: "<user>" for an
+// account's first sandbox, "<user>--<name>" for a named one),
+// "<port>-<key>.<domain>" a preview of that port. One label below the
+// domain, so one wildcard certificate covers every origin. Keys start
+// with a letter, so a label starting with a digit is never a key. ok is
 // false for anything else: another depth, another domain, a port out of
-// range or written with a leading zero, a name no account can have.
-func ParseSandboxHost(host, domain string) (user string, port int, ok bool) {
+// range or written with a leading zero, a key no account's sandbox can
+// have.
+func ParseSandboxHost(host, domain string) (key string, port int, ok bool) {
 	label, found := strings.CutSuffix(host, "."+domain)
 	if !found || domain == "" || label == "" || strings.Contains(label, ".") {
 		return "", 0, false
@@ -260,19 +263,20 @@ func ParseSandboxHost(host, domain string) (user string, port int, ok bool) {
 		}
 		port, label = n, name
 	}
-	if !ident.ValidUser(label) {
+	if !ident.ValidSandboxKey(label) {
 		return "", 0, false
 	}
 	return label, port, true
 }
 
-// SandboxHost is the host of user's origin under domain (port 0: the
-// DSH's, else that preview's): what ParseSandboxHost reads back.
-func SandboxHost(user string, port int, domain string) string {
+// SandboxHost is the host of the origin of the sandbox of key under
+// domain (port 0: the DSH's, else that preview's): what ParseSandboxHost
+// reads back.
+func SandboxHost(key string, port int, domain string) string {
 	if port != 0 {
-		return strconv.Itoa(port) + "-" + user + "." + domain
+		return strconv.Itoa(port) + "-" + key + "." + domain
 	}
-	return user + "." + domain
+	return key + "." + domain
 }
 
 func (p *Policy) trustedPeer(a netip.Addr) bool {

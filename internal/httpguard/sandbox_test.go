@@ -11,8 +11,9 @@ import (
 	"github.com/aaas-project/aaas/internal/ident"
 )
 
-// Sandbox origins are one label below SANDBOX_DOMAIN: <user> is the user's
-// DSH, <port>-<user> a preview. Everything else is no sandbox's host.
+// Sandbox origins are one label below SANDBOX_DOMAIN: <key> is the DSH of
+// the sandbox of that key (<user> or <user>--<name>), <port>-<key> a
+// preview. Everything else is no sandbox's host.
 func TestParseSandboxHost(t *testing.T) {
 	for _, tt := range []struct {
 		host, domain string
@@ -44,7 +45,18 @@ func TestParseSandboxHost(t *testing.T) {
 		{"5173--ann.sbx.example", "sbx.example", "", 0, false},
 		{"+5173-ann.sbx.example", "sbx.example", "", 0, false},
 		{"dshadmin.sbx.example", "sbx.example", "", 0, false}, // no account can be named dsh…
-		{"a--b.sbx.example", "sbx.example", "", 0, false},
+		{"a--b.sbx.example", "sbx.example", "", 0, false}, // "a" is no account
+		{"ann--work.sbx.example", "sbx.example", "ann--work", 0, true},
+		{"ann--w.sbx.example", "sbx.example", "ann--w", 0, true},
+		{"5173-ann--work.sbx.example", "sbx.example", "ann--work", 5173, true},
+		{"ann--work-2.localhost:8080", "localhost:8080", "ann--work-2", 0, true},
+		{"ann--.sbx.example", "sbx.example", "", 0, false},        // no name
+		{"ann---work.sbx.example", "sbx.example", "", 0, false},   // the name would start with a hyphen
+		{"ann--work--x.sbx.example", "sbx.example", "", 0, false}, // a third part
+		{"ann--work-.sbx.example", "sbx.example", "", 0, false},
+		{"ann--2w.sbx.example", "sbx.example", "", 0, false}, // a name starts with a letter
+		{"dsh--work.sbx.example", "sbx.example", "", 0, false},
+		{"ann--" + strings.Repeat("w", ident.MaxSandboxNameLen+1) + ".sbx.example", "sbx.example", "", 0, false},
 		{"a.sbx.example", "sbx.example", "", 0, false}, // too short for an account
 		{"ann_x.sbx.example", "sbx.example", "", 0, false},
 		{"ann.sbx.example", "", "", 0, false}, // path mode: no sandbox hosts
@@ -110,10 +122,17 @@ func TestSandboxHostPolicy(t *testing.T) {
 	}
 }
 
-// userLabel is the reference grammar of an origin's label, written apart
+// keyLabel is the reference grammar of an origin's label, written apart
 // from ParseSandboxHost: an optional port (1-65535, no leading zero) and a
-// hyphen, then an account name.
-var userLabel = regexp.MustCompile(`^(?:([1-9][0-9]{0,4})-)?([a-z][a-z0-9-]*)$`)
+// hyphen, then an account name, and optionally "--" and a sandbox name.
+var keyLabel = regexp.MustCompile(`^(?:([1-9][0-9]{0,4})-)?([a-z][a-z0-9-]*)$`)
+
+// sandboxKey is the reference reading of a key: the part before the
+// first "--" an account name, the rest, if any, a sandbox name.
+func sandboxKey(key string) bool {
+	user, name, named := strings.Cut(key, "--")
+	return ident.ValidUser(user) && (!named || ident.ValidateSandboxName(name) == nil)
+}
 
 // FuzzSandboxHost holds ParseSandboxHost to the reference grammar and to
 // SandboxHost: whatever it accepts is exactly one label (port and account
@@ -137,8 +156,8 @@ func FuzzSandboxHost(f *testing.F) {
 		domain := domains[int(d)%len(domains)]
 		user, port, ok := httpguard.ParseSandboxHost(host, domain)
 		label, below := strings.CutSuffix(host, "."+domain)
-		m := userLabel.FindStringSubmatch(label)
-		want := below && m != nil && ident.ValidUser(m[2])
+		m := keyLabel.FindStringSubmatch(label)
+		want := below && m != nil && sandboxKey(m[2])
 		if want && m[1] != "" {
 			n, _ := strconv.Atoi(m[1])
 			want = n <= 65535
@@ -154,7 +173,7 @@ func FuzzSandboxHost(f *testing.F) {
 			if back := httpguard.SandboxHost(user, port, domain); back != host {
 				t.Fatalf("%q parsed to %q, %d, which is the host %q", host, user, port, back)
 			}
-			if ident.ValidateUser(user) != nil || port < 0 || port > 65535 {
+			if !ident.ValidSandboxKey(user) || ident.OwnerOf(user) == "" || port < 0 || port > 65535 {
 				t.Fatalf("%q parsed to %q, %d", host, user, port)
 			}
 		}

@@ -180,7 +180,7 @@ func (p *Proxy) Origins(c *fiber.Ctx) error {
 // browser reads under another user's prefix is refused, not redirected.
 func (p *Proxy) toOrigin(c *fiber.Ctx) error {
 	user, rest, ok := splitUserPath(string(c.Request().URI().PathOriginal()))
-	if !ok || !ident.ValidUser(user) {
+	if !ok || !ident.ValidSandboxKey(user) {
 		return p.refuse(c, false, errNoSandbox)
 	}
 	if rest == "" {
@@ -289,7 +289,7 @@ func readUser(path string) string {
 // the redirect of the bare prefix.
 func (p *Proxy) serve(c *fiber.Ctx) error {
 	user, rest, ok := splitUserPath(pathOf(c))
-	if !ok || !ident.ValidUser(user) {
+	if !ok || !ident.ValidSandboxKey(user) {
 		return p.refuse(c, false, errNoSandbox)
 	}
 	if rest == "" {
@@ -319,18 +319,21 @@ func (p *Proxy) serveUser(c *fiber.Ctx, user, rest string, port int, ws bool) er
 			return p.refuse(c, ws, errDraining)
 		}
 	}
-	id, err := p.o.Auth.AuthenticateFor(c, user)
+	// user is the sandbox's key (ident.SandboxKey): its owner's account
+	// name, or "<owner>--<name>" for a named sandbox.
+	owner := ident.OwnerOf(user)
+	id, err := p.o.Auth.AuthenticateFor(c, owner)
 	switch {
 	case err != nil && !ws && p.signInFirst(c, web.AsError(err)):
 		return p.toSignIn(c)
 	case err != nil:
 		return p.refuse(c, ws, web.AsError(err))
-	case id.User != user && port != 0 && !p.o.PreviewUsers:
+	case id.User != owner && port != 0 && !p.o.PreviewUsers:
 		return p.refuse(c, ws, errNotYourPreview)
-	case id.User != user && port != 0 && !p.resolver.Exists(httpguard.Context(c), user):
+	case id.User != owner && port != 0 && !p.resolver.Exists(httpguard.Context(c), user):
 		// Another user's preview of a sandbox there is not: no wait for it.
 		return p.refuse(c, ws, errNoSandbox)
-	case id.User != user && port == 0:
+	case id.User != owner && port == 0:
 		return p.refuse(c, ws, errNotYours)
 	// Credentials the browser attaches by itself (the session cookie, the
 	// SSO proxy's header) must not let another site drive the agent: a
