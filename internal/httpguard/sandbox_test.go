@@ -45,7 +45,7 @@ func TestParseSandboxHost(t *testing.T) {
 		{"5173--ann.sbx.example", "sbx.example", "", 0, false},
 		{"+5173-ann.sbx.example", "sbx.example", "", 0, false},
 		{"dshadmin.sbx.example", "sbx.example", "", 0, false}, // no account can be named dsh…
-		{"a--b.sbx.example", "sbx.example", "", 0, false}, // "a" is no account
+		{"a--b.sbx.example", "sbx.example", "", 0, false},     // "a" is no account
 		{"ann--work.sbx.example", "sbx.example", "ann--work", 0, true},
 		{"ann--w.sbx.example", "sbx.example", "ann--w", 0, true},
 		{"5173-ann--work.sbx.example", "sbx.example", "ann--work", 5173, true},
