@@ -108,7 +108,7 @@ type NATSLedger struct {
 	idle      chan struct{}
 }
 
-// activity is one user's calls in flight on this broker, for beacons and
+// activity is one sandbox's calls in flight on this broker, for beacons and
 // for the cap while NATS is unreachable. gen counts changes; sent is the
 // last change a beacon carried.
 type activity struct {
@@ -178,12 +178,15 @@ func NewLedger(ctx context.Context, o LedgerOptions) (*NATSLedger, error) {
 	return l, nil
 }
 
-// Admit decides whether user's call may go ahead (charged: against the
-// organisation's budget; false for the user's own key) and takes its slot.
-// Every error it returns is a *Refusal.
-func (l *NATSLedger) Admit(ctx context.Context, user string, charged bool) (Call, error) {
-	// The user comes from attribution, not from the call; still, it
-	// becomes KV keys and subjects, so nothing else is let through.
+// Admit decides whether the call of the sandbox of key (ident.SandboxKey)
+// may go ahead (charged: against its owner's budget at the organisation's
+// expense; false for the owner's own key) and takes its slot in the
+// owner's. Every error it returns is a *Refusal.
+func (l *NATSLedger) Admit(ctx context.Context, key string, charged bool) (Call, error) {
+	// The key comes from attribution, not from the call; still, it and
+	// its owner become KV keys and subjects, so nothing else is let
+	// through.
+	user := ident.OwnerOf(key)
 	if err := ident.ValidateUser(user); err != nil {
 		return nil, &Refusal{Status: http.StatusForbidden, Reason: "unattributed", Message: "this address is not a running sandbox"}
 	}
@@ -191,7 +194,7 @@ func (l *NATSLedger) Admit(ctx context.Context, user string, charged bool) (Call
 	limit, limited := l.budgetOf(ctx, user)
 	limited = limited && charged
 	if !l.nc.IsConnected() {
-		return l.cutOff(user, charged, limited, now)
+		return l.cutOff(key, charged, limited, now)
 	}
 	// First without a slot, so that a user over budget costs no write.
 	if limited {
@@ -209,7 +212,7 @@ func (l *NATSLedger) Admit(ctx context.Context, user string, charged bool) (Call
 			return nil, gone()
 		}
 		l.o.Log.Warn("model call slot not taken", "user", user, "err", err)
-		return l.cutOff(user, charged, limited, now)
+		return l.cutOff(key, charged, limited, now)
 	}
 	// Again holding the slot: every call whose cost the spend read here
 	// lacks holds a slot as well, this one included, so at most
@@ -222,7 +225,7 @@ func (l *NATSLedger) Admit(ctx context.Context, user string, charged bool) (Call
 			return nil, r
 		}
 	}
-	c, _ := l.begin(user, id, charged, true, now)
+	c, _ := l.begin(key, id, charged, true, now)
 	return c, nil
 }
 
@@ -284,14 +287,14 @@ func (l *NATSLedger) recorded() <-chan struct{} {
 	return l.idle
 }
 
-// cutOff admits a call while the shared state cannot be used: never one
-// charged to a budget, and at most MaxConcurrent of the user's on this
-// broker.
-func (l *NATSLedger) cutOff(user string, charged, limited bool, now time.Time) (Call, error) {
+// cutOff admits a call of the sandbox of key while the shared state
+// cannot be used: never one charged to a budget, and at most
+// MaxConcurrent of that sandbox's on this broker.
+func (l *NATSLedger) cutOff(key string, charged, limited bool, now time.Time) (Call, error) {
 	if limited {
 		return nil, unavailable()
 	}
-	c, err := l.begin(user, rand.Text(), charged, false, now)
+	c, err := l.begin(key, rand.Text(), charged, false, now)
 	if err != nil {
 		return nil, err
 	}
@@ -299,13 +302,14 @@ func (l *NATSLedger) cutOff(user string, charged, limited bool, now time.Time) (
 	return c, nil
 }
 
-// begin counts the call in flight here and has its first beacon sent.
-func (l *NATSLedger) begin(user, id string, charged, slotted bool, now time.Time) (*call, error) {
+// begin counts the call of the sandbox of key in flight here and has its
+// first beacon sent (the beacons are the sandbox's).
+func (l *NATSLedger) begin(key, id string, charged, slotted bool, now time.Time) (*call, error) {
 	l.mu.Lock()
-	a := l.active[user]
+	a := l.active[key]
 	if a == nil {
 		a = &activity{}
-		l.active[user] = a
+		l.active[key] = a
 	}
 	if !slotted && a.inFlight >= l.o.MaxConcurrent {
 		l.mu.Unlock()
@@ -316,7 +320,7 @@ func (l *NATSLedger) begin(user, id string, charged, slotted bool, now time.Time
 	a.gen++
 	l.mu.Unlock()
 	l.wake()
-	return &call{l: l, id: id, user: user, charged: charged, slotted: slotted, start: now}, nil
+	return &call{l: l, id: id, key: key, user: ident.OwnerOf(key), charged: charged, slotted: slotted, start: now}, nil
 }
 
 func (l *NATSLedger) wake() {
@@ -389,8 +393,11 @@ func pruneSlots(cur *state.ModelCalls, now time.Time) bool {
 
 // call is one admitted call.
 type call struct {
-	l       *NATSLedger
-	id      string
+	l  *NATSLedger
+	id string
+	// key is the calling sandbox's (its beacons), user its owner's (the
+	// slot, the budget, the record).
+	key     string
 	user    string
 	charged bool
 	slotted bool
@@ -418,7 +425,7 @@ func (c *call) End(u events.UsageEvent) {
 		u.Duration = time.Since(c.start)
 	}
 	l.mu.Lock()
-	if a := l.active[c.user]; a != nil {
+	if a := l.active[c.key]; a != nil {
 		a.inFlight--
 		a.last = time.Now()
 		a.gen++
@@ -627,10 +634,10 @@ func (l *NATSLedger) beacons(heartbeat bool) {
 	now := time.Now().UTC()
 	var send []due
 	l.mu.Lock()
-	for user, a := range l.active {
+	for key, a := range l.active {
 		if a.gen != a.sent || (heartbeat && a.inFlight > 0) {
 			send = append(send, due{events.Beacon{
-				User: user, Edge: l.o.Instance, InFlight: a.inFlight,
+				User: key, Edge: l.o.Instance, InFlight: a.inFlight,
 				LastActive: a.last.UTC(), SentAt: now, TTL: l.o.BeaconTTL,
 			}, a.gen})
 		}

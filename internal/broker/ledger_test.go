@@ -756,3 +756,39 @@ func BenchmarkAdmit(b *testing.B) {
 		})
 	}
 }
+
+// A named sandbox's call (key ann--work) is its owner's to pay: the slot,
+// the month's total and the record are ann's; its beacons are the
+// sandbox's own, so they keep ann--work awake and not ann's first
+// sandbox. A key that is no account's sandbox is refused.
+func TestANamedSandboxsCallIsItsOwnersToPay(t *testing.T) {
+	b := newLedgerBus(t)
+	bl := followBeacons(t, b.admin)
+	l, _ := b.ledger("broker-a", nil)
+	c := admit(t, l, "ann--work", true)
+	if n := len(b.liveSlotsOf("ann")); n != 1 {
+		t.Fatalf("ann holds %d slots during her sandbox's call", n)
+	}
+	tu.Eventually(t, 10*time.Second, func() error {
+		if got := bl.of("ann--work", "broker-a"); len(got) != 1 || got[0].InFlight != 1 {
+			return fmt.Errorf("ann--work's beacons: %+v", got)
+		}
+		return nil
+	})
+	c.End(events.UsageEvent{Provider: "deepseek", Model: "deepseek-chat", Status: 200, CostMicros: 70})
+	flush(t, l)
+	if got := b.usageOf("ann"); got.Calls != 1 || got.CostMicros != 70 {
+		t.Fatalf("ann's month: %+v", got)
+	}
+	if r := b.records()[c.ID()]; r.User != "ann" {
+		t.Fatalf("the record names %q", r.User)
+	}
+	if got := bl.of("ann", "broker-a"); len(got) != 0 {
+		t.Fatalf("beacons for ann's first sandbox: %+v", got)
+	}
+	for _, key := range []string{"ann--", "ann--Work", "x--work", "ann.work"} {
+		if _, err := l.Admit(natstest.Context(t, 10*time.Second), key, true); err == nil {
+			t.Errorf("a call of %q was admitted", key)
+		}
+	}
+}

@@ -17,13 +17,14 @@ import (
 
 	"github.com/aaas-project/aaas/internal/config"
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/ident"
 )
 
 // Ledger admits calls (budget, concurrency slot) and records them.
 type Ledger interface {
 	// Admit returns a *Refusal error when the call must not go ahead.
 	// charged is false for a BYOK call (not held to the budget).
-	Admit(ctx context.Context, user string, charged bool) (Call, error)
+	Admit(ctx context.Context, key string, charged bool) (Call, error)
 }
 
 // Call is one admitted call; End is called exactly once when it ends
@@ -224,10 +225,14 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, start time.Time) 
 		return nil
 	}
 	ip, ok := peer(r.RemoteAddr)
-	user, reason := "", ReasonUnattributed
+	key, reason := "", ReasonUnattributed
 	if ok {
-		user, reason = s.o.Index.Lookup(ip)
+		key, reason = s.o.Index.Lookup(ip)
 	}
+	// The sandbox's key names the sandbox whose agent is at work (its
+	// beacons keep that one awake); its owner's account pays, with the
+	// owner's keys and budget.
+	user := ident.OwnerOf(key)
 	if user == "" {
 		s.refuse(w, p.API, &Refusal{Status: http.StatusForbidden, Reason: reason, Message: "this address is not a running sandbox: model calls are taken from sandboxes only"})
 		return nil
@@ -269,7 +274,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, start time.Time) 
 			key, byok = own, true
 		}
 	}
-	call, err := s.o.Ledger.Admit(r.Context(), user, !byok)
+	call, err := s.o.Ledger.Admit(r.Context(), key, !byok)
 	if err != nil {
 		if !errors.As(err, &ref) {
 			s.o.Log.Warn("admitting a call failed", "user", user, "err", err)

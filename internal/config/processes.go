@@ -117,6 +117,8 @@ type Edge struct {
 	// AdminGroups is ADMIN_GROUPS: with SSO, the groups (from
 	// AUTH_PROXY_GROUPS_HEADER) whose members may use /_/admin.
 	AdminGroups []string
+	// MaxSandboxes is MAX_SANDBOXES_PER_USER (maxSandboxes).
+	MaxSandboxes int
 	// Profiles is PROFILES: what a user may choose their sandbox's kind
 	// from (the one default profile when unset).
 	Profiles Profiles
@@ -250,6 +252,7 @@ func LoadEdge(e *Env) (Edge, error) {
 	}
 	c.AuthProxySignOutURL = signOutURL(e, c.AuthProxyHeader != "")
 	c.Profiles = loadProfiles(e, c.AuthProxyHeader != "")
+	c.MaxSandboxes = maxSandboxes(e)
 	checkPolicies(e, c.Profiles, c.Idle)
 	if c.AuthProxyHeader != "" && len(c.AuthProxyAllow) == 0 {
 		e.Fail("AUTH_PROXY_ALLOW", "required with AUTH_PROXY_HEADER: the logins and group:<name> entries SSO admits (or * for everyone the SSO proxy admits)")
@@ -376,6 +379,9 @@ type Lifecycle struct {
 	// Profiles is PROFILES (or WARM_POOL's one default profile): the warm
 	// pool each claim draws from.
 	Profiles Profiles
+	// MaxSandboxes is MAX_SANDBOXES_PER_USER (maxSandboxes): lifecycle
+	// holds each account to it.
+	MaxSandboxes int
 	// LogTailLines is DSH_LOG_TAIL_LINES, how much of the pod log is
 	// searched for the launch token.
 	LogTailLines int
@@ -420,6 +426,7 @@ func LoadLifecycle(e *Env) (Lifecycle, error) {
 		Kube:             loadKube(e),
 		Notify:           loadNotify(e),
 		Profiles:         loadProfiles(e, true),
+		MaxSandboxes:     maxSandboxes(e),
 		LogTailLines:     e.Int("DSH_LOG_TAIL_LINES", 1000, 1, 100000),
 		Container:        e.String("DSH_CONTAINER", ""),
 		Port:             dshPort(e),
@@ -608,6 +615,12 @@ type Sweeper struct {
 	MaxRunning int
 	IdleEvict  bool
 }
+
+// maxSandboxes is MAX_SANDBOXES_PER_USER, read by the edge (which offers
+// named sandboxes when it is above 1) and lifecycle (which keeps each
+// account to it): how many sandboxes an account may have, its first one
+// included. 1 is one sandbox per account, as before named sandboxes.
+func maxSandboxes(e *Env) int { return e.Int("MAX_SANDBOXES_PER_USER", 1, 1, 100) }
 
 // maxRunning is MAX_RUNNING_SANDBOXES, read by lifecycle (which admits)
 // and the sweeper (which evicts).

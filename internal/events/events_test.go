@@ -485,6 +485,9 @@ func TestInvalidCommandsAreRefusedAtPublish(t *testing.T) {
 		events.NewClaim("bob", "r1", strings.Repeat("a", 64), "GPU"),
 		events.NewClaim("bob", "r1", strings.Repeat("a", 64), "gpu.>"),
 		events.NewRecreate("bob", "r1", strings.Repeat("x", 33)),
+		// A named sandbox carries no token hash; an account's claim must.
+		{V: 4, Verb: events.VerbClaim, User: "bob--work", ID: "x", Claim: &events.ClaimArgs{TokenHash: strings.Repeat("a", 64)}},
+		{V: 4, Verb: events.VerbClaim, User: "bob", ID: "x", Claim: &events.ClaimArgs{}},
 		{V: 2, Verb: events.VerbToken, User: "bob", ID: "x"},
 		{V: 99, Verb: events.VerbWake, User: "bob", ID: "x"},
 	}
@@ -499,7 +502,7 @@ func TestDecodeRefusesNewerSchema(t *testing.T) {
 	if _, err := events.Decode[events.Beacon]([]byte(`{"v":2,"user":"bob"}`)); err == nil {
 		t.Fatal("a beacon from a newer schema was accepted")
 	}
-	if _, err := events.Decode[events.Command]([]byte(`{"v":4,"verb":"wake","user":"bob"}`)); !errors.Is(err, events.ErrNewerSchema) {
+	if _, err := events.Decode[events.Command]([]byte(`{"v":5,"verb":"wake","user":"bob"}`)); !errors.Is(err, events.ErrNewerSchema) {
 		t.Fatalf("a command from a newer schema: %v", err)
 	}
 	// The token command is version 2: a 0.2.0 lifecycle (reads 1) hands it
@@ -520,6 +523,17 @@ func TestDecodeRefusesNewerSchema(t *testing.T) {
 		if c.V != 1 || c.Validate() != nil {
 			t.Fatalf("%s naming no profile %+v: %v", c.Verb, c, c.Validate())
 		}
+	}
+	// A named sandbox's claim and delete are version 4: a lifecycle that
+	// predates them would refuse the one and take the other for the
+	// account's. The account's own delete stays 1.
+	for _, c := range []events.Command{events.NewSandbox("bob--work", "r1", ""), events.NewSandbox("bob--work", "r1", "gpu"), events.NewDelete("bob--work", "r1")} {
+		if c.V != 4 || c.Validate() != nil {
+			t.Fatalf("%s of a named sandbox %+v: %v", c.Verb, c, c.Validate())
+		}
+	}
+	if c := events.NewDelete("bob", "r1"); c.V != 1 || c.Validate() != nil {
+		t.Fatalf("an account's delete %+v: %v", c, c.Validate())
 	}
 	b, err := events.Decode[events.Beacon]([]byte(`{"v":1,"user":"bob","in_flight":2}`))
 	if err != nil || b.InFlight != 2 {

@@ -21,7 +21,7 @@ import (
 const SchemaVersion = 1
 
 // CommandReadsUpTo is the newest command version this build reads.
-const CommandReadsUpTo = profileVersion
+const CommandReadsUpTo = namedVersion
 
 // tokenVersion is the version of the token command, new in 0.3.0: a 0.2.0
 // lifecycle, which reads 1 only, hands it back to the queue for a newer
@@ -34,6 +34,13 @@ const tokenVersion = 2
 // instead. One that names none keeps the old version, which every
 // release reads the same.
 const profileVersion = 3
+
+// namedVersion is the version of a claim or delete of a named sandbox
+// (a key "<user>--<name>", ident.SandboxKey), new in 0.5.0: a lifecycle
+// that predates named sandboxes would refuse the claim, which carries no
+// token hash, and take the delete for an account's, so it hands both
+// back for a newer replica instead.
+const namedVersion = 4
 
 // ErrNewerSchema marks a message written by a newer build than this one.
 var ErrNewerSchema = errors.New("written by a newer version")
@@ -197,8 +204,10 @@ func (c Command) Validate() error {
 	}
 	switch c.Verb {
 	case VerbClaim:
-		if c.Claim == nil || len(c.Claim.TokenHash) != 64 {
-			return fmt.Errorf("claim without a token hash")
+		// An account's claim carries its token's hash; a named sandbox
+		// belongs to an account that exists, and carries none.
+		if _, name, _ := ident.SplitSandboxKey(c.User); c.Claim == nil || name == "" && len(c.Claim.TokenHash) != 64 || name != "" && c.Claim.TokenHash != "" {
+			return fmt.Errorf("claim without a token hash, or a named sandbox's with one")
 		}
 		return validProfile(c.Claim.Profile)
 	case VerbRecreate:
@@ -255,6 +264,16 @@ func NewClaim(user, requestID, tokenHash, profile string) Command {
 	return c
 }
 
+// NewSandbox asks for the named sandbox of key (ident.SandboxKey: its
+// owner's account exists) of profile ("": the default). requestID is
+// unique per attempt.
+func NewSandbox(key, requestID, profile string) Command {
+	c := newCommand(VerbClaim, key, requestID)
+	c.V, c.RequestID = namedVersion, requestID
+	c.Claim = &ClaimArgs{Profile: profile}
+	return c
+}
+
 // NewWake asks for a sandbox to run. stateRev is the sandboxes-bucket
 // revision the requester saw, so any number of edges waking the same
 // suspended sandbox publish one command, and a later suspension gets a new one.
@@ -292,10 +311,14 @@ func NewHandshake(user string, a HandshakeArgs) Command {
 	return c
 }
 
-// NewDelete asks for an account and everything in it to go.
-func NewDelete(user, requestID string) Command {
-	c := newCommand(VerbDelete, user, requestID)
+// NewDelete asks for an account and everything in it to go, or, for a
+// named sandbox's key, that sandbox and its volume.
+func NewDelete(key, requestID string) Command {
+	c := newCommand(VerbDelete, key, requestID)
 	c.RequestID = requestID
+	if _, name, _ := ident.SplitSandboxKey(key); name != "" {
+		c.V = namedVersion
+	}
 	return c
 }
 

@@ -52,6 +52,9 @@ func sameHash(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), [
 // already carries this request's token hash is our own earlier create
 // (a redelivery), so it answers created, not conflict.
 func (w *Worker) claim(ctx context.Context, c events.Command) (string, error) {
+	if owner, name, _ := ident.SplitSandboxKey(c.User); name != "" {
+		return w.claimNamed(ctx, c, owner, name)
+	}
 	hash := c.Claim.TokenHash
 	if u, err := w.users.Get(ctx, c.User); err == nil && !sameHash(u.Value.TokenHash, hash) {
 		return w.conflict(ctx, c, "account exists")
@@ -99,16 +102,15 @@ func (w *Worker) refuseProfile(ctx context.Context, c events.Command, kind event
 // recordClaim writes the account and a first sandbox record for a claim
 // this gateway owns; the mirror refines the sandbox record from watches.
 func (w *Worker) recordClaim(ctx context.Context, user, hash string, claim *extv1beta1.SandboxClaim) error {
-	if _, err := w.users.Put(ctx, user, state.User{
-		Name: user, TokenHash: hash, Claim: claim.Name, ClaimUID: string(claim.UID), Managed: true, Created: claim.CreationTimestamp.UTC(),
+	// The account's named sandboxes outlive a recreate of its first.
+	if _, err := w.users.Mutate(ctx, user, func(cur state.User, _ bool) (state.User, bool, error) {
+		return state.User{
+			Name: user, TokenHash: hash, Claim: claim.Name, ClaimUID: string(claim.UID), Managed: true, Created: claim.CreationTimestamp.UTC(), Sandboxes: cur.Sandboxes,
+		}, true, nil
 	}); err != nil {
 		return err
 	}
-	_, err := w.sandboxes.Mutate(ctx, user, func(cur state.Sandbox, ok bool) (state.Sandbox, bool, error) {
-		fresh := state.Sandbox{User: user, Phase: state.PhaseClaiming, Managed: true, Claim: claim.Name, Profile: claim.Annotations[sandbox.ProfileAnnotation], Updated: time.Now().UTC()}
-		return fresh, !ok || cur.Phase == state.PhaseDeleting, nil
-	})
-	return err
+	return w.recordSandbox(ctx, user, claim)
 }
 
 func (w *Worker) conflict(ctx context.Context, c events.Command, why string) (string, error) {
@@ -244,6 +246,9 @@ func (w *Worker) lastActivity(ctx context.Context, user string) (uint64, error) 
 // delete removes the account: the claim (its sandbox and volume follow),
 // every session and handshake, and the records.
 func (w *Worker) delete(ctx context.Context, c events.Command) (string, error) {
+	if owner, name, _ := ident.SplitSandboxKey(c.User); name != "" {
+		return w.deleteNamed(ctx, c, owner, name)
+	}
 	claim, err := w.k8s.GetClaim(ctx, c.User)
 	switch {
 	case apierrors.IsNotFound(err):
@@ -262,6 +267,11 @@ func (w *Worker) delete(ctx context.Context, c events.Command) (string, error) {
 		if err := w.k8s.DeleteClaim(ctx, c.User, claim.UID, false); err != nil {
 			return "", w.kubeFail(ctx, "delete claim", err)
 		}
+	}
+	// Its named sandboxes go with it; the record that lists them goes
+	// last (forget).
+	if err := w.deleteNamedOf(ctx, c.User); err != nil {
+		return "", err
 	}
 	if err := w.forget(ctx, c.User); err != nil {
 		return "", err
@@ -365,6 +375,9 @@ func (w *Worker) recreate(ctx context.Context, c events.Command) (string, error)
 		if _, ok := w.o.Profiles.Find(chosen); !ok {
 			return w.refuseProfile(ctx, c, events.AuditRecreate, chosen)
 		}
+	}
+	if owner, name, _ := ident.SplitSandboxKey(c.User); name != "" {
+		return w.recreateNamed(ctx, c, owner, name, chosen)
 	}
 	u, err := w.users.Mutate(ctx, c.User, func(cur state.User, ok bool) (state.User, bool, error) {
 		if !ok {

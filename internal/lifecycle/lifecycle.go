@@ -50,6 +50,9 @@ type Options struct {
 	// Profiles are what claims are made of: a command names one (or the
 	// default), and its warm pool is the claim's.
 	Profiles config.Profiles
+	// MaxSandboxes is MAX_SANDBOXES_PER_USER: an account's sandboxes, its
+	// first included (0 reads as 1).
+	MaxSandboxes int
 	// Limits cap running sandboxes and concurrent starts; wakes beyond
 	// them wait in the queue, which the lease holder admits from.
 	Limits capacity.Limits

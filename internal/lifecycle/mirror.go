@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -13,6 +14,7 @@ import (
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/sandbox"
 	"github.com/aaas-project/aaas/internal/state"
 )
@@ -156,8 +158,11 @@ func (m *mirror) reconcile(ctx context.Context, user string) error {
 	if live, err := m.claimLive(ctx, user, st); err != nil || !live {
 		return err
 	}
-	if err := m.syncUser(ctx, user, st); err != nil {
-		return err
+	// A named sandbox has no account record of its own to keep.
+	if !named(user) {
+		if err := m.syncUser(ctx, user, st); err != nil {
+			return err
+		}
 	}
 	prev, _ := w.boxCache.Get(user)
 	next := w.k8s.Derive(user, st, prev.Value)
@@ -236,12 +241,15 @@ func (m *mirror) syncUser(ctx context.Context, user string, st sandbox.State) er
 	if ok && !cur.Value.RecreatingSince.IsZero() {
 		return nil // the recreate command owns the record until it is done
 	}
-	rec := state.User{Name: user, TokenHash: hash, Claim: st.Claim.Name, ClaimUID: string(st.Claim.UID), Managed: true, Created: st.Claim.CreationTimestamp.UTC()}
-	rev, err := w.users.Put(ctx, user, rec)
+	// A mutation, not a put: the cache may lag a named sandbox's place
+	// taken on the record a moment ago.
+	e, err := w.users.Mutate(ctx, user, func(cur state.User, _ bool) (state.User, bool, error) {
+		return state.User{Name: user, TokenHash: hash, Claim: st.Claim.Name, ClaimUID: string(st.Claim.UID), Managed: true, Created: st.Claim.CreationTimestamp.UTC(), Sandboxes: cur.Sandboxes}, true, nil
+	})
 	if err != nil {
 		return err
 	}
-	w.userCache.Note(user, rec, rev)
+	w.userCache.Note(user, e.Value, e.Revision)
 	w.m.mirrorWrites.WithLabelValues(state.BucketUsers).Inc()
 	return nil
 }
@@ -256,6 +264,11 @@ func (m *mirror) syncUser(ctx context.Context, user string, st sandbox.State) er
 func (m *mirror) claimLive(ctx context.Context, user string, st sandbox.State) (bool, error) {
 	w := m.w
 	_, hasUser := w.userCache.Get(user)
+	if owner, name, _ := ident.SplitSandboxKey(user); name != "" {
+		// A named sandbox's account record is its owner's, which lists it.
+		u, ok := w.userCache.Get(owner)
+		hasUser = ok && slices.Contains(u.Value.Sandboxes, name)
+	}
 	_, hasBox := w.boxCache.Get(user)
 	switch {
 	case hasUser && hasBox:
@@ -279,11 +292,15 @@ func (m *mirror) claimLive(ctx context.Context, user string, st sandbox.State) (
 func (m *mirror) claimGone(ctx context.Context, user string) error {
 	w := m.w
 	u, hasUser := w.userCache.Get(user)
-	_, hasBox := w.boxCache.Get(user)
+	box, hasBox := w.boxCache.Get(user)
 	if !hasUser && !hasBox {
 		return nil
 	}
 	if hasUser && !u.Value.RecreatingSince.IsZero() && time.Since(u.Value.RecreatingSince) < recreateGrace {
+		return nil
+	}
+	// A named sandbox being recreated is Deleting while its old claim goes.
+	if named(user) && box.Value.Phase == state.PhaseDeleting && time.Since(box.Value.Updated) < recreateGrace {
 		return nil
 	}
 	claim, err := w.k8s.GetClaim(ctx, user)
@@ -292,6 +309,17 @@ func (m *mirror) claimGone(ctx context.Context, user string) error {
 	}
 	if err != nil && !apierrors.IsNotFound(err) {
 		return w.kubeErr("get claim", err)
+	}
+	if owner, name, _ := ident.SplitSandboxKey(user); name != "" {
+		if err := w.forgetNamed(ctx, user); err != nil {
+			return err
+		}
+		w.pub.Audit(events.AuditEvent{Kind: events.AuditDelete, User: owner, Outcome: state.OutcomeDeleted, Detail: "sandbox " + name + ": claim removed outside the gateway"})
+		return nil
+	}
+	// The account's named sandboxes go with it.
+	if err := w.deleteNamedOf(ctx, user); err != nil {
+		return err
 	}
 	if err := w.forget(ctx, user); err != nil {
 		return err

@@ -1,6 +1,7 @@
 package lifecycle_test
 
 import (
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -15,16 +16,15 @@ import (
 	"github.com/aaas-project/aaas/internal/state"
 )
 
-// TestAProfileIsTheWarmPoolAClaimDrawsFrom: with two profiles, each of
-// its own warm pool, a claim is made from the pool of the profile its
-// command names (the default's when it names none), the sandbox's record
-// says which, a recreate keeps the profile unless it names another, and a
-// profile this worker's PROFILES does not list is answered failed with
-// nothing made.
-func TestAProfileIsTheWarmPoolAClaimDrawsFrom(t *testing.T) {
-	st := pkg.NewStack(t, testenv.StackOptions{Env: map[string]string{
+// twoProfiles is a stack with PROFILES small (the default, of the
+// stack's pool dsh-pool) and large (a pool dsh-large like it), and env.
+func twoProfiles(t *testing.T, env map[string]string) *fixture {
+	t.Helper()
+	all := map[string]string{
 		"PROFILES": `[{"name":"small","warm_pool":"dsh-pool"},{"name":"large","description":"more of everything","warm_pool":"dsh-large"}]`,
-	}})
+	}
+	maps.Copy(all, env)
+	st := pkg.NewStack(t, testenv.StackOptions{Env: all})
 	_, ext, _ := pkg.Cluster.SandboxClients()
 	pools := ext.ExtensionsV1beta1().SandboxWarmPools(st.NS.Name)
 	small, err := pools.Get(ctx(t), "dsh-pool", metav1.GetOptions{})
@@ -35,35 +35,50 @@ func TestAProfileIsTheWarmPoolAClaimDrawsFrom(t *testing.T) {
 	if _, err := pools.Create(ctx(t), large, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	f := setup(t, nil, st)
+	return setup(t, nil, st)
+}
+
+// claimOf is the live claim of key (a sandbox key).
+func (f *fixture) claimOf(key string) extv1beta1.SandboxClaim {
+	f.t.Helper()
+	for _, c := range f.claims() {
+		if c.Name == sandbox.ClaimName(key) && c.DeletionTimestamp == nil {
+			return c
+		}
+	}
+	f.t.Fatalf("no claim of %s", key)
+	return extv1beta1.SandboxClaim{}
+}
+
+// expectProfile: key's claim is of profile, from pool, and its record
+// comes to say so, Ready.
+func (f *fixture) expectProfile(key, profile, pool string) {
+	f.t.Helper()
+	c := f.claimOf(key)
+	if c.Spec.WarmPoolRef.Name != pool || c.Annotations[sandbox.ProfileAnnotation] != profile {
+		f.t.Fatalf("%s's claim: pool %q, profile %q; want %q, %q", key, c.Spec.WarmPoolRef.Name, c.Annotations[sandbox.ProfileAnnotation], pool, profile)
+	}
+	// The record comes from the mirror: after a recreate it may say
+	// the old sandbox's profile a moment longer.
+	e, _, err := f.boxes.Wait(testenv.Context(f.t, 90*time.Second), key, func(e kv.Entry[state.Sandbox], ok bool) bool {
+		return ok && e.Value.Phase == state.PhaseReady && e.Value.Claim == c.Name && e.Value.Profile == profile
+	})
+	if err != nil {
+		f.t.Fatalf("%s's record never Ready of profile %q: %+v", key, profile, e.Value)
+	}
+}
+
+// TestAProfileIsTheWarmPoolAClaimDrawsFrom: with two profiles, each of
+// its own warm pool, a claim is made from the pool of the profile its
+// command names (the default's when it names none), the sandbox's record
+// says which, a recreate keeps the profile unless it names another, and a
+// profile this worker's PROFILES does not list is answered failed with
+// nothing made.
+func TestAProfileIsTheWarmPoolAClaimDrawsFrom(t *testing.T) {
+	f := twoProfiles(t, nil)
 	f.lifecycle("lc-a")
 
-	claimOf := func(user string) extv1beta1.SandboxClaim {
-		t.Helper()
-		for _, c := range f.claims() {
-			if c.Name == sandbox.ClaimName(user) && c.DeletionTimestamp == nil {
-				return c
-			}
-		}
-		t.Fatalf("no claim of %s", user)
-		return extv1beta1.SandboxClaim{}
-	}
-	expect := func(user, profile, pool string) {
-		t.Helper()
-		c := claimOf(user)
-		if c.Spec.WarmPoolRef.Name != pool || c.Annotations[sandbox.ProfileAnnotation] != profile {
-			t.Fatalf("%s's claim: pool %q, profile %q; want %q, %q", user, c.Spec.WarmPoolRef.Name, c.Annotations[sandbox.ProfileAnnotation], pool, profile)
-		}
-		// The record comes from the mirror: after a recreate it may say
-		// the old sandbox's profile a moment longer.
-		e, _, err := f.boxes.Wait(testenv.Context(t, 90*time.Second), user, func(e kv.Entry[state.Sandbox], ok bool) bool {
-			return ok && e.Value.Phase == state.PhaseReady && e.Value.Claim == c.Name && e.Value.Profile == profile
-		})
-		if err != nil {
-			t.Fatalf("%s's record never Ready of profile %q: %+v", user, profile, e.Value)
-		}
-	}
-
+	claimOf, expect := f.claimOf, f.expectProfile
 	ann := tokenHash()
 	if res := f.command(events.NewClaim("ann", "req-ann", ann, "large")); res.Outcome != state.OutcomeCreated {
 		t.Fatalf("claim of large: %+v", res)

@@ -51,8 +51,12 @@ const (
 	// ProfileAnnotation names the profile (PROFILES) a claim was made of;
 	// a claim without it predates profiles and is of the default one.
 	ProfileAnnotation = "aaas.example.com/profile"
-	// UserLabel names the gateway user a claim belongs to.
+	// UserLabel names the gateway user a claim belongs to (a named
+	// sandbox's: its owner).
 	UserLabel = "aaas.example.com/user"
+	// RequestAnnotation, on a named sandbox's claim, is the id of the
+	// request that made it: a redelivered create finds its own claim.
+	RequestAnnotation = "aaas.example.com/request"
 	// ClaimUIDLabel is set by agent-sandbox on a claimed sandbox; warm
 	// spares lack it, so selecting on it skips the pool.
 	ClaimUIDLabel = extv1beta1.SandboxIDLabel
@@ -279,8 +283,9 @@ func (c *Cluster) OnChange(fn func(user string)) error {
 	return nil
 }
 
-// ClaimName is dsh-<user>.
-func ClaimName(user string) string { return claimPrefix + user }
+// ClaimName is dsh-<key>: an account's first sandbox's is dsh-<user>, a
+// named sandbox's dsh-<user>--<name> (ident.SandboxKey).
+func ClaimName(key string) string { return claimPrefix + key }
 
 // UserOf is the inverse of ClaimName.
 func UserOf(claim string) (string, bool) {
@@ -381,15 +386,26 @@ func (c *Cluster) Users() []string {
 // CreateClaim creates dsh-<user> from profile's warm pool, labelled as
 // ours and annotated with the token hash and the profile.
 func (c *Cluster) CreateClaim(ctx context.Context, user, tokenHash, profile, pool string) (*extv1beta1.SandboxClaim, error) {
+	return c.createClaim(ctx, user, user, map[string]string{TokenHashAnnotation: tokenHash, ProfileAnnotation: profile}, pool)
+}
+
+// CreateNamedClaim creates dsh-<key> for owner's named sandbox of key,
+// made by request, of profile, from warm pool pool. It carries no token
+// hash: the account lives on its first claim.
+func (c *Cluster) CreateNamedClaim(ctx context.Context, key, owner, request, profile, pool string) (*extv1beta1.SandboxClaim, error) {
+	return c.createClaim(ctx, key, owner, map[string]string{RequestAnnotation: request, ProfileAnnotation: profile}, pool)
+}
+
+func (c *Cluster) createClaim(ctx context.Context, key, owner string, annotations map[string]string, pool string) (*extv1beta1.SandboxClaim, error) {
 	claim := &extv1beta1.SandboxClaim{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:        ClaimName(user),
+			Name:        ClaimName(key),
 			Namespace:   c.cfg.Namespace,
-			Labels:      map[string]string{c.cfg.ManagedKey: c.cfg.ManagedValue, UserLabel: user},
-			Annotations: map[string]string{TokenHashAnnotation: tokenHash, ProfileAnnotation: profile},
+			Labels:      map[string]string{c.cfg.ManagedKey: c.cfg.ManagedValue, UserLabel: owner},
+			Annotations: annotations,
 		},
 		Spec: extv1beta1.SandboxClaimSpec{WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: pool},
-			AdditionalPodMetadata: sandboxv1beta1.PodMetadata{Labels: map[string]string{PodUserLabel: user}}},
+			AdditionalPodMetadata: sandboxv1beta1.PodMetadata{Labels: map[string]string{PodUserLabel: owner}}},
 	}
 	ctx, cancel := c.call(ctx)
 	defer cancel()

@@ -231,6 +231,12 @@ type User struct {
 	// DeletingSince is set when a deletion starts: the account's
 	// credentials stop working before its sandbox goes.
 	DeletingSince time.Time `json:"deleting_since,omitzero"`
+	// Sandboxes names the account's named sandboxes (their keys are
+	// ident.SandboxKey(Name, name)), its first sandbox aside, oldest
+	// first. lifecycle lists a name here before it makes the claim, so
+	// MAX_SANDBOXES_PER_USER holds however many creates race, and drops it
+	// once the sandbox is gone.
+	Sandboxes []string `json:"sandboxes,omitempty"`
 }
 
 // Phase is where a user's sandbox is in its life.
