@@ -35,6 +35,12 @@ func (s *Service) landing(c *fiber.Ctx) error {
 		st := s.statusOf(httpguard.Context(c), id.User, d.Sandbox)
 		d.Phase, d.Reason, d.Sleep, d.Profile = st.Phase, st.Reason, s.sleep(st), st.Profile
 		d.Models = s.landingModels(httpguard.Context(c), id.User)
+		if s.o.MaxSandboxes > 1 {
+			for _, v := range s.userSandboxes(c, id.User) {
+				d.Sandboxes = append(d.Sandboxes, web.Sandbox(v))
+			}
+			d.MaxSandboxes, d.MaxSandboxNameLen, d.MoreSandboxes = s.o.MaxSandboxes, ident.MaxSandboxNameLen, len(d.Sandboxes) < s.o.MaxSandboxes
+		}
 		if s.o.APITokens != nil && id.TokenName == "" {
 			// Shown only when listed: an empty list read from a bus that
 			// did not answer would say the user has none.

@@ -52,6 +52,9 @@ type Options struct {
 	// Profiles are what a user may choose their sandbox's kind from
 	// (PROFILES); the first is the default.
 	Profiles config.Profiles
+	// MaxSandboxes is MAX_SANDBOXES_PER_USER: above 1, users make named
+	// sandboxes beside their first.
+	MaxSandboxes int
 	// InFlight is the per-user cap the proxy's requests count against;
 	// status streams count too.
 	InFlight Slots
@@ -160,6 +163,7 @@ func (s *Service) Register(app *fiber.App) {
 	app.Post("/recreate", s.recreate)
 	app.Post("/_/token", s.replaceToken)
 	s.routeTokens(app)
+	s.routeSandboxes(app)
 	app.Get("/_/status", s.status)
 	app.Post("/_/keepawake", s.keepAwake)
 	app.Post("/_/suspend", s.suspendNow)

@@ -8,8 +8,10 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/aaas-project/aaas/internal/auth"
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/httpguard"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/idle"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/state"
@@ -145,18 +147,27 @@ func (s *Service) suspendNow(c *fiber.Ctx) error {
 	if !ok {
 		return err
 	}
-	e, found := s.o.Sandboxes.Load(httpguard.Context(c), id.User)
+	return s.suspendKey(c, id, id.User)
+}
+
+// suspendKey asks for the sandbox of key, one of id's, to sleep now.
+func (s *Service) suspendKey(c *fiber.Ctx, id auth.Identity, key string) error {
+	e, found := s.o.Sandboxes.Load(httpguard.Context(c), key)
 	if !found || e.Value.Phase != state.PhaseReady {
 		return s.refuse(c, web.Refuse(fiber.StatusConflict, "your sandbox is not running"))
 	}
 	ctx, cancel := context.WithTimeout(httpguard.Context(c), 10*time.Second)
 	defer cancel()
-	if _, err := s.o.Publisher.Command(ctx, events.NewUserSuspend(id.User, e.Revision)); err != nil {
+	if _, err := s.o.Publisher.Command(ctx, events.NewUserSuspend(key, e.Revision)); err != nil {
 		return s.refuse(c, web.Unavailable(fmt.Errorf("suspend not published: %w", err)))
 	}
-	s.audit(c, events.AuditEvent{Kind: events.AuditSuspend, User: id.User, Outcome: "requested", Detail: "user: by " + id.Method})
+	detail := "user: by " + id.Method
+	if _, name, _ := ident.SplitSandboxKey(key); name != "" {
+		detail = "user: sandbox " + name + ", by " + id.Method
+	}
+	s.audit(c, events.AuditEvent{Kind: events.AuditSuspend, User: id.User, Outcome: "requested", Detail: detail})
 	c.Status(fiber.StatusAccepted)
-	return s.done(c, id.User)
+	return s.done(c, key)
 }
 
 // sleep is what the user's page shows of st: the page is rendered with

@@ -190,8 +190,8 @@ func newAccounts(p *process.Process, cfg config.Edge, st *edgeState, authn *auth
 	return accounts.New(accounts.Options{
 		Auth: authn, Actions: st.actions, Publisher: pub, Users: st.users, Names: st.names, Sandboxes: st.boxes, Requests: st.requests, Queue: st.queue,
 		APITokens: &accounts.APITokens{Bucket: st.tokensBucket, Cache: st.apiTokens, MaxEach: cfg.MaxAPITokensPerUser},
-		Profiles:  cfg.Profiles,
-		InFlight:  slots, CookieSecure: cfg.CookieSecure, CookieMaxAge: cfg.Buckets.SessionTTL,
+		Profiles:  cfg.Profiles, MaxSandboxes: cfg.MaxSandboxes,
+		InFlight: slots, CookieSecure: cfg.CookieSecure, CookieMaxAge: cfg.Buckets.SessionTTL,
 		InviteCode: cfg.InviteCode, MaxUsers: cfg.MaxUsers, SSO: sso.NameHeader != "", SignOutURL: cfg.AuthProxySignOutURL, WakeTimeout: cfg.WakeTimeout,
 		WriteTimeout: cfg.WriteTimeout, Revalidate: cfg.Revalidate, Log: p.Log,
 		SandboxDomain: cfg.SandboxDomain, AdminHosts: cfg.AdminHosts, PublicHosts: cfg.PublicHosts,

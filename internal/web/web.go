@@ -125,7 +125,17 @@ type Landing struct {
 	// choice; Profiles are those the signup form offers (none: no choice).
 	Profile  string
 	Profiles []Profile
+	// Sandboxes are the user's sandboxes, their first one first, listed
+	// when MAX_SANDBOXES_PER_USER (MaxSandboxes) is above 1; MoreSandboxes
+	// offers the form for another.
+	Sandboxes                       []Sandbox
+	MaxSandboxes, MaxSandboxNameLen int
+	MoreSandboxes                   bool
 }
+
+// Sandbox is one of the user's sandboxes on their page; Name is "" for
+// their first.
+type Sandbox struct{ Name, URL, Phase, Profile string }
 
 // Profile is a profile a user may choose, on the signup form and the
 // recreate page.
