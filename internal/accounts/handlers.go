@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -385,14 +386,24 @@ func (s *Service) accountAction(c *fiber.Ctx, user string, verb events.Verb, pro
 // keeps the old one's), which the caller has checked the user may choose.
 // Any other error is the command's failure.
 func (s *Service) Act(ctx context.Context, user string, verb events.Verb, profile string) (state.Result, error) {
-	acct, found := s.o.Users.Load(ctx, user)
-	if !found {
+	// user may be a named sandbox's key: the action is that sandbox's,
+	// limited as its owner's, and of its record's revision.
+	owner, name, _ := ident.SplitSandboxKey(user)
+	acct, found := s.o.Users.Load(ctx, owner)
+	switch {
+	case !found:
 		return state.Result{}, &web.Error{Status: fiber.StatusNotFound, Detail: "no such account"}
-	}
-	if !acct.Value.RecreatingSince.IsZero() {
+	case name != "" && !slices.Contains(acct.Value.Sandboxes, name):
+		return state.Result{}, &web.Error{Status: fiber.StatusNotFound, Detail: "no such sandbox"}
+	case name == "" && !acct.Value.RecreatingSince.IsZero():
 		return state.Result{}, &web.Error{Status: fiber.StatusTooManyRequests, Detail: "the sandbox is being recreated; try again when it is ready", RetryAfter: 9 * time.Second}
 	}
-	requestID := fmt.Sprintf("%s-%s-%d", verb, user, acct.Revision)
+	rev := acct.Revision
+	if name != "" {
+		box, _ := s.o.Sandboxes.Load(ctx, user)
+		rev = box.Revision
+	}
+	requestID := fmt.Sprintf("%s-%s-%d", verb, user, rev)
 	if profile != "" {
 		// A recreate into another profile is another command than one
 		// asked for at the same moment into the old one.
@@ -411,7 +422,7 @@ func (s *Service) Act(ctx context.Context, user string, verb events.Verb, profil
 	// trace): the others wait for the same.
 	ctx = ident.WithRequestID(context.Background(), ident.RequestIDOf(ctx))
 	v, err, _ := s.actions.Do(requestID, func() (any, error) {
-		v, err := s.o.Actions.Allow(ctx, "account:"+user)
+		v, err := s.o.Actions.Allow(ctx, "account:"+owner)
 		if err != nil {
 			return nil, web.Unavailable(err)
 		}

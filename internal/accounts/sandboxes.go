@@ -146,12 +146,13 @@ func (s *Service) deleteSandbox(c *fiber.Ctx) error {
 	if !ok {
 		return err
 	}
-	e, _ := s.o.Sandboxes.Load(httpguard.Context(c), key)
-	res, ok, err := s.sandboxAction(c, id.User, events.NewDelete(key, fmt.Sprintf("delete-%s-%d", key, e.Revision)))
-	if !ok {
+	res, ok, err := s.accountAction(c, key, events.VerbDelete, "")
+	switch {
+	case !ok:
 		return err
-	}
-	if res.Outcome != state.OutcomeDeleted {
+	case err != nil:
+		return s.refuse(c, web.Unavailable(err))
+	case res.Outcome != state.OutcomeDeleted:
 		return s.refuse(c, failed(res, "the sandbox could not be deleted"))
 	}
 	s.audit(c, events.AuditEvent{Kind: events.AuditDelete, User: id.User, Outcome: "requested", Detail: "sandbox " + c.Params("name") + ", by " + id.Method})
@@ -188,12 +189,13 @@ func (s *Service) recreateSandbox(c *fiber.Ctx) error {
 	if err != nil {
 		return s.refuse(c, err)
 	}
-	e, _ := s.o.Sandboxes.Load(httpguard.Context(c), key)
-	res, ok, err := s.sandboxAction(c, id.User, events.NewRecreate(key, fmt.Sprintf("recreate-%s-%d-%s", key, e.Revision, profile), profile))
-	if !ok {
+	res, ok, err := s.accountAction(c, key, events.VerbRecreate, profile)
+	switch {
+	case !ok:
 		return err
-	}
-	if res.Outcome != state.OutcomeRecreated {
+	case err != nil:
+		return s.refuse(c, web.Unavailable(err))
+	case res.Outcome != state.OutcomeRecreated:
 		return s.refuse(c, failed(res, "the sandbox could not be recreated"))
 	}
 	s.audit(c, events.AuditEvent{Kind: events.AuditRecreate, User: id.User, Outcome: "requested", Detail: "sandbox " + c.Params("name") + ", by " + id.Method})
@@ -220,10 +222,10 @@ func (s *Service) suspendSandbox(c *fiber.Ctx) error {
 	return s.suspendKey(c, id, key)
 }
 
-// sandboxAction publishes cmd, a change to one of user's sandboxes, and
-// waits for its answer; the account's action limit (RECREATE_RATE_LIMIT)
-// counts it, as each costs a pod and a volume. ok=false means a refusal
-// has been written.
+// sandboxAction publishes cmd, a new sandbox of user's, and waits for its
+// answer; the account's action limit (RECREATE_RATE_LIMIT) counts it, as
+// each costs a pod and a volume (Act does the same for the rest).
+// ok=false means a refusal has been written.
 func (s *Service) sandboxAction(c *fiber.Ctx, user string, cmd events.Command) (state.Result, bool, error) {
 	ctx := ident.WithRequestID(context.Background(), httpguard.RequestID(c))
 	v, err := s.o.Actions.Allow(ctx, "account:"+user)

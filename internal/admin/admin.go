@@ -123,8 +123,15 @@ func (s *Service) Register(app *fiber.App) {
 
 // Row is one user as the admin view shows it.
 type Row struct {
+	// User is the row's sandbox key (ident.SandboxKey): an account's
+	// name, with its first sandbox, or <owner>--<name> for a named
+	// sandbox, which is listed right after its owner's row (the keys
+	// sort so) and says whose it is (Owner, Sandbox).
 	User  string `json:"user"`
-	Phase string `json:"phase"`
+	Owner string `json:"owner,omitempty"`
+	// Sandbox is a named sandbox's name.
+	Sandbox string `json:"sandbox,omitempty"`
+	Phase   string `json:"phase"`
 	// Profile is the profile (PROFILES) the sandbox is of.
 	Profile string `json:"profile"`
 	Reason  string `json:"reason,omitempty"`
@@ -286,6 +293,9 @@ func (s *Service) Page(ctx context.Context, q Query, now time.Time) (Page, error
 // row is name's row but for its sessions (Page counts a page's at once).
 func (s *Service) row(ctx context.Context, name string, now time.Time) (Row, error) {
 	r := Row{User: name, Phase: "Unknown", Profile: s.o.Profiles.NameOf("")}
+	if owner, sb, _ := ident.SplitSandboxKey(name); sb != "" {
+		r.Owner, r.Sandbox = owner, sb
+	}
 	if u, ok := s.o.Users.Load(ctx, name); ok {
 		r.Managed, r.Created = u.Value.Managed, u.Value.Created
 	}
@@ -299,7 +309,8 @@ func (s *Service) row(ctx context.Context, name string, now time.Time) (Row, err
 			}
 		}
 	}
-	if s.o.Spend != nil {
+	// Spend is the account's: a named sandbox's is its owner's row's.
+	if s.o.Spend != nil && r.Sandbox == "" {
 		b := s.o.Spend.Budget(ctx, name)
 		r.SpentMicros, r.Budget = s.o.Spend.Spent(ctx, name, state.Month(now)).CostMicros, &b
 	}
@@ -414,7 +425,7 @@ func (s *Service) page(c *fiber.Ctx) error {
 	for _, r := range p.Users {
 		row := web.AdminRow{
 			User: r.User, Phase: r.Phase, Profile: r.Profile, Reason: r.Reason, Managed: r.Managed, Pod: r.Pod,
-			Age: since(r.Created, time.Now()), LastActive: since(r.LastActive, time.Now()), Sessions: r.Sessions,
+			Age: since(r.Created, time.Now()), LastActive: since(r.LastActive, time.Now()), Sessions: r.Sessions, Owner: r.Owner, Sandbox: r.Sandbox,
 			InFlight: inFlightText(r.InFlight), URL: s.sandboxURL(c, r.User), Dormant: r.Dormant,
 		}
 		if r.DeleteAt != nil {
@@ -482,8 +493,12 @@ func (s *Service) act(c *fiber.Ctx) error {
 	if !slices.Contains(actions, action) {
 		return web.Fail(c, web.Refuse(fiber.StatusNotFound, fmt.Sprintf("no action %q; actions are %s", action, strings.Join(actions, ", "))))
 	}
-	if ident.ValidateUser(user) != nil {
+	owner, named, ok := ident.SplitSandboxKey(user)
+	switch {
+	case !ok:
 		return web.Fail(c, web.Refuse(fiber.StatusNotFound, "no such user"))
+	case named != "" && (action == "revoke" || action == "token"):
+		return web.Fail(c, web.Refuse(fiber.StatusBadRequest, fmt.Sprintf("%s is the account's: act on %s", action, owner)))
 	}
 	if id.Ambient() && !httpguard.SameOrigin(c) {
 		return web.Fail(c, web.Refuse(fiber.StatusForbidden, "cross-origin request refused"))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -230,4 +231,36 @@ func mustPage(t testing.TB, s *Service, q Query) Page {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// A named sandbox is a row of its own right after its owner's (its key
+// sorts there), saying whose it is, with no spend of its own (the
+// owner's row has the account's); a search by the owner's name finds both.
+func TestANamedSandboxIsListedUnderItsOwner(t *testing.T) {
+	s, _, js := fixtureJS(t, 3, Options{})
+	boxes := testutil.Open[state.Sandbox](t, js, state.BucketSandboxes)
+	if _, err := boxes.Put(natstest.Context(t, time.Minute), "u00001--work", state.Sandbox{User: "u00001--work", Phase: state.PhaseReady, Managed: true, Profile: "gpu"}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, time.Minute, func() error {
+		var got []string
+		for _, r := range mustPage(t, s, Query{Limit: 10}).Users {
+			got = append(got, r.User)
+		}
+		if strings.Join(got, " ") != "u00000 u00001 u00001--work u00002 zed" {
+			return fmt.Errorf("rows %v", got)
+		}
+		return nil
+	})
+	p := mustPage(t, s, Query{Limit: 10, Prefix: "u00001"})
+	if len(p.Users) != 2 {
+		t.Fatalf("a search for u00001: %+v", p.Users)
+	}
+	owner, named := p.Users[0], p.Users[1]
+	if owner.Owner != "" || owner.Sandbox != "" || owner.Budget == nil {
+		t.Fatalf("the owner's row: %+v", owner)
+	}
+	if named.Owner != "u00001" || named.Sandbox != "work" || named.Profile != "gpu" || named.Budget != nil || named.Phase != string(state.PhaseReady) {
+		t.Fatalf("the named sandbox's row: %+v", named)
+	}
 }

@@ -243,11 +243,14 @@ type Admin struct {
 
 // AdminRow is one user on the admin page.
 type AdminRow struct {
-	User, Phase, Profile, Reason, Pod string
-	Managed                           bool
-	Age, LastActive                   string
-	Sessions                          int
-	InFlight                          string
+	// User is the sandbox's key; a named sandbox's row says its Owner
+	// and its name (Sandbox), and offers only what acts on a sandbox.
+	User, Owner, Sandbox        string
+	Phase, Profile, Reason, Pod string
+	Managed                     bool
+	Age, LastActive             string
+	Sessions                    int
+	InFlight                    string
 	// URL is where the user's sandbox is reached (Sites.SandboxURL).
 	URL string
 	// Spent and Budget are the user's model spend this month and the
