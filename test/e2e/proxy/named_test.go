@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -139,4 +140,63 @@ func TestNamedSandboxesThroughTheEdge(t *testing.T) {
 	if got := fmt.Sprint(alice.Do("GET", "/_/sandboxes", nil).JSON()["sandboxes"]); strings.Contains(got, "work") {
 		t.Fatalf("alice's list after the delete: %s", got)
 	}
+}
+
+// TestNamedSandboxOrigins: with SANDBOX_DOMAIN, a named sandbox is served
+// on its own origin, <user>--<name>.<domain>. Its owner's bearer token
+// reaches it (DSH sees that origin as X-Forwarded-Host); another user's
+// does not, in any spelling of the host a browser or client may send
+// (case, trailing dot, default port) nor on its previews; the gateway
+// mints him no sign-in code for it. The owner's code for it makes a
+// cookie that opens that origin only, not her first sandbox's.
+func TestNamedSandboxOrigins(t *testing.T) {
+	w := pkg.NewStack(t, testenv.StackOptions{Lifecycle: "lc-a", Env: map[string]string{"MAX_SANDBOXES_PER_USER": "2"}})
+	a := w.Edge("edge-a", map[string]string{"SANDBOX_DOMAIN": sandboxDomain})
+	st := newOriginState(t, w)
+	ann := testenv.NewClient(t, a.URL)
+	token := ann.Signup("ann", "")
+	gw := ann.Cookie("dsh_gw_session").Value
+	r := ann.Form("/_/sandboxes", "name", "work")
+	expect(t, r, http.StatusCreated, "ann makes work")
+	host := "ann--work." + sandboxDomain
+	if got := r.JSON()["url"]; got != "http://"+host+"/" {
+		t.Fatalf("work's URL %v", got)
+	}
+	bob := testenv.NewClient(t, a.URL)
+	bobToken := bob.Signup("bob", "")
+
+	before := strings.Count(w.PodLog("ann--work"), "/api/echo")
+	for _, h := range []string{host, "ANN--WORK." + sandboxDomain, host + ".", host + ":80", "5173-" + host} {
+		r := at(t, a, "GET", h, "/api/echo", nil, "Authorization", "Bearer "+bobToken, "Accept", "application/json")
+		if r.StatusCode == http.StatusOK {
+			t.Errorf("bob's token on %s: 200", h)
+		}
+	}
+	r = at(t, a, "GET", gatewayHost(a), "/_/signin/sandbox?next="+url.QueryEscape("http://"+host+"/"), nil, "Cookie", "dsh_gw_session="+bob.Cookie("dsh_gw_session").Value, "Accept", "text/html")
+	expect(t, r, http.StatusForbidden, "a code for ann--work's origin, as bob")
+	// The control, in the same window: ann's token reaches work, as work.
+	r = at(t, a, "GET", host, "/api/echo", nil, "Authorization", "Bearer "+token)
+	expect(t, r, http.StatusOK, "ann's token on work's origin")
+	if e := decodeEcho(t, r); strings.Join(e.Headers["X-Forwarded-Host"], ",") != host {
+		t.Fatalf("work's DSH saw %+v", e.Headers)
+	}
+	if after := strings.Count(w.PodLog("ann--work"), "/api/echo"); after != before+1 {
+		t.Fatalf("work's pod logged %d echo requests, want ann's 1", after-before)
+	}
+
+	// ann's sign-in on work's origin is that origin's alone.
+	_, trade := originSignIn(t, a, gw, host, "/api/echo")
+	r = at(t, a, "GET", host, trade, nil, "Accept", "text/html")
+	expect(t, r, http.StatusSeeOther, "the trade on work's origin")
+	var sid string
+	for _, ck := range r.Cookies() {
+		if ck.Name == "aaas_sandbox" {
+			sid = ck.Value
+		}
+	}
+	if sessions := st.sandboxSessions(t, "ann"); sid == "" || len(sessions) != 1 || sessions[0].Host != host {
+		t.Fatalf("ann's sandbox sessions %+v (cookie %v)", sessions, sid != "")
+	}
+	expect(t, at(t, a, "GET", host, "/api/echo", nil, "Cookie", "aaas_sandbox="+sid, "Accept", "application/json"), http.StatusOK, "work's cookie on work")
+	expect(t, at(t, a, "GET", "ann."+sandboxDomain, "/api/echo", nil, "Cookie", "aaas_sandbox="+sid, "Accept", "application/json"), http.StatusUnauthorized, "work's cookie on ann's first origin")
 }
