@@ -156,3 +156,67 @@ func TestBrowserChoosesAProfile(t *testing.T) {
 		return nil
 	})
 }
+
+// TestBrowserHasTwoSandboxesOfTwoProfiles: in Chromium, a user signed up
+// with the default profile makes a second sandbox, big, of the large
+// profile from their page, and opens each: DSH's page loads at
+// /u/pia/ and at /u/pia--big/. Their page lists both, each with its
+// profile, and offers no third (MAX_SANDBOXES_PER_USER=2); the claims
+// draw from the two profiles' pools.
+func TestBrowserHasTwoSandboxesOfTwoProfiles(t *testing.T) {
+	w := pkg.NewStack(t, testenv.StackOptions{Env: map[string]string{"SIGNUP_INVITE_CODE": invite, "MAX_SANDBOXES_PER_USER": "2",
+		"PROFILES": `[{"name":"small","warm_pool":"dsh-pool"},{"name":"large","description":"more of everything","warm_pool":"dsh-large"}]`,
+	}, Lifecycle: "lc-a"})
+	addPool(t, w, "dsh-large")
+	edge := w.Edge("edge-a", nil)
+	ctx := testenv.Browser(t)
+	row := func(name string) string { return `tr[data-sandbox="` + name + `"]` }
+
+	testenv.Do(t, ctx, "sign up with the default profile",
+		chromedp.Navigate(edge.URL+"/"),
+		chromedp.WaitVisible(id("signup-profile")),
+		chromedp.SendKeys(id("signup-user"), "pia"),
+		chromedp.SendKeys(id("signup-invite"), invite),
+		chromedp.Click(id("signup-submit")),
+		chromedp.WaitVisible(id("token-box")),
+		chromedp.Click(id("continue")),
+		chromedp.WaitVisible(id("chat-input")),
+	)
+	testenv.Do(t, ctx, "make big, of large, on the page",
+		chromedp.Navigate(edge.URL+"/"),
+		chromedp.WaitVisible(id("new-sandbox")),
+		chromedp.SendKeys(id("sandbox-name"), "big"),
+		chromedp.SetValue(id("sandbox-profile"), "large"),
+		chromedp.Click(id("create-sandbox")),
+		chromedp.WaitVisible(chromedp.CSS(row("big"))),
+	)
+	testenv.Do(t, ctx, "open big",
+		chromedp.Click(chromedp.CSS(row("big")+` a`)),
+		chromedp.WaitVisible(id("chat-input")),
+		testenv.Until(`location.pathname.startsWith("/u/pia--big/")`, 5*time.Second),
+	)
+	testenv.Do(t, ctx, "open the first from the list",
+		chromedp.Navigate(edge.URL+"/"),
+		chromedp.Click(chromedp.CSS(row("")+` a`)),
+		chromedp.WaitVisible(id("chat-input")),
+		testenv.Until(`location.pathname.startsWith("/u/pia/")`, 5*time.Second),
+	)
+	// The list, each with its profile (the page is drawn from the edge's
+	// copy of the records, which may lag the create a moment), and no
+	// form for a third.
+	testutil.Eventually(t, 30*time.Second, func() error {
+		testenv.Do(t, ctx, "load the page", chromedp.Navigate(edge.URL+"/"), chromedp.WaitVisible(id("sandbox-list")))
+		got := testenv.Get(t, ctx, "the list", chromedp.Evaluate[string](`[...document.querySelectorAll("#sandbox-list tr")].map(r => r.dataset.sandbox + ":" + r.querySelector(".profile").textContent + ":" + r.querySelector(".phase").textContent).join(" ") + (document.getElementById("new-sandbox") ? " +form" : "")`))
+		if got != ":small:Ready big:large:Ready" {
+			return fmt.Errorf("the list says %q", got)
+		}
+		return nil
+	})
+	_, ext, _ := pkg.Cluster.SandboxClients()
+	for key, pool := range map[string]string{"pia": "dsh-pool", "pia--big": "dsh-large"} {
+		c, err := ext.ExtensionsV1beta1().SandboxClaims(w.NS.Name).Get(testenv.Context(t, time.Minute), sandbox.ClaimName(key), metav1.GetOptions{})
+		if err != nil || c.Spec.WarmPoolRef.Name != pool {
+			t.Fatalf("%s's claim: %v, want pool %s", key, err, pool)
+		}
+	}
+}
