@@ -327,17 +327,7 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 	if !ok {
 		return err
 	}
-	// A body is optional: without one (or without a profile in it) the
-	// new sandbox is of the old one's profile.
-	var named string
-	if c.Request().Header.ContentLength() != 0 { // a length, or chunked (-1)
-		f, err := web.ReadForm(c, "profile")
-		if err != nil {
-			return s.refuse(c, err)
-		}
-		named = f["profile"]
-	}
-	profile, err := s.chosenProfile(c, id, named)
+	profile, err := s.recreateProfile(c, id)
 	if err != nil {
 		return s.refuse(c, err)
 	}
@@ -361,6 +351,21 @@ func (s *Service) recreate(c *fiber.Ctx) error {
 		return c.Status(fiber.StatusAccepted).JSON(fiber.Map{"user": id.User, "state": string(s.state(httpguard.Context(c), id.User).Phase)})
 	}
 	return c.Redirect("/", fiber.StatusSeeOther)
+}
+
+// recreateProfile is the profile a recreate asks for, checked as the
+// user's to choose. A body is optional: without one (or without a
+// profile in it) the new sandbox is of the old one's profile ("").
+func (s *Service) recreateProfile(c *fiber.Ctx, id auth.Identity) (string, error) {
+	var named string
+	if c.Request().Header.ContentLength() != 0 { // a length, or chunked (-1)
+		f, err := web.ReadForm(c, "profile")
+		if err != nil {
+			return "", err
+		}
+		named = f["profile"]
+	}
+	return s.chosenProfile(c, id, named)
 }
 
 // accountAction runs a recreate or deletion of user's account (Act) and

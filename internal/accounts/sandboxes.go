@@ -67,18 +67,25 @@ func (s *Service) listSandboxes(c *fiber.Ctx) error {
 	return c.JSON(fiber.Map{"user": id.User, "max": max(s.o.MaxSandboxes, 1), "sandboxes": s.userSandboxes(c, id.User)})
 }
 
-// ownSandbox reads the :name of a request on one of the caller's named
-// sandboxes: 400 for what is no sandbox name, 404 for one the account
-// does not have. ok=false means the refusal has been written.
-func (s *Service) ownSandbox(c *fiber.Ctx, id auth.Identity) (key string, ok bool, err error) {
+// namedChange authenticates a change to one of the caller's named
+// sandboxes (its :name) and returns its key: 404 when named sandboxes
+// are off, 400 for what is no sandbox name, 404 for one the account does
+// not have. ok=false means the refusal has been written.
+func (s *Service) namedChange(c *fiber.Ctx) (id auth.Identity, key string, ok bool, err error) {
+	if err := s.namedOn(c); err != nil {
+		return id, "", false, err
+	}
+	if id, ok, err = s.mutation(c); !ok {
+		return id, "", false, err
+	}
 	name := c.Params("name")
 	if err := ident.ValidateSandboxName(name); err != nil {
-		return "", false, s.refuse(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
+		return id, "", false, s.refuse(c, web.Refuse(fiber.StatusBadRequest, err.Error()))
 	}
 	if u, found := s.o.Users.Load(httpguard.Context(c), id.User); !found || !slices.Contains(u.Value.Sandboxes, name) {
-		return "", false, s.refuse(c, web.Refuse(fiber.StatusNotFound, "you have no sandbox called "+name))
+		return id, "", false, s.refuse(c, web.Refuse(fiber.StatusNotFound, "you have no sandbox called "+name))
 	}
-	return ident.SandboxKey(id.User, name), true, nil
+	return id, ident.SandboxKey(id.User, name), true, nil
 }
 
 // createSandbox serves POST /_/sandboxes (name, and profile: "" for the
@@ -135,25 +142,12 @@ func (s *Service) createSandbox(c *fiber.Ctx) error {
 // the page): the sandbox, its volume and its records go; the account and
 // its other sandboxes stay.
 func (s *Service) deleteSandbox(c *fiber.Ctx) error {
-	if err := s.namedOn(c); err != nil {
-		return err
-	}
-	id, ok, err := s.mutation(c)
+	id, key, ok, err := s.namedChange(c)
 	if !ok {
 		return err
 	}
-	key, ok, err := s.ownSandbox(c, id)
-	if !ok {
+	if ok, err := s.namedAction(c, key, events.VerbDelete, "", state.OutcomeDeleted); !ok {
 		return err
-	}
-	res, ok, err := s.accountAction(c, key, events.VerbDelete, "")
-	switch {
-	case !ok:
-		return err
-	case err != nil:
-		return s.refuse(c, web.Unavailable(err))
-	case res.Outcome != state.OutcomeDeleted:
-		return s.refuse(c, failed(res, "the sandbox could not be deleted"))
 	}
 	s.audit(c, events.AuditEvent{Kind: events.AuditDelete, User: id.User, Outcome: "requested", Detail: "sandbox " + c.Params("name") + ", by " + id.Method})
 	if !web.WantsHTML(c) || c.Method() == fiber.MethodDelete {
@@ -166,37 +160,16 @@ func (s *Service) deleteSandbox(c *fiber.Ctx) error {
 // optional: "" keeps the sandbox's): a fresh sandbox and volume under the
 // same name.
 func (s *Service) recreateSandbox(c *fiber.Ctx) error {
-	if err := s.namedOn(c); err != nil {
-		return err
-	}
-	id, ok, err := s.mutation(c)
+	id, key, ok, err := s.namedChange(c)
 	if !ok {
 		return err
 	}
-	key, ok, err := s.ownSandbox(c, id)
-	if !ok {
-		return err
-	}
-	var named string
-	if c.Request().Header.ContentLength() != 0 { // a length, or chunked (-1)
-		f, err := web.ReadForm(c, "profile")
-		if err != nil {
-			return s.refuse(c, err)
-		}
-		named = f["profile"]
-	}
-	profile, err := s.chosenProfile(c, id, named)
+	profile, err := s.recreateProfile(c, id)
 	if err != nil {
 		return s.refuse(c, err)
 	}
-	res, ok, err := s.accountAction(c, key, events.VerbRecreate, profile)
-	switch {
-	case !ok:
+	if ok, err := s.namedAction(c, key, events.VerbRecreate, profile, state.OutcomeRecreated); !ok {
 		return err
-	case err != nil:
-		return s.refuse(c, web.Unavailable(err))
-	case res.Outcome != state.OutcomeRecreated:
-		return s.refuse(c, failed(res, "the sandbox could not be recreated"))
 	}
 	s.audit(c, events.AuditEvent{Kind: events.AuditRecreate, User: id.User, Outcome: "requested", Detail: "sandbox " + c.Params("name") + ", by " + id.Method})
 	if !web.WantsHTML(c) {
@@ -208,14 +181,7 @@ func (s *Service) recreateSandbox(c *fiber.Ctx) error {
 // suspendSandbox serves POST /_/sandboxes/:name/suspend: the user puts
 // that sandbox to sleep, as /_/suspend does their first.
 func (s *Service) suspendSandbox(c *fiber.Ctx) error {
-	if err := s.namedOn(c); err != nil {
-		return err
-	}
-	id, ok, err := s.mutation(c)
-	if !ok {
-		return err
-	}
-	key, ok, err := s.ownSandbox(c, id)
+	id, key, ok, err := s.namedChange(c)
 	if !ok {
 		return err
 	}
@@ -240,6 +206,21 @@ func (s *Service) sandboxAction(c *fiber.Ctx, user string, cmd events.Command) (
 		return state.Result{}, false, s.refuse(c, err)
 	}
 	return res, true, nil
+}
+
+// namedAction runs a delete or recreate of the named sandbox of key (Act)
+// and wants outcome; ok=false means a refusal has been written.
+func (s *Service) namedAction(c *fiber.Ctx, key string, verb events.Verb, profile, outcome string) (bool, error) {
+	res, ok, err := s.accountAction(c, key, verb, profile)
+	switch {
+	case !ok:
+		return false, err
+	case err != nil:
+		return false, s.refuse(c, web.Unavailable(err))
+	case res.Outcome != outcome:
+		return false, s.refuse(c, failed(res, "the sandbox's "+string(verb)+" did not go through"))
+	}
+	return true, nil
 }
 
 // failed is the refusal of a command lifecycle answered otherwise than

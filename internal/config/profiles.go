@@ -99,6 +99,15 @@ func (ps Profiles) Find(name string) (Profile, bool) {
 	return Profile{}, false
 }
 
+// Kept is the profile a sandbox of profile name is remade of: that
+// one, or the default when PROFILES no longer lists it.
+func (ps Profiles) Kept(name string) Profile {
+	if p, ok := ps.Find(name); ok {
+		return p
+	}
+	return ps[0]
+}
+
 // NameOf is the name of the profile a record or claim names: name, or
 // the default's for "" (one made before profiles).
 func (ps Profiles) NameOf(name string) string {

@@ -100,6 +100,10 @@ func TestProfileFindAndAllows(t *testing.T) {
 		if ok != tc.ok || p.Name != tc.found {
 			t.Fatalf("Find(%q) = %q %v, want %q %v", tc.name, p.Name, ok, tc.found, tc.ok)
 		}
+		// A sandbox of a profile no longer listed is remade of the default.
+		if kept := ps.Kept(tc.name); ok && kept.Name != tc.found || !ok && kept.Name != "small" {
+			t.Errorf("Kept(%q) = %q", tc.name, kept.Name)
+		}
 		if !ok {
 			continue
 		}

@@ -202,10 +202,7 @@ func (w *Worker) recreateNamed(ctx context.Context, c events.Command, owner, nam
 			return "", err
 		}
 	}
-	profile, ok := w.o.Profiles.Find(chosen)
-	if !ok {
-		profile, _ = w.o.Profiles.Find("")
-	}
+	profile := w.o.Profiles.Kept(chosen)
 	claim, err := w.k8s.CreateNamedClaim(ctx, c.User, owner, c.RequestID, profile.Name, profile.WarmPool)
 	if apierrors.IsAlreadyExists(err) {
 		claim, err = w.k8s.GetClaim(ctx, c.User)

@@ -399,6 +399,30 @@ func TestWebSocketBridge(t *testing.T) {
 	})
 }
 
+// reaching sends each path exactly as written with the gateway session
+// cookie gw, and returns those an echo answered from under prefix.
+func reaching(t *testing.T, edge *testenv.Edge, gw string, paths []string, prefix string) []string {
+	t.Helper()
+	var reached []string
+	for _, p := range paths {
+		req, _ := http.NewRequest("GET", edge.URL+"/x", nil)
+		req.URL.Opaque = p // sent exactly as written
+		req.Header.Set("Cookie", "dsh_gw_session="+gw)
+		req.Header.Set("Accept", "application/json")
+		resp, err := testenv.NoRedirects().Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK && bytes.Contains(body, []byte(`"`+prefix)) {
+			reached = append(reached, p)
+		}
+		t.Logf("%-40s %d", p, resp.StatusCode)
+	}
+	return reached
+}
+
 func TestOneUsersCookieNeverReachesAnotherUsersPod(t *testing.T) {
 	w := newStack(t, nil)
 	edge := w.Edge("edge-a", nil)
@@ -415,21 +439,8 @@ func TestOneUsersCookieNeverReachesAnotherUsersPod(t *testing.T) {
 		"/u/bob%2f..%2falice/api/echo", "/u//alice/api/echo", "//u/alice/api/echo", "/u/./alice/api/echo",
 		"/u/bob/..%5calice/api/echo",
 	}
-	for _, p := range paths {
-		req, _ := http.NewRequest("GET", edge.URL+"/x", nil)
-		req.URL.Opaque = p // sent exactly as written
-		req.Header.Set("Cookie", "dsh_gw_session="+bob.Cookie("dsh_gw_session").Value)
-		req.Header.Set("Accept", "application/json")
-		resp, err := testenv.NoRedirects().Do(req)
-		if err != nil {
-			t.Fatalf("%s: %v", p, err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode == http.StatusOK && bytes.Contains(body, []byte(`"/u/alice`)) {
-			t.Errorf("%s reached alice's pod", p)
-		}
-		t.Logf("%-40s %d", p, resp.StatusCode)
+	for _, p := range reaching(t, edge, bob.Cookie("dsh_gw_session").Value, paths, "/u/alice") {
+		t.Errorf("%s reached alice's pod", p)
 	}
 	ws, _, err := wsDial(t, edge.URL+"/u/alice/api/ws", http.Header{"Cookie": {"dsh_gw_session=" + bob.Cookie("dsh_gw_session").Value}})
 	if err != nil {
