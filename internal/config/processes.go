@@ -382,6 +382,13 @@ type Lifecycle struct {
 	// MaxSandboxes is MAX_SANDBOXES_PER_USER (maxSandboxes): lifecycle
 	// holds each account to it.
 	MaxSandboxes int
+	// Rollout is ROLLOUT: "manual" (a sandbox keeps the pod template it
+	// was made with) or "next-wake" (a sleeping sandbox whose profile's
+	// SandboxTemplate changed takes the new pod template as it wakes).
+	// RolloutPercent is ROLLOUT_PERCENT, the share of sandboxes (by a hash
+	// of their key) next-wake updates: a canary below 100.
+	Rollout        string
+	RolloutPercent int
 	// LogTailLines is DSH_LOG_TAIL_LINES, how much of the pod log is
 	// searched for the launch token.
 	LogTailLines int
@@ -427,6 +434,8 @@ func LoadLifecycle(e *Env) (Lifecycle, error) {
 		Notify:           loadNotify(e),
 		Profiles:         loadProfiles(e, true),
 		MaxSandboxes:     maxSandboxes(e),
+		Rollout:          e.OneOf("ROLLOUT", "manual", "manual", "next-wake"),
+		RolloutPercent:   e.Int("ROLLOUT_PERCENT", 100, 1, 100),
 		LogTailLines:     e.Int("DSH_LOG_TAIL_LINES", 1000, 1, 100000),
 		Container:        e.String("DSH_CONTAINER", ""),
 		Port:             dshPort(e),

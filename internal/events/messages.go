@@ -449,12 +449,15 @@ const (
 	// AuditToken is an account's bearer token replaced (by the user, or
 	// reset by an administrator); the token is never in it.
 	AuditToken AuditKind = "token"
+	// AuditRollout is a sleeping sandbox given its profile's new pod
+	// template as it wakes (ROLLOUT=next-wake), from revision to revision.
+	AuditRollout AuditKind = "rollout"
 )
 
 // AuditKinds are every kind, for the audit view's filter.
 var AuditKinds = []AuditKind{AuditSignup, AuditLogin, AuditLogout, AuditDelete, AuditRecreate, AuditClaim, AuditWake, AuditSuspend,
 	AuditHandshake, AuditHandshakeFailed, AuditRateLimited, AuditInviteRejected, AuditSSORefused, AuditStateChange, AuditCommandFailed,
-	AuditAdmin, AuditCredential, AuditKeepAwake, AuditDormant, AuditToken}
+	AuditAdmin, AuditCredential, AuditKeepAwake, AuditDormant, AuditToken, AuditRollout}
 
 // AuditFilter is the subject filter of the audit events of kind about
 // user; "" for either matches any.

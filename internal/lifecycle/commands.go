@@ -141,9 +141,13 @@ func (w *Worker) wake(ctx context.Context, c events.Command) (string, error) {
 	return "woken", w.start(ctx, c.User, st.Sandbox, "")
 }
 
-// start sets a sandbox Running. The patch is idempotent, so it is sent
-// even when the cache already says Running: the cache may lag a suspend.
+// start sets a sandbox Running, rolled forward first (rollForward). The
+// patch is idempotent, so it is sent even when the cache already says
+// Running: the cache may lag a suspend.
 func (w *Worker) start(ctx context.Context, user string, sb *sandboxv1beta1.Sandbox, detail string) error {
+	if err := w.rollForward(ctx, user, sb); err != nil {
+		return err
+	}
 	if err := w.k8s.SetMode(ctx, sb.Name, sandboxv1beta1.SandboxOperatingModeRunning); err != nil {
 		return w.kubeFail(ctx, "wake", err)
 	}
@@ -422,10 +426,7 @@ func (w *Worker) recreate(ctx context.Context, c events.Command) (string, error)
 
 	// The old sandbox's profile, unless the user chose another; one that
 	// PROFILES no longer lists gives way to the default.
-	profile, ok := w.o.Profiles.Find(chosen)
-	if !ok {
-		profile, _ = w.o.Profiles.Find("")
-	}
+	profile := w.o.Profiles.Kept(chosen)
 	claim, err := w.k8s.CreateClaim(ctx, c.User, u.Value.TokenHash, profile.Name, profile.WarmPool)
 	if apierrors.IsAlreadyExists(err) {
 		claim, err = w.k8s.GetClaim(ctx, c.User)

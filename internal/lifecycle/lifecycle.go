@@ -53,6 +53,9 @@ type Options struct {
 	// MaxSandboxes is MAX_SANDBOXES_PER_USER: an account's sandboxes, its
 	// first included (0 reads as 1).
 	MaxSandboxes int
+	// Rollout is ROLLOUT and RolloutPercent ROLLOUT_PERCENT (rollForward).
+	Rollout        string
+	RolloutPercent int
 	// Limits cap running sandboxes and concurrent starts; wakes beyond
 	// them wait in the queue, which the lease holder admits from.
 	Limits capacity.Limits
@@ -157,7 +160,7 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 	o.Metrics.MustRegister(scrapeGauge{
 		desc: prometheus.NewDesc("aaas_lifecycle_command_backlog", "Commands waiting for a worker (the consumer's pending count; absent while NATS cannot say).", nil, nil),
 		read: func() (float64, bool) { return w.backlog(ctx) },
-	}, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	}, revisions{w.boxCache}, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "aaas_lifecycle_warm_pool_ready", Help: "Ready spare sandboxes in the warm pool: what the next signups adopt at once.",
 	}, func() float64 { return float64(o.Cluster.Spares()) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "aaas_lifecycle_wake_queue", Help: "Wakes waiting for a free place (MAX_RUNNING_SANDBOXES, MAX_CONCURRENT_STARTS).",

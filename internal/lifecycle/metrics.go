@@ -9,6 +9,7 @@ type metrics struct {
 	mirrorWrites      *prometheus.CounterVec
 	podRestarts       prometheus.Counter
 	deadLettered      prometheus.Counter
+	rollouts          *prometheus.CounterVec
 	redelivered       *prometheus.CounterVec
 	logBytes          prometheus.Histogram
 	leading           prometheus.Gauge
@@ -36,6 +37,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		deadLettered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "aaas_lifecycle_commands_dead_lettered_total", Help: "Commands given up after COMMAND_MAX_DELIVER deliveries.",
 		}),
+		rollouts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aaas_lifecycle_rollouts_total", Help: "Sleeping sandboxes given their profile's new pod template as they woke (ROLLOUT=next-wake), by outcome: rolled, or failed (the template could not be applied; the sandbox woke as it was).",
+		}, []string{"outcome"}),
 		logBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "aaas_lifecycle_handshake_log_bytes", Help: "Bytes of pod log one handshake read (at most DSH_LOG_LIMIT_BYTES).",
 			Buckets: prometheus.ExponentialBuckets(1024, 4, 6),
@@ -53,6 +57,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.redelivered = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "aaas_lifecycle_commands_redelivered_total", Help: "Commands taken up again after an earlier delivery ended without an acknowledgement (its worker died or asked for a retry), by verb.",
 	}, []string{"verb"})
-	reg.MustRegister(m.commands, m.kubeErrors, m.handshakeFailures, m.mirrorWrites, m.podRestarts, m.deadLettered, m.redelivered, m.logBytes, m.leading, m.running)
+	reg.MustRegister(m.commands, m.kubeErrors, m.handshakeFailures, m.mirrorWrites, m.podRestarts, m.deadLettered, m.rollouts, m.redelivered, m.logBytes, m.leading, m.running)
 	return m
 }

@@ -31,7 +31,7 @@ func (c *Cluster) Derive(user string, s State, prev state.Sandbox) state.Sandbox
 	}
 	r.Claim, r.Profile = s.Claim.Name, s.Claim.Annotations[ProfileAnnotation]
 	if s.Sandbox != nil {
-		r.Sandbox = s.Sandbox.Name
+		r.Sandbox, r.Revision = s.Sandbox.Name, Revision(s.Sandbox)
 		r.LastSuspend = lastSuspend(s.Sandbox.Annotations[SuspendAnnotation])
 	}
 	if s.Pod != nil && s.Pod.DeletionTimestamp == nil {

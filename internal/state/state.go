@@ -284,9 +284,13 @@ type Sandbox struct {
 	// annotation says; empty: the default (a claim older than profiles,
 	// or one adopted).
 	Profile string `json:"profile,omitempty"`
-	Sandbox string `json:"sandbox,omitempty"`
-	PodName string `json:"pod_name,omitempty"`
-	PodUID  string `json:"pod_uid,omitempty"`
+	// Revision names the sandbox's pod template (sandbox.Revision: a hash
+	// of its pod spec, the same as its SandboxTemplate's until that
+	// changes): what its next pod runs.
+	Revision string `json:"revision,omitempty"`
+	Sandbox  string `json:"sandbox,omitempty"`
+	PodName  string `json:"pod_name,omitempty"`
+	PodUID   string `json:"pod_uid,omitempty"`
 	// Address is host:port of the DSH server (pod IP or Service FQDN).
 	Address string `json:"address,omitempty"`
 	// PodIP is the Ready pod's IP: the address its connections come

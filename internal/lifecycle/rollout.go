@@ -1,0 +1,98 @@
+package lifecycle
+
+import (
+	"context"
+	"hash/fnv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/kv"
+	"github.com/aaas-project/aaas/internal/sandbox"
+	"github.com/aaas-project/aaas/internal/state"
+)
+
+// rollForward gives a sleeping sandbox its profile's current pod template
+// before it wakes, when ROLLOUT is next-wake and the sandbox is in the
+// canary (ROLLOUT_PERCENT): its next pod runs the new image on the same
+// volume. A running sandbox is never touched; it takes the new template
+// at a wake after it sleeps. The write holds only for the version of the
+// Sandbox the cache had, so one woken or rolled meanwhile makes the wake
+// fail and be redelivered, to decide afresh.
+func (w *Worker) rollForward(ctx context.Context, key string, sb *sandboxv1beta1.Sandbox) error {
+	if w.o.Rollout != "next-wake" || sb.Spec.OperatingMode == sandboxv1beta1.SandboxOperatingModeRunning || !inCanary(key, w.o.RolloutPercent) {
+		return nil
+	}
+	st := w.k8s.Lookup(key)
+	if st.Claim == nil {
+		return nil
+	}
+	profile := w.o.Profiles.Kept(st.Claim.Annotations[sandbox.ProfileAnnotation])
+	t, rev, err := w.k8s.Template(ctx, profile.WarmPool)
+	if err != nil {
+		return w.kubeFail(ctx, "get template", err)
+	}
+	// The cache may lag a suspend of a moment ago: the decision is on the
+	// Sandbox as the API server has it.
+	live, err := w.k8s.GetSandbox(ctx, sb.Name)
+	if err != nil {
+		return w.kubeFail(ctx, "get sandbox", err)
+	}
+	cur := sandbox.Revision(live)
+	if rev == cur || live.Spec.OperatingMode == sandboxv1beta1.SandboxOperatingModeRunning {
+		return nil
+	}
+	detail := "sandbox " + live.Name + ", profile " + profile.Name + ": revision " + cur + " -> " + rev
+	switch err := w.k8s.Roll(ctx, live, t); {
+	case apierrors.IsInvalid(err):
+		// Woken meanwhile (the patch holds only while it sleeps): nothing
+		// to roll. Else the new template cannot be applied to this
+		// sandbox: it wakes as it was, and the operator reads why.
+		if now, gerr := w.k8s.GetSandbox(ctx, live.Name); gerr == nil && now.Spec.OperatingMode == sandboxv1beta1.SandboxOperatingModeRunning {
+			return nil
+		}
+		w.m.rollouts.WithLabelValues("failed").Inc()
+		w.audit(ctx, events.AuditEvent{Kind: events.AuditRollout, User: key, Outcome: "failed", Detail: clip(detail + ": " + err.Error())})
+		return nil
+	case err != nil:
+		return w.kubeFail(ctx, "roll sandbox", err)
+	}
+	w.m.rollouts.WithLabelValues("rolled").Inc()
+	w.audit(ctx, events.AuditEvent{Kind: events.AuditRollout, User: key, Outcome: "rolled", Detail: detail})
+	return nil
+}
+
+// inCanary reports whether the sandbox of key is among the percent of
+// sandboxes a rollout reaches: by a hash of its key, so the same
+// sandboxes are in at every wake, on every replica, and raising the
+// percentage only adds to them.
+func inCanary(key string, percent int) bool {
+	if percent >= 100 {
+		return true
+	}
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return int(h.Sum32()%100) < percent
+}
+
+// revisionsDesc is aaas_sandboxes: how far a rollout has come.
+var revisionsDesc = prometheus.NewDesc("aaas_sandboxes", "Sandboxes by the SandboxTemplate revision their pod template is of (\"\": not known yet).", []string{"revision"}, nil)
+
+// revisions counts the sandboxes of each revision at scrape time, from
+// the records this replica holds.
+type revisions struct{ boxes *kv.Cache[state.Sandbox] }
+
+func (revisions) Describe(ch chan<- *prometheus.Desc) { ch <- revisionsDesc }
+
+func (r revisions) Collect(ch chan<- prometheus.Metric) {
+	n := map[string]int{}
+	r.boxes.Range(func(e kv.Entry[state.Sandbox]) bool {
+		n[e.Value.Revision]++
+		return true
+	})
+	for rev, count := range n {
+		ch <- prometheus.MustNewConstMetric(revisionsDesc, prometheus.GaugeValue, float64(count), rev)
+	}
+}

@@ -1,0 +1,126 @@
+package lifecycle_test
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+
+	"github.com/aaas-project/aaas/internal/dev/testenv"
+	"github.com/aaas-project/aaas/internal/dev/testutil"
+	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/sandbox"
+	"github.com/aaas-project/aaas/internal/state"
+)
+
+// TestARolloutWaitsForTheWake: with ROLLOUT=next-wake, a sandbox woken
+// while its template is unchanged is not rolled (so the gateway's
+// revision agrees with agent-sandbox's). Once the template changes (an
+// env var, the marker of a new image), a sleeping sandbox wakes with the
+// new pod template: its record says the new revision, its new pod has
+// the marker, the old template is kept to roll back to, and the rollout
+// is audited; aaas_sandboxes counts each revision. A sandbox running all the while keeps its pod and its
+// template until it sleeps and wakes, when it is rolled too.
+func TestARolloutWaitsForTheWake(t *testing.T) {
+	st := pkg.NewStack(t, testenv.StackOptions{Env: map[string]string{"ROLLOUT": "next-wake"}})
+	f := setup(t, nil, st)
+	lc := f.lifecycle("lc-a")
+	// gauge waits for aaas_sandboxes to count want of each revision.
+	gauge := func(want map[string]float64) {
+		t.Helper()
+		testutil.Eventually(t, 30*time.Second, func() error {
+			for rev, n := range want {
+				if got, err := lc.MetricSum("aaas_sandboxes", "revision", rev); err != nil || got != n {
+					return fmt.Errorf("aaas_sandboxes{revision=%q} = %v (%v), want %v", rev, got, err, n)
+				}
+			}
+			return nil
+		})
+	}
+	f.signup("ann")
+	f.signup("bob")
+	first := f.waitPhase("ann", state.PhaseReady).Revision
+	if len(first) != 8 || f.waitPhase("bob", state.PhaseReady).Revision != first {
+		t.Fatalf("revisions of fresh sandboxes: ann %q, bob %q", first, f.waitPhase("bob", state.PhaseReady).Revision)
+	}
+	wake := func(user string) state.Sandbox {
+		t.Helper()
+		asleep, _ := f.boxes.Get(user)
+		f.command(events.NewWake(user, asleep.Revision))
+		return f.waitPhase(user, state.PhaseReady)
+	}
+
+	// Unchanged template: a wake rolls nothing.
+	st.Suspend("ann")
+	if got := wake("ann").Revision; got != first || len(f.auditEvents(events.AuditRollout)) != 0 {
+		t.Fatalf("a wake with the template unchanged: revision %q (was %q), rollouts %v", got, first, f.auditEvents(events.AuditRollout))
+	}
+
+	// The template changes while both run; ann sleeps, bob does not.
+	sbc, ext, _ := pkg.Cluster.SandboxClients()
+	pool, err := ext.ExtensionsV1beta1().SandboxWarmPools(st.NS.Name).Get(ctx(t), "dsh-pool", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	templates := ext.ExtensionsV1beta1().SandboxTemplates(st.NS.Name)
+	tmpl, err := templates.Get(ctx(t), pool.Spec.TemplateRef.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &tmpl.Spec.PodTemplate.Spec.Containers[0]
+	c.Env = append(c.Env, corev1.EnvVar{Name: "DSH_MARKER", Value: "v2"})
+	if _, err := templates.Update(ctx(t), tmpl, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	bobPod := f.waitPhase("bob", state.PhaseReady).PodUID
+	st.Suspend("ann")
+	ann := wake("ann")
+	marked := func(sb *sandboxv1beta1.Sandbox) bool {
+		return slices.Contains(sb.Spec.PodTemplate.Spec.Containers[0].Env, corev1.EnvVar{Name: "DSH_MARKER", Value: "v2"})
+	}
+	sandboxOf := func(user string) *sandboxv1beta1.Sandbox {
+		t.Helper()
+		box, _ := f.boxes.Get(user)
+		sb, err := sbc.AgentsV1beta1().Sandboxes(st.NS.Name).Get(ctx(t), box.Value.Sandbox, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	sb := sandboxOf("ann")
+	if ann.Revision == first || len(ann.Revision) != 8 {
+		t.Fatalf("ann woke of revision %q, the old one %q; rollouts %+v; her sandbox's labels %v, env %v", ann.Revision, first, f.auditEvents(events.AuditRollout), sb.Spec.PodTemplate.ObjectMeta.Labels, sb.Spec.PodTemplate.Spec.Containers[0].Env)
+	}
+	if _, kept := sb.Annotations[sandbox.PreviousRevisionAnnotation]; !marked(sb) || !kept || sb.Annotations[sandbox.PreviousRevisionAnnotation] != first || sb.Annotations[sandbox.PreviousAnnotation] == "" || sandbox.Revision(sb) != ann.Revision {
+		t.Fatalf("ann's rolled sandbox: env %v, annotations %v", sb.Spec.PodTemplate.Spec.Containers[0].Env, sb.Annotations)
+	}
+	pod, err := pkg.Cluster.Client.CoreV1().Pods(st.NS.Name).Get(ctx(t), ann.PodName, metav1.GetOptions{})
+	if err != nil || !slices.Contains(pod.Spec.Containers[0].Env, corev1.EnvVar{Name: "DSH_MARKER", Value: "v2"}) {
+		t.Fatalf("ann's new pod: %v %v", err, pod.Spec.Containers)
+	}
+	if rolled := f.auditEvents(events.AuditRollout); len(rolled) != 1 || rolled[0].User != "ann" {
+		t.Fatalf("rollouts audited: %+v", rolled)
+	}
+
+	gauge(map[string]float64{first: 1, ann.Revision: 1})
+
+	// bob ran all the while: same pod, old template.
+	if b := f.waitPhase("bob", state.PhaseReady); b.PodUID != bobPod || b.Revision != first || marked(sandboxOf("bob")) {
+		t.Fatalf("bob, running, was touched: pod %s (was %s), revision %q", b.PodUID, bobPod, b.Revision)
+	}
+	st.Suspend("bob")
+	if b := wake("bob"); b.Revision != ann.Revision || !marked(sandboxOf("bob")) {
+		t.Fatalf("bob after his sleep: revision %q", b.Revision)
+	}
+	gauge(map[string]float64{first: 0, ann.Revision: 2})
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if n := len(f.auditEvents(events.AuditRollout)); n != 2 {
+			return fmt.Errorf("%d rollouts audited", n)
+		}
+		return nil
+	})
+}
