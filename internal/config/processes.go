@@ -389,6 +389,10 @@ type Lifecycle struct {
 	// of their key) next-wake updates: a canary below 100.
 	Rollout        string
 	RolloutPercent int
+	// RolloutProbation is ROLLOUT_PROBATION: a rolled sandbox whose pod of
+	// the new revision ends within it is rolled back, and the revision
+	// halted for all.
+	RolloutProbation time.Duration
 	// LogTailLines is DSH_LOG_TAIL_LINES, how much of the pod log is
 	// searched for the launch token.
 	LogTailLines int
@@ -436,6 +440,7 @@ func LoadLifecycle(e *Env) (Lifecycle, error) {
 		MaxSandboxes:     maxSandboxes(e),
 		Rollout:          e.OneOf("ROLLOUT", "manual", "manual", "next-wake"),
 		RolloutPercent:   e.Int("ROLLOUT_PERCENT", 100, 1, 100),
+		RolloutProbation: e.Duration("ROLLOUT_PROBATION", 10*time.Minute, time.Minute, 24*time.Hour),
 		LogTailLines:     e.Int("DSH_LOG_TAIL_LINES", 1000, 1, 100000),
 		Container:        e.String("DSH_CONTAINER", ""),
 		Port:             dshPort(e),

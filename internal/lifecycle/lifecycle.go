@@ -53,9 +53,11 @@ type Options struct {
 	// MaxSandboxes is MAX_SANDBOXES_PER_USER: an account's sandboxes, its
 	// first included (0 reads as 1).
 	MaxSandboxes int
-	// Rollout is ROLLOUT and RolloutPercent ROLLOUT_PERCENT (rollForward).
-	Rollout        string
-	RolloutPercent int
+	// Rollout is ROLLOUT, RolloutPercent ROLLOUT_PERCENT (rollForward)
+	// and RolloutProbation ROLLOUT_PROBATION (rollBack).
+	Rollout          string
+	RolloutPercent   int
+	RolloutProbation time.Duration
 	// Limits cap running sandboxes and concurrent starts; wakes beyond
 	// them wait in the queue, which the lease holder admits from.
 	Limits capacity.Limits

@@ -38,7 +38,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "aaas_lifecycle_commands_dead_lettered_total", Help: "Commands given up after COMMAND_MAX_DELIVER deliveries.",
 		}),
 		rollouts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "aaas_lifecycle_rollouts_total", Help: "Sleeping sandboxes given their profile's new pod template as they woke (ROLLOUT=next-wake), by outcome: rolled, or failed (the template could not be applied; the sandbox woke as it was).",
+			Name: "aaas_lifecycle_rollouts_total", Help: "Sleeping sandboxes given their profile's new pod template as they woke (ROLLOUT=next-wake), by outcome: rolled; failed (the template could not be applied; the sandbox woke as it was); halted (not rolled: its revision failed another sandbox); rolled_back (its pod of the new revision ended within ROLLOUT_PROBATION).",
 		}, []string{"outcome"}),
 		logBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "aaas_lifecycle_handshake_log_bytes", Help: "Bytes of pod log one handshake read (at most DSH_LOG_LIMIT_BYTES).",

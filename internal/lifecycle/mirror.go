@@ -33,6 +33,10 @@ type mirror struct {
 	// was last Ready, and when the last one was (only Lead's loop touches
 	// it).
 	restarts map[string]restart
+	// unrolled is, per sandbox key, the version of the Sandbox last rolled
+	// back, so a cache that has not caught up does not have it rolled
+	// back twice (only Lead's loop touches it).
+	unrolled map[string]string
 }
 
 type restart struct {
@@ -41,7 +45,7 @@ type restart struct {
 }
 
 func newMirror(w *Worker) *mirror {
-	return &mirror{w: w, queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()), restarts: map[string]restart{}}
+	return &mirror{w: w, queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()), restarts: map[string]restart{}, unrolled: map[string]string{}}
 }
 
 // Restarts of ended pods back off: the first at once, then 10 s, 20 s, …
@@ -182,6 +186,9 @@ func (m *mirror) reconcile(ctx context.Context, user string) error {
 	}
 	switch {
 	case next.Managed && sandbox.PodEnded(st.Pod) && st.Sandbox != nil && st.Sandbox.Spec.OperatingMode != sandboxv1beta1.SandboxOperatingModeSuspended:
+		if err := m.rollBack(ctx, user, st.Sandbox); err != nil {
+			return err
+		}
 		var err error
 		if next, err = m.recover(ctx, user, st.Pod, next); err != nil {
 			return err

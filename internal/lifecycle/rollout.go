@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"hash/fnv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -44,6 +45,11 @@ func (w *Worker) rollForward(ctx context.Context, key string, sb *sandboxv1beta1
 	if rev == cur || live.Spec.OperatingMode == sandboxv1beta1.SandboxOperatingModeRunning {
 		return nil
 	}
+	if w.k8s.Halted(rev) {
+		// A pod of rev failed some sandbox it was rolled to: no more.
+		w.m.rollouts.WithLabelValues("halted").Inc()
+		return nil
+	}
 	detail := "sandbox " + live.Name + ", profile " + profile.Name + ": revision " + cur + " -> " + rev
 	switch err := w.k8s.Roll(ctx, live, t); {
 	case apierrors.IsInvalid(err):
@@ -61,6 +67,29 @@ func (w *Worker) rollForward(ctx context.Context, key string, sb *sandboxv1beta1
 	}
 	w.m.rollouts.WithLabelValues("rolled").Inc()
 	w.audit(ctx, events.AuditEvent{Kind: events.AuditRollout, User: key, Outcome: "rolled", Detail: detail})
+	return nil
+}
+
+// rollBack rolls back a sandbox whose pod of the revision it was rolled
+// to has ended within ROLLOUT_PROBATION of the rollout: its previous pod
+// template goes back (the pod recover then deletes is remade of it, on
+// the same volume), and the revision is halted for every sandbox
+// (sandbox.Halted).
+func (m *mirror) rollBack(ctx context.Context, key string, sb *sandboxv1beta1.Sandbox) error {
+	w := m.w
+	at, rolled := sandbox.RolledAt(sb)
+	if !rolled || time.Since(at) > w.o.RolloutProbation || m.unrolled[key] == sb.ResourceVersion {
+		return nil
+	}
+	rev, back := sandbox.Revision(sb), sb.Annotations[sandbox.PreviousRevisionAnnotation]
+	if _, err := w.k8s.Unroll(ctx, sb); err != nil {
+		return w.kubeErr("roll back", err)
+	}
+	m.unrolled[key] = sb.ResourceVersion
+	w.m.rollouts.WithLabelValues("rolled_back").Inc()
+	w.log.Warn("rollout halted: a pod of the new revision ended", "user", key, "sandbox", sb.Name, "revision", rev, "back_to", back)
+	w.pub.Audit(events.AuditEvent{Kind: events.AuditRollout, User: key, Outcome: "rolled_back",
+		Detail: "sandbox " + sb.Name + ": its pod of revision " + rev + " ended " + time.Since(at).Round(time.Second).String() + " after the rollout; back to " + back + ", and " + rev + " halted"})
 	return nil
 }
 

@@ -124,3 +124,76 @@ func TestARolloutWaitsForTheWake(t *testing.T) {
 		return nil
 	})
 }
+
+// TestAFailingRevisionHaltsTheRollout: a sandbox rolled to a new
+// revision whose pod then fails (ended within ROLLOUT_PROBATION) is
+// rolled back: its old pod template is back, a new pod of the old
+// revision starts on the same volume, and the revision is halted, so the
+// next sleeping sandbox to wake is not rolled to it; both are audited
+// and counted.
+func TestAFailingRevisionHaltsTheRollout(t *testing.T) {
+	st := pkg.NewStack(t, testenv.StackOptions{Env: map[string]string{"ROLLOUT": "next-wake"}})
+	f := setup(t, nil, st)
+	lc := f.lifecycle("lc-a")
+	f.signup("ann")
+	f.signup("bob")
+	first := f.waitPhase("ann", state.PhaseReady).Revision
+	sbc, ext, _ := pkg.Cluster.SandboxClients()
+	pool, err := ext.ExtensionsV1beta1().SandboxWarmPools(st.NS.Name).Get(ctx(t), "dsh-pool", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	templates := ext.ExtensionsV1beta1().SandboxTemplates(st.NS.Name)
+	tmpl, err := templates.Get(ctx(t), pool.Spec.TemplateRef.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &tmpl.Spec.PodTemplate.Spec.Containers[0]
+	c.Env = append(c.Env, corev1.EnvVar{Name: "DSH_MARKER", Value: "broken"})
+	if _, err := templates.Update(ctx(t), tmpl, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	st.Suspend("ann")
+	asleep, _ := f.boxes.Get("ann")
+	f.command(events.NewWake("ann", asleep.Revision))
+	rolled := f.waitPhase("ann", state.PhaseReady)
+	if rolled.Revision == first {
+		t.Fatalf("ann was not rolled: revision %q", rolled.Revision)
+	}
+
+	// Its pod of the new revision fails, as a bad image's would.
+	failed := time.Now()
+	st.EndPod("ann", "Error", "the new image exits at once")
+	var back state.Sandbox
+	testutil.Eventually(t, time.Minute, func() error {
+		e, _ := f.boxes.Get("ann")
+		if back = e.Value; back.Phase != state.PhaseReady || back.Revision != first || back.PodUID == rolled.PodUID {
+			return fmt.Errorf("ann is %s of revision %s on pod %s", back.Phase, back.Revision, back.PodUID)
+		}
+		return nil
+	})
+	t.Logf("rolled back and Ready on the old revision %s after the failure", time.Since(failed).Round(time.Millisecond))
+	sb, err := sbc.AgentsV1beta1().Sandboxes(st.NS.Name).Get(ctx(t), back.Sandbox, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.Annotations[sandbox.HaltedAnnotation] != rolled.Revision || slices.Contains(sb.Spec.PodTemplate.Spec.Containers[0].Env, corev1.EnvVar{Name: "DSH_MARKER", Value: "broken"}) {
+		t.Fatalf("ann's sandbox after the rollback: annotations %v", sb.Annotations)
+	}
+	if got := f.auditEvents(events.AuditRollout); len(got) != 2 || got[0].Outcome != "rolled" || got[1].Outcome != "rolled_back" {
+		t.Fatalf("rollout audit: %+v", got)
+	}
+
+	// Halted: bob sleeps and wakes on the old revision.
+	st.Suspend("bob")
+	asleep, _ = f.boxes.Get("bob")
+	f.command(events.NewWake("bob", asleep.Revision))
+	if b := f.waitPhase("bob", state.PhaseReady); b.Revision != first {
+		t.Fatalf("bob was rolled to the halted revision: %q", b.Revision)
+	}
+	for outcome, want := range map[string]float64{"rolled": 1, "rolled_back": 1, "halted": 1} {
+		if n, err := lc.MetricSum("aaas_lifecycle_rollouts_total", "outcome", outcome); err != nil || n != want {
+			t.Errorf("rollouts %s: %v (%v), want %v", outcome, n, err, want)
+		}
+	}
+}

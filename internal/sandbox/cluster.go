@@ -66,6 +66,7 @@ const (
 	podLabel    = "agents.x-k8s.io/sandbox-name-hash"
 	claimPrefix = "dsh-"
 	byClaimUID  = "claim-uid"
+	byHalted    = "halted-revision"
 	bySandbox   = "sandbox"
 )
 
@@ -150,6 +151,15 @@ func New(rc *rest.Config, cfg Config) (*Cluster, error) {
 		}
 		if uid := m.GetLabels()[ClaimUIDLabel]; uid != "" {
 			return []string{uid}, nil
+		}
+		return nil, nil
+	}, byHalted: func(obj any) ([]string, error) {
+		m, err := metaOf(obj)
+		if err != nil {
+			return nil, err
+		}
+		if rev := m.GetAnnotations()[HaltedAnnotation]; rev != "" {
+			return []string{rev}, nil
 		}
 		return nil, nil
 	}}

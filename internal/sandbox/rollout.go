@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"maps"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,7 +19,8 @@ import (
 // Rolling a sleeping sandbox forward writes its profile's current pod
 // template over its own, so that the pod its next wake starts runs the
 // new image on the same volume; the previous template is kept on the
-// Sandbox (one revision back), for the operator to roll back to.
+// Sandbox (one revision back): a pod of the new revision that fails soon
+// after is rolled back to it, and the revision halted.
 //
 // A revision is the gateway's own name for a pod spec: eight hex digits
 // of FNV-1a over its JSON. agent-sandbox marks warm-pool spares with a
@@ -28,6 +30,14 @@ import (
 // template and a sandbox made from it.
 
 const (
+	// RolledAtAnnotation, on a rolled Sandbox, is when it was rolled
+	// (RFC 3339): a pod of its new revision that ends within
+	// ROLLOUT_PROBATION of it rolls it back.
+	RolledAtAnnotation = "aaas.example.com/rolled-at"
+	// HaltedAnnotation, on a Sandbox rolled back, is the revision whose
+	// pod failed it: no sandbox is rolled to that revision again (until
+	// the annotation is removed).
+	HaltedAnnotation = "aaas.example.com/halted-revision"
 	// PreviousAnnotation, on a rolled Sandbox, is the pod template it had
 	// before (JSON of sandboxv1beta1.PodTemplate), what a rollback puts
 	// back; PreviousRevisionAnnotation is that template's revision.
@@ -72,7 +82,46 @@ func (c *Cluster) Roll(ctx context.Context, sb *sandboxv1beta1.Sandbox, t *extv1
 	next := *t.Spec.PodTemplate.DeepCopy()
 	next.ObjectMeta.Labels = merged(sb.Spec.PodTemplate.ObjectMeta.Labels, t.Spec.PodTemplate.ObjectMeta.Labels)
 	next.ObjectMeta.Annotations = merged(sb.Spec.PodTemplate.ObjectMeta.Annotations, t.Spec.PodTemplate.ObjectMeta.Annotations)
-	return c.replaceTemplate(ctx, sb, next)
+	return c.replaceTemplate(ctx, sb, next, map[string]string{
+		PreviousAnnotation: string(prev(sb)), PreviousRevisionAnnotation: Revision(sb), RolledAtAnnotation: time.Now().UTC().Format(time.RFC3339),
+	}, true)
+}
+
+// prev is sb's pod template as the one to roll back to.
+func prev(sb *sandboxv1beta1.Sandbox) []byte {
+	b, _ := json.Marshal(sb.Spec.PodTemplate) // a typed PodTemplate always marshals
+	return b
+}
+
+// RolledAt is when sb was last rolled forward, if it has not been rolled
+// back since.
+func RolledAt(sb *sandboxv1beta1.Sandbox) (time.Time, bool) {
+	at, err := time.Parse(time.RFC3339, sb.Annotations[RolledAtAnnotation])
+	return at, err == nil && sb.Annotations[PreviousAnnotation] != ""
+}
+
+// Unroll puts back the pod template sb had before its last rollout and
+// marks the revision it leaves halted, whatever mode sb is in (its pod of
+// that revision has just ended); false when it keeps no previous one.
+func (c *Cluster) Unroll(ctx context.Context, sb *sandboxv1beta1.Sandbox) (bool, error) {
+	raw, ok := sb.Annotations[PreviousAnnotation]
+	if !ok {
+		return false, nil
+	}
+	var back sandboxv1beta1.PodTemplate
+	if err := json.Unmarshal([]byte(raw), &back); err != nil {
+		return false, fmt.Errorf("sandbox %s: %s unreadable: %w", sb.Name, PreviousAnnotation, err)
+	}
+	return true, c.replaceTemplate(ctx, sb, back, map[string]string{
+		HaltedAnnotation: Revision(sb), PreviousAnnotation: "", PreviousRevisionAnnotation: "", RolledAtAnnotation: "",
+	}, false)
+}
+
+// Halted reports whether a rollout to rev failed some sandbox (the
+// informer's view: every replica sees the same objects).
+func (c *Cluster) Halted(rev string) bool {
+	objs, _ := c.sandboxes.GetIndexer().ByIndex(byHalted, rev)
+	return len(objs) > 0
 }
 
 // merged is a's entries and b's over them; nil when both are empty.
@@ -88,26 +137,31 @@ func merged(a, b map[string]string) map[string]string {
 	return out
 }
 
-// replaceTemplate writes next as sb's pod template, and sb's current one
-// as the previous, in one JSON patch that applies only
+// replaceTemplate writes next as sb's pod template and sets the given
+// annotations ("" removes one) in one JSON patch; asleep, it applies only
 // while sb is still Suspended: a sandbox woken meanwhile is left alone
 // (the patch is refused as invalid). Not the resourceVersion: the
 // controller's status writes change it all the time.
-func (c *Cluster) replaceTemplate(ctx context.Context, sb *sandboxv1beta1.Sandbox, next sandboxv1beta1.PodTemplate) error {
-	prev, err := json.Marshal(sb.Spec.PodTemplate)
-	if err != nil {
-		return err
-	}
+func (c *Cluster) replaceTemplate(ctx context.Context, sb *sandboxv1beta1.Sandbox, next sandboxv1beta1.PodTemplate, set map[string]string, asleep bool) error {
 	annotations := maps.Clone(sb.Annotations)
 	if annotations == nil {
 		annotations = map[string]string{}
 	}
-	annotations[PreviousAnnotation], annotations[PreviousRevisionAnnotation] = string(prev), Revision(sb)
-	patch, err := json.Marshal([]map[string]any{
-		{"op": "test", "path": "/spec/operatingMode", "value": sandboxv1beta1.SandboxOperatingModeSuspended},
+	for k, v := range set {
+		if v == "" {
+			delete(annotations, k)
+		} else {
+			annotations[k] = v
+		}
+	}
+	ops := []map[string]any{
 		{"op": "replace", "path": "/spec/podTemplate", "value": next},
 		{"op": "add", "path": "/metadata/annotations", "value": annotations},
-	})
+	}
+	if asleep {
+		ops = append([]map[string]any{{"op": "test", "path": "/spec/operatingMode", "value": sandboxv1beta1.SandboxOperatingModeSuspended}}, ops...)
+	}
+	patch, err := json.Marshal(ops)
 	if err != nil {
 		return err
 	}
