@@ -136,9 +136,11 @@ type Row struct {
 	// pod template's (sandbox.Revision), which a rollout moves.
 	Profile  string `json:"profile"`
 	Revision string `json:"revision,omitempty"`
-	Reason   string `json:"reason,omitempty"`
-	Managed  bool   `json:"managed"`
-	Pod      string `json:"pod,omitempty"`
+	// Halted is the revision a rollout was rolled back from here.
+	Halted  string `json:"halted_revision,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	Managed bool   `json:"managed"`
+	Pod     string `json:"pod,omitempty"`
 	// Created is when the account was made (zero for a sandbox without
 	// an account, such as a claim applied by hand).
 	Created    time.Time `json:"created,omitzero"`
@@ -303,7 +305,7 @@ func (s *Service) row(ctx context.Context, name string, now time.Time) (Row, err
 	}
 	if b, ok := s.o.Sandboxes.Load(ctx, name); ok {
 		r.Phase, r.Reason, r.Pod, r.ReadySince = string(b.Value.Phase), b.Value.Reason, b.Value.PodName, b.Value.ReadySince
-		r.Managed, r.Profile, r.Revision = r.Managed || b.Value.Managed, s.o.Profiles.NameOf(b.Value.Profile), b.Value.Revision
+		r.Managed, r.Profile, r.Revision, r.Halted = r.Managed || b.Value.Managed, s.o.Profiles.NameOf(b.Value.Profile), b.Value.Revision, b.Value.Halted
 		if ls := b.Value.LastSuspend; ls != nil && b.Value.Phase == state.PhaseSuspended && b.Value.Managed {
 			var at time.Time
 			if r.Dormant, at = s.o.Idle.Dormancy(ls.At, now); r.Dormant && !at.IsZero() {
@@ -427,7 +429,7 @@ func (s *Service) page(c *fiber.Ctx) error {
 	for _, r := range p.Users {
 		row := web.AdminRow{
 			User: r.User, Phase: r.Phase, Profile: r.Profile, Reason: r.Reason, Managed: r.Managed, Pod: r.Pod,
-			Age: since(r.Created, time.Now()), LastActive: since(r.LastActive, time.Now()), Sessions: r.Sessions, Owner: r.Owner, Sandbox: r.Sandbox, Revision: r.Revision,
+			Age: since(r.Created, time.Now()), LastActive: since(r.LastActive, time.Now()), Sessions: r.Sessions, Owner: r.Owner, Sandbox: r.Sandbox, Revision: r.Revision, Halted: r.Halted,
 			InFlight: inFlightText(r.InFlight), URL: s.sandboxURL(c, r.User), Dormant: r.Dormant,
 		}
 		if r.DeleteAt != nil {

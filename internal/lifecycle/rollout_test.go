@@ -180,6 +180,12 @@ func TestAFailingRevisionHaltsTheRollout(t *testing.T) {
 	if sb.Annotations[sandbox.HaltedAnnotation] != rolled.Revision || slices.Contains(sb.Spec.PodTemplate.Spec.Containers[0].Env, corev1.EnvVar{Name: "DSH_MARKER", Value: "broken"}) {
 		t.Fatalf("ann's sandbox after the rollback: annotations %v", sb.Annotations)
 	}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if e, _ := f.boxes.Get("ann"); e.Value.Halted != rolled.Revision {
+			return fmt.Errorf("ann's record says halted %q", e.Value.Halted)
+		}
+		return nil
+	})
 	if got := f.auditEvents(events.AuditRollout); len(got) != 2 || got[0].Outcome != "rolled" || got[1].Outcome != "rolled_back" {
 		t.Fatalf("rollout audit: %+v", got)
 	}

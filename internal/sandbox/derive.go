@@ -31,7 +31,7 @@ func (c *Cluster) Derive(user string, s State, prev state.Sandbox) state.Sandbox
 	}
 	r.Claim, r.Profile = s.Claim.Name, s.Claim.Annotations[ProfileAnnotation]
 	if s.Sandbox != nil {
-		r.Sandbox, r.Revision = s.Sandbox.Name, Revision(s.Sandbox)
+		r.Sandbox, r.Revision, r.Halted = s.Sandbox.Name, Revision(s.Sandbox), s.Sandbox.Annotations[HaltedAnnotation]
 		r.LastSuspend = lastSuspend(s.Sandbox.Annotations[SuspendAnnotation])
 	}
 	if s.Pod != nil && s.Pod.DeletionTimestamp == nil {

@@ -288,9 +288,12 @@ type Sandbox struct {
 	// of its pod spec, the same as its SandboxTemplate's until that
 	// changes): what its next pod runs.
 	Revision string `json:"revision,omitempty"`
-	Sandbox  string `json:"sandbox,omitempty"`
-	PodName  string `json:"pod_name,omitempty"`
-	PodUID   string `json:"pod_uid,omitempty"`
+	// Halted is the revision a rollout took this sandbox to and rolled it
+	// back from, which no sandbox is rolled to again (ROLLOUT).
+	Halted  string `json:"halted_revision,omitempty"`
+	Sandbox string `json:"sandbox,omitempty"`
+	PodName string `json:"pod_name,omitempty"`
+	PodUID  string `json:"pod_uid,omitempty"`
 	// Address is host:port of the DSH server (pod IP or Service FQDN).
 	Address string `json:"address,omitempty"`
 	// PodIP is the Ready pod's IP: the address its connections come

@@ -247,12 +247,13 @@ type AdminRow struct {
 	// and its name (Sandbox), and offers only what acts on a sandbox.
 	User, Owner, Sandbox        string
 	Phase, Profile, Reason, Pod string
-	// Revision is the sandbox's pod template's (ROLLOUT).
-	Revision        string
-	Managed         bool
-	Age, LastActive string
-	Sessions        int
-	InFlight        string
+	// Revision is the sandbox's pod template's (ROLLOUT); Halted the
+	// revision a rollout was rolled back from here.
+	Revision, Halted string
+	Managed          bool
+	Age, LastActive  string
+	Sessions         int
+	InFlight         string
 	// URL is where the user's sandbox is reached (Sites.SandboxURL).
 	URL string
 	// Spent and Budget are the user's model spend this month and the
