@@ -30,6 +30,8 @@ import (
 func TestLifecycleRoleIsMinimal(t *testing.T) {
 	f := setup(t, nil)
 	full := f.NS.Role.DeepCopy()
+	// next-wake reads templates as sandboxes wake (the last probes).
+	f.Env["ROLLOUT"] = "next-wake"
 	lc := f.lifecycle("lc-full")
 	f.signup("mo")
 	// The control for the informer probes: the same probe, under the full
@@ -125,6 +127,10 @@ func TestLifecycleRoleIsMinimal(t *testing.T) {
 		"sandboxclaims/patch": func(t *testing.T, _ string) {
 			f.adoptRefused(t)
 		},
+		// ROLLOUT=next-wake reads the waking sandbox's pool and template:
+		// refused, the wake fails and the sandbox sleeps on. (The last
+		// rules: mo is left asleep.)
+		"sandboxwarmpools/get": f.rolloutRefused(lc), "sandboxtemplates/get": f.rolloutRefused(lc),
 		"pods/log/get": func(t *testing.T, _ string) {
 			_, failure := f.handshake("mo", "localhost", f.handshakeRev("mo"))
 			if !strings.Contains(failure, "forbidden") {
@@ -154,6 +160,33 @@ func TestLifecycleRoleIsMinimal(t *testing.T) {
 	}
 	for name := range probes {
 		t.Errorf("probe %s has no verb in the Role", name)
+	}
+}
+
+// rolloutRefused is the probe of a verb a rollout needs: mo, put to
+// sleep, is woken, and the wake's read of the template is refused.
+func (f *fixture) rolloutRefused(lc *testenv.Proc) func(t *testing.T, verb string) {
+	return func(t *testing.T, _ string) {
+		if box, _ := f.boxes.Get("mo"); box.Value.Phase != state.PhaseSuspended {
+			f.command(events.NewAdminSuspend("mo", box.Revision, "test"))
+			f.waitPhase("mo", state.PhaseSuspended)
+		}
+		refused := metric(lc, `aaas_lifecycle_kubernetes_errors_total{op="get template"}`)
+		asleep, _ := f.boxes.Get("mo")
+		// One wake per probe: the record, and so the derived id, is the
+		// same for both.
+		wake := events.NewWake("mo", asleep.Revision)
+		wake.ID += "." + t.Name()
+		f.command(wake)
+		testutil.Eventually(t, 30*time.Second, func() error {
+			if v := metric(lc, `aaas_lifecycle_kubernetes_errors_total{op="get template"}`); v <= refused {
+				return errors.New("no refused template read counted")
+			}
+			return nil
+		})
+		if b := f.Box("mo"); b.Phase != state.PhaseSuspended {
+			t.Fatalf("mo is %s after a wake whose rollout was refused", b.Phase)
+		}
 	}
 }
 
