@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+	sandboxclient "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned"
 
 	"github.com/aaas-project/aaas/internal/dev/testenv"
 	"github.com/aaas-project/aaas/internal/dev/testutil"
@@ -61,21 +62,7 @@ func TestARolloutWaitsForTheWake(t *testing.T) {
 	}
 
 	// The template changes while both run; ann sleeps, bob does not.
-	sbc, ext, _ := pkg.Cluster.SandboxClients()
-	pool, err := ext.ExtensionsV1beta1().SandboxWarmPools(st.NS.Name).Get(ctx(t), "dsh-pool", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	templates := ext.ExtensionsV1beta1().SandboxTemplates(st.NS.Name)
-	tmpl, err := templates.Get(ctx(t), pool.Spec.TemplateRef.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &tmpl.Spec.PodTemplate.Spec.Containers[0]
-	c.Env = append(c.Env, corev1.EnvVar{Name: "DSH_MARKER", Value: "v2"})
-	if _, err := templates.Update(ctx(t), tmpl, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	sbc := f.markTemplate("v2")
 	bobPod := f.waitPhase("bob", state.PhaseReady).PodUID
 	st.Suspend("ann")
 	ann := wake("ann")
@@ -138,21 +125,7 @@ func TestAFailingRevisionHaltsTheRollout(t *testing.T) {
 	f.signup("ann")
 	f.signup("bob")
 	first := f.waitPhase("ann", state.PhaseReady).Revision
-	sbc, ext, _ := pkg.Cluster.SandboxClients()
-	pool, err := ext.ExtensionsV1beta1().SandboxWarmPools(st.NS.Name).Get(ctx(t), "dsh-pool", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	templates := ext.ExtensionsV1beta1().SandboxTemplates(st.NS.Name)
-	tmpl, err := templates.Get(ctx(t), pool.Spec.TemplateRef.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &tmpl.Spec.PodTemplate.Spec.Containers[0]
-	c.Env = append(c.Env, corev1.EnvVar{Name: "DSH_MARKER", Value: "broken"})
-	if _, err := templates.Update(ctx(t), tmpl, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	sbc := f.markTemplate("broken")
 	st.Suspend("ann")
 	asleep, _ := f.boxes.Get("ann")
 	f.command(events.NewWake("ann", asleep.Revision))
@@ -202,4 +175,27 @@ func TestAFailingRevisionHaltsTheRollout(t *testing.T) {
 			t.Errorf("rollouts %s: %v (%v), want %v", outcome, n, err, want)
 		}
 	}
+}
+
+// markTemplate adds DSH_MARKER=marker to the pool's SandboxTemplate's
+// container, as a new image would change it, and returns a client of
+// the Sandboxes.
+func (f *fixture) markTemplate(marker string) sandboxclient.Interface {
+	f.t.Helper()
+	sbc, ext, _ := pkg.Cluster.SandboxClients()
+	pool, err := ext.ExtensionsV1beta1().SandboxWarmPools(f.NS.Name).Get(ctx(f.t), "dsh-pool", metav1.GetOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	templates := ext.ExtensionsV1beta1().SandboxTemplates(f.NS.Name)
+	tmpl, err := templates.Get(ctx(f.t), pool.Spec.TemplateRef.Name, metav1.GetOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	c := &tmpl.Spec.PodTemplate.Spec.Containers[0]
+	c.Env = append(c.Env, corev1.EnvVar{Name: "DSH_MARKER", Value: marker})
+	if _, err := templates.Update(ctx(f.t), tmpl, metav1.UpdateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+	return sbc
 }
