@@ -51,8 +51,11 @@ func TestARolloutWaitsForTheWake(t *testing.T) {
 	wake := func(user string) state.Sandbox {
 		t.Helper()
 		asleep, _ := f.boxes.Get(user)
+		start := time.Now()
 		f.command(events.NewWake(user, asleep.Revision))
-		return f.waitPhase(user, state.PhaseReady)
+		b := f.waitPhase(user, state.PhaseReady)
+		t.Logf("%s woke Ready on revision %s in %s", user, b.Revision, time.Since(start).Round(time.Millisecond))
+		return b
 	}
 
 	// Unchanged template: a wake rolls nothing.
