@@ -225,14 +225,14 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, start time.Time) 
 		return nil
 	}
 	ip, ok := peer(r.RemoteAddr)
-	key, reason := "", ReasonUnattributed
+	sandbox, reason := "", ReasonUnattributed
 	if ok {
-		key, reason = s.o.Index.Lookup(ip)
+		sandbox, reason = s.o.Index.Lookup(ip)
 	}
 	// The sandbox's key names the sandbox whose agent is at work (its
 	// beacons keep that one awake); its owner's account pays, with the
 	// owner's keys and budget.
-	user := ident.OwnerOf(key)
+	user := ident.OwnerOf(sandbox)
 	if user == "" {
 		s.refuse(w, p.API, &Refusal{Status: http.StatusForbidden, Reason: reason, Message: "this address is not a running sandbox: model calls are taken from sandboxes only"})
 		return nil
@@ -274,7 +274,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, start time.Time) 
 			key, byok = own, true
 		}
 	}
-	call, err := s.o.Ledger.Admit(r.Context(), key, !byok)
+	call, err := s.o.Ledger.Admit(r.Context(), sandbox, !byok)
 	if err != nil {
 		if !errors.As(err, &ref) {
 			s.o.Log.Warn("admitting a call failed", "user", user, "err", err)

@@ -33,17 +33,18 @@ type recordingLedger struct {
 	mu     sync.Mutex
 	n      int
 	ended  chan events.UsageEvent
-	admits []bool // charged, per Admit
+	admits []bool   // charged, per Admit
+	keys   []string // the sandbox key, per Admit
 }
 
 func newRecordingLedger() *recordingLedger {
 	return &recordingLedger{ended: make(chan events.UsageEvent, 16)}
 }
 
-func (l *recordingLedger) Admit(_ context.Context, _ string, charged bool) (Call, error) {
+func (l *recordingLedger) Admit(_ context.Context, key string, charged bool) (Call, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.admits = append(l.admits, charged)
+	l.admits, l.keys = append(l.admits, charged), append(l.keys, key)
 	if l.refuse != nil {
 		return nil, l.refuse
 	}
@@ -868,4 +869,29 @@ func TestDirectStreamAnswers(t *testing.T) {
 			t.Fatalf("usage %+v", u)
 		}
 	})
+}
+
+// A call from a named sandbox (ann--work) is admitted as that sandbox's,
+// so its beacons keep it awake, and recorded as its owner's. Neither is
+// ever the provider key the broker injects: a key shaped like an account
+// name once took the sandbox's place, and calls were charged to an
+// "account" named after the organisation's key.
+func TestACallIsItsSandboxsAndItsOwnersNeverTheKeys(t *testing.T) {
+	far := newFarEnd(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"id":"c1","object":"chat.completion","model":"gpt-x","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}`)
+	})
+	f := newFixture(t, far.URL, func(o *Options) { o.Keys["oa"] = "org-key-shaped-like-a-name" })
+	f.index.Set("ann", netip.Addr{})
+	f.index.Set("ann--work", netip.MustParseAddr("127.0.0.1"))
+	resp := post(t, f.url+"/oa/chat/completions", `{"model":"gpt-x"}`)
+	io.Copy(io.Discard, resp.Body)
+	if u := f.ledger.usage(t); u.User != "ann" {
+		t.Fatalf("the call was recorded as %q's", u.User)
+	}
+	f.ledger.mu.Lock()
+	defer f.ledger.mu.Unlock()
+	if len(f.ledger.keys) != 1 || f.ledger.keys[0] != "ann--work" {
+		t.Fatalf("the ledger admitted the calls of %q", f.ledger.keys)
+	}
 }
