@@ -13,6 +13,7 @@ import (
 
 	"github.com/aaas-project/aaas/internal/events"
 	"github.com/aaas-project/aaas/internal/ident"
+	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/sandbox"
 	"github.com/aaas-project/aaas/internal/state"
 )
@@ -143,8 +144,11 @@ func (w *Worker) forgetNamed(ctx context.Context, key string) error {
 // being deleted, and forgets them.
 func (w *Worker) deleteNamedOf(ctx context.Context, user string) error {
 	u, err := w.users.Get(ctx, user)
-	if err != nil {
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
 		return nil // no record: no named sandboxes listed
+	case err != nil:
+		return err // retried: the list is not to be guessed
 	}
 	for _, name := range u.Value.Sandboxes {
 		key := ident.SandboxKey(user, name)
@@ -178,7 +182,11 @@ func named(key string) bool {
 // ones of its profile, or chosen. A claim made by this command is its own
 // earlier delivery's work.
 func (w *Worker) recreateNamed(ctx context.Context, c events.Command, owner, name, chosen string) (string, error) {
-	if u, err := w.users.Get(ctx, owner); err != nil || !slices.Contains(u.Value.Sandboxes, name) {
+	u, err := w.users.Get(ctx, owner)
+	if err != nil && !errors.Is(err, kv.ErrNotFound) {
+		return "", err
+	}
+	if err != nil || !slices.Contains(u.Value.Sandboxes, name) {
 		_ = w.answer(ctx, c, state.OutcomeFailed, "no such sandbox")
 		return "", events.Permanent(fmt.Errorf("no sandbox %q of %q", name, owner))
 	}
