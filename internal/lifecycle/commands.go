@@ -406,16 +406,11 @@ func (w *Worker) recreate(ctx context.Context, c events.Command) (string, error)
 		return "", err
 	}
 
-	old, err := w.k8s.GetClaim(ctx, c.User)
-	if chosen == "" && err == nil {
-		chosen = old.Annotations[sandbox.ProfileAnnotation]
-	}
+	old, chosen, err := w.oldClaim(ctx, c.User, chosen)
 	switch {
-	case apierrors.IsNotFound(err):
 	case err != nil:
-		return "", w.kubeFail(ctx, "get claim", err)
-	case !w.k8s.Managed(old):
-		return "", events.Permanent(fmt.Errorf("claim %s is not managed by this gateway", old.Name))
+		return "", err
+	case old == nil:
 	case string(old.UID) != u.Value.ClaimUID && sameHash(old.Annotations[sandbox.TokenHashAnnotation], u.Value.TokenHash):
 		// Already re-created by an earlier delivery of this command.
 	default:
@@ -442,6 +437,24 @@ func (w *Worker) recreate(ctx context.Context, c events.Command) (string, error)
 	}
 	w.audit(ctx, events.AuditEvent{Kind: events.AuditRecreate, User: c.User, Outcome: state.OutcomeRecreated, Detail: "SandboxClaim " + claim.Name + ", profile " + profile.Name})
 	return state.OutcomeRecreated, nil
+}
+
+// oldClaim reads the claim of key a recreate replaces: nil when there is
+// none, a permanent error when it is not this gateway's, and the profile
+// the new claim is of (chosen, else the old claim's).
+func (w *Worker) oldClaim(ctx context.Context, key, chosen string) (*extv1beta1.SandboxClaim, string, error) {
+	old, err := w.k8s.GetClaim(ctx, key)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, chosen, nil
+	case err != nil:
+		return nil, chosen, w.kubeFail(ctx, "get claim", err)
+	case !w.k8s.Managed(old):
+		return nil, chosen, events.Permanent(fmt.Errorf("claim %s is not managed by this gateway", old.Name))
+	case chosen == "":
+		chosen = old.Annotations[sandbox.ProfileAnnotation]
+	}
+	return old, chosen, nil
 }
 
 // replace deletes the old claim and waits, on the informer caches, until

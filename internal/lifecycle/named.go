@@ -190,16 +190,11 @@ func (w *Worker) recreateNamed(ctx context.Context, c events.Command, owner, nam
 		_ = w.answer(ctx, c, state.OutcomeFailed, "no such sandbox")
 		return "", events.Permanent(fmt.Errorf("no sandbox %q of %q", name, owner))
 	}
-	old, err := w.k8s.GetClaim(ctx, c.User)
-	if chosen == "" && err == nil {
-		chosen = old.Annotations[sandbox.ProfileAnnotation]
-	}
+	old, chosen, err := w.oldClaim(ctx, c.User, chosen)
 	switch {
-	case apierrors.IsNotFound(err):
 	case err != nil:
-		return "", w.kubeFail(ctx, "get claim", err)
-	case !w.k8s.Managed(old):
-		return "", events.Permanent(fmt.Errorf("claim %s is not managed by this gateway", old.Name))
+		return "", err
+	case old == nil:
 	case old.Annotations[sandbox.RequestAnnotation] == c.RequestID:
 		// Already re-created by an earlier delivery of this command.
 	default:
