@@ -390,8 +390,8 @@ type Lifecycle struct {
 	Rollout        string
 	RolloutPercent int
 	// RolloutProbation is ROLLOUT_PROBATION: a rolled sandbox whose pod of
-	// the new revision ends within it is rolled back, and the revision
-	// halted for all.
+	// the new revision fails (ends, or as sandbox.PodFailing says) within
+	// it is rolled back, and the revision halted for all.
 	RolloutProbation time.Duration
 	// LogTailLines is DSH_LOG_TAIL_LINES, how much of the pod log is
 	// searched for the launch token.

@@ -55,11 +55,12 @@ const (
 	restartBackoffMax = 5 * time.Minute
 )
 
-// recover deletes user's ended pod (Failed, evicted) so the controller
+// recover deletes user's ended pod (Failed, evicted) or the failing pod
+// of a revision just rolled back, why as it failed, so the controller
 // makes a new one on the same volume, no sooner than the backoff allows
 // (requeueing the user for then), and returns the record the user should
 // see meanwhile: starting again, not failed.
-func (m *mirror) recover(ctx context.Context, user string, pod *corev1.Pod, next state.Sandbox) (state.Sandbox, error) {
+func (m *mirror) recover(ctx context.Context, user string, pod *corev1.Pod, why string, next state.Sandbox) (state.Sandbox, error) {
 	r := m.restarts[user]
 	wait := time.Duration(0)
 	if r.count > 0 {
@@ -73,12 +74,12 @@ func (m *mirror) recover(ctx context.Context, user string, pod *corev1.Pod, next
 		}
 		m.restarts[user] = restart{count: r.count + 1, at: time.Now()}
 		m.w.m.podRestarts.Inc()
-		m.w.log.Info("ended pod deleted for a new one", "user", user, "pod", pod.Name, "phase", pod.Status.Phase, "reason", pod.Status.Reason, "restarts", r.count+1)
+		m.w.log.Info("pod deleted for a new one", "user", user, "pod", pod.Name, "phase", pod.Status.Phase, "reason", pod.Status.Reason, "restarts", r.count+1)
 		m.w.pub.Audit(events.AuditEvent{Kind: events.AuditStateChange, User: user, Outcome: "restarting",
-			Detail: "pod " + pod.Name + " " + string(pod.Status.Phase) + reason(pod.Status.Reason+" "+pod.Status.Message)})
+			Detail: "pod " + pod.Name + " " + why})
 	}
 	next.Phase = state.PhaseWaking
-	next.Reason = "restarting: the previous pod " + strings.ToLower(string(pod.Status.Phase)) + reason(strings.TrimSpace(pod.Status.Reason+" "+pod.Status.Message))
+	next.Reason = "restarting: the previous pod " + why
 	next.PodName, next.PodUID = "", ""
 	return next, nil
 }
@@ -184,14 +185,25 @@ func (m *mirror) reconcile(ctx context.Context, user string) error {
 			w.log.Warn("sandbox unreadable; its pod's going reads as a restart", "user", user, "err", w.kubeErr("get sandbox", err))
 		}
 	}
+	running := next.Managed && st.Sandbox != nil && st.Sandbox.Spec.OperatingMode != sandboxv1beta1.SandboxOperatingModeSuspended
+	ended := sandbox.PodEnded(st.Pod)
+	// A pod that ends is started again; one that fails while the kubelet
+	// keeps it (an image that will not pull, a container that keeps
+	// exiting) is left to the kubelet, unless it is a rollout's.
+	why := sandbox.PodFailing(st.Pod)
+	if ended {
+		why = strings.ToLower(string(st.Pod.Status.Phase)) + reason(strings.TrimSpace(st.Pod.Status.Reason+" "+st.Pod.Status.Message))
+	}
 	switch {
-	case next.Managed && sandbox.PodEnded(st.Pod) && st.Sandbox != nil && st.Sandbox.Spec.OperatingMode != sandboxv1beta1.SandboxOperatingModeSuspended:
-		if err := m.rollBack(ctx, user, st.Sandbox); err != nil {
+	case running && why != "":
+		back, err := m.rollBack(ctx, user, st.Sandbox, why)
+		if err != nil {
 			return err
 		}
-		var err error
-		if next, err = m.recover(ctx, user, st.Pod, next); err != nil {
-			return err
+		if ended || back {
+			if next, err = m.recover(ctx, user, st.Pod, why, next); err != nil {
+				return err
+			}
 		}
 	case next.Phase == state.PhaseReady:
 		delete(m.restarts, user)

@@ -71,26 +71,27 @@ func (w *Worker) rollForward(ctx context.Context, key string, sb *sandboxv1beta1
 }
 
 // rollBack rolls back a sandbox whose pod of the revision it was rolled
-// to has ended within ROLLOUT_PROBATION of the rollout: its previous pod
-// template goes back (the pod recover then deletes is remade of it, on
-// the same volume), and the revision is halted for every sandbox
-// (sandbox.Halted).
-func (m *mirror) rollBack(ctx context.Context, key string, sb *sandboxv1beta1.Sandbox) error {
+// to has failed (why: ended, or failing as sandbox.PodFailing says)
+// within ROLLOUT_PROBATION of the rollout: its previous pod template goes
+// back (the pod recover then deletes is remade of it, on the same
+// volume), and the revision is halted for every sandbox (sandbox.Halted).
+// It reports whether it rolled back.
+func (m *mirror) rollBack(ctx context.Context, key string, sb *sandboxv1beta1.Sandbox, why string) (bool, error) {
 	w := m.w
 	at, rolled := sandbox.RolledAt(sb)
 	if !rolled || time.Since(at) > w.o.RolloutProbation || m.unrolled[key] == sb.ResourceVersion {
-		return nil
+		return false, nil
 	}
 	rev, back := sandbox.Revision(sb), sb.Annotations[sandbox.PreviousRevisionAnnotation]
 	if _, err := w.k8s.Unroll(ctx, sb); err != nil {
-		return w.kubeErr("roll back", err)
+		return false, w.kubeErr("roll back", err)
 	}
 	m.unrolled[key] = sb.ResourceVersion
 	w.m.rollouts.WithLabelValues("rolled_back").Inc()
-	w.log.Warn("rollout halted: a pod of the new revision ended", "user", key, "sandbox", sb.Name, "revision", rev, "back_to", back)
+	w.log.Warn("rollout halted: a pod of the new revision failed", "user", key, "sandbox", sb.Name, "revision", rev, "back_to", back, "why", why)
 	w.pub.Audit(events.AuditEvent{Kind: events.AuditRollout, User: key, Outcome: "rolled_back",
-		Detail: "sandbox " + sb.Name + ": its pod of revision " + rev + " ended " + time.Since(at).Round(time.Second).String() + " after the rollout; back to " + back + ", and " + rev + " halted"})
-	return nil
+		Detail: clip("sandbox " + sb.Name + ": revision " + rev + " halted, back to " + back + ": its pod failed " + time.Since(at).Round(time.Second).String() + " after the rollout (" + why + ")")})
+	return true, nil
 }
 
 // inCanary reports whether the sandbox of key is among the percent of

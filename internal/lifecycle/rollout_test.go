@@ -116,35 +116,71 @@ func TestARolloutWaitsForTheWake(t *testing.T) {
 }
 
 // TestAFailingRevisionHaltsTheRollout: a sandbox rolled to a new
-// revision whose pod then fails (ended within ROLLOUT_PROBATION) is
-// rolled back: its old pod template is back, a new pod of the old
+// revision that then fails within ROLLOUT_PROBATION (its pod ends, or its
+// container keeps exiting, which the kubelet would go on restarting for
+// ever) is rolled back: its old pod template is back, a new pod of the old
 // revision starts on the same volume, and the revision is halted, so the
-// next sleeping sandbox to wake is not rolled to it; both are audited
-// and counted.
+// next sleeping sandbox to wake is not rolled to it; both are audited and
+// counted.
 func TestAFailingRevisionHaltsTheRollout(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		// env is what the new revision adds to the container; fail, if
+		// set, makes its pod fail once it is Ready.
+		env  []corev1.EnvVar
+		fail func(st *testenv.Stack)
+	}{
+		{name: "its pod ends", fail: func(st *testenv.Stack) { st.EndPod("ann", "Error", "the new image exits at once") }},
+		// dshsim exits 1 ms after it starts: CrashLoopBackOff, never Ready.
+		{name: "its container crash-loops", env: []corev1.EnvVar{{Name: "DSHSIM_CRASH_AFTER", Value: "1ms"}}},
+	} {
+		t.Run(c.name, func(t *testing.T) { haltsTheRollout(t, c.env, c.fail) })
+	}
+}
+
+func haltsTheRollout(t *testing.T, env []corev1.EnvVar, fail func(*testenv.Stack)) {
 	st := pkg.NewStack(t, testenv.StackOptions{Env: map[string]string{"ROLLOUT": "next-wake"}})
 	f := setup(t, nil, st)
 	lc := f.lifecycle("lc-a")
 	f.signup("ann")
 	f.signup("bob")
-	first := f.waitPhase("ann", state.PhaseReady).Revision
-	sbc := f.markTemplate("broken")
+	ready := f.waitPhase("ann", state.PhaseReady)
+	first := ready.Revision
+	sbc := f.markTemplate("broken", env...)
 	st.Suspend("ann")
 	asleep, _ := f.boxes.Get("ann")
-	f.command(events.NewWake("ann", asleep.Revision))
-	rolled := f.waitPhase("ann", state.PhaseReady)
-	if rolled.Revision == first {
-		t.Fatalf("ann was not rolled: revision %q", rolled.Revision)
-	}
-
-	// Its pod of the new revision fails, as a bad image's would.
 	failed := time.Now()
-	st.EndPod("ann", "Error", "the new image exits at once")
+	f.command(events.NewWake("ann", asleep.Revision))
+	var rolled state.Sandbox
+	if fail != nil {
+		if rolled = f.waitPhase("ann", state.PhaseReady); rolled.Revision == first {
+			t.Fatalf("ann was not rolled: revision %q", rolled.Revision)
+		}
+		failed = time.Now()
+		fail(st)
+	} else {
+		// The new revision's pod never comes up: it is seen in the record
+		// on its way, and the rollout's audit names it.
+		testutil.Eventually(t, time.Minute, func() error {
+			if got := f.auditEvents(events.AuditRollout); len(got) == 0 || got[0].Outcome != "rolled" {
+				return fmt.Errorf("rollout audit: %+v", got)
+			}
+			return nil
+		})
+		sb, err := sbc.AgentsV1beta1().Sandboxes(st.NS.Name).Get(ctx(t), ready.Sandbox, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rolled.Revision, rolled.PodUID = sandbox.Revision(sb), ready.PodUID
+		if rolled.Revision == first && sb.Annotations[sandbox.HaltedAnnotation] == "" {
+			t.Fatalf("ann was not rolled: revision %q", rolled.Revision)
+		}
+	}
 	var back state.Sandbox
-	testutil.Eventually(t, time.Minute, func() error {
+	testutil.Eventually(t, 2*time.Minute, func() error {
 		e, _ := f.boxes.Get("ann")
 		if back = e.Value; back.Phase != state.PhaseReady || back.Revision != first || back.PodUID == rolled.PodUID {
-			return fmt.Errorf("ann is %s of revision %s on pod %s", back.Phase, back.Revision, back.PodUID)
+			return fmt.Errorf("ann is %s (%s) of revision %s on pod %s", back.Phase, back.Reason, back.Revision, back.PodUID)
 		}
 		return nil
 	})
@@ -164,6 +200,8 @@ func TestAFailingRevisionHaltsTheRollout(t *testing.T) {
 	})
 	if got := f.auditEvents(events.AuditRollout); len(got) != 2 || got[0].Outcome != "rolled" || got[1].Outcome != "rolled_back" {
 		t.Fatalf("rollout audit: %+v", got)
+	} else {
+		t.Logf("audited: %s", got[1].Detail)
 	}
 
 	// Halted: bob sleeps and wakes on the old revision.
@@ -180,10 +218,10 @@ func TestAFailingRevisionHaltsTheRollout(t *testing.T) {
 	}
 }
 
-// markTemplate adds DSH_MARKER=marker to the pool's SandboxTemplate's
-// container, as a new image would change it, and returns a client of
-// the Sandboxes.
-func (f *fixture) markTemplate(marker string) sandboxclient.Interface {
+// markTemplate adds DSH_MARKER=marker, and env, to the pool's
+// SandboxTemplate's container, as a new image would change it, and
+// returns a client of the Sandboxes.
+func (f *fixture) markTemplate(marker string, env ...corev1.EnvVar) sandboxclient.Interface {
 	f.t.Helper()
 	sbc, ext, _ := pkg.Cluster.SandboxClients()
 	pool, err := ext.ExtensionsV1beta1().SandboxWarmPools(f.NS.Name).Get(ctx(f.t), "dsh-pool", metav1.GetOptions{})
@@ -196,7 +234,7 @@ func (f *fixture) markTemplate(marker string) sandboxclient.Interface {
 		f.t.Fatal(err)
 	}
 	c := &tmpl.Spec.PodTemplate.Spec.Containers[0]
-	c.Env = append(c.Env, corev1.EnvVar{Name: "DSH_MARKER", Value: marker})
+	c.Env = append(append(c.Env, corev1.EnvVar{Name: "DSH_MARKER", Value: marker}), env...)
 	if _, err := templates.Update(ctx(f.t), tmpl, metav1.UpdateOptions{}); err != nil {
 		f.t.Fatal(err)
 	}

@@ -490,6 +490,40 @@ func PodEnded(pod *corev1.Pod) bool {
 	return pod != nil && pod.DeletionTimestamp == nil && (pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded)
 }
 
+// failingWaits are the reasons a container waits for that it will not get
+// over by itself: its image cannot be had, its configuration is wrong, or
+// it keeps exiting.
+var failingWaits = map[string]bool{
+	"ErrImagePull": true, "ImagePullBackOff": true, "InvalidImageName": true,
+	"CreateContainerConfigError": true, "CreateContainerError": true, "RunContainerError": true,
+	"CrashLoopBackOff": true,
+}
+
+// PodFailing says why pod, while the kubelet still runs it, is failing
+// (a container restarted, or waits on one of failingWaits), or "" when it
+// is not. Such a pod never ends (its restart policy is Always): only a
+// rollout's probation makes it a reason to act (lifecycle's rollBack).
+func PodFailing(pod *corev1.Pod) string {
+	if pod == nil || pod.DeletionTimestamp != nil {
+		return ""
+	}
+	for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
+		for _, cs := range list {
+			switch w := cs.State.Waiting; {
+			case w != nil && failingWaits[w.Reason]:
+				return "container " + cs.Name + " " + w.Reason
+			case cs.RestartCount > 0:
+				why := "container " + cs.Name + " restarted"
+				if t := cs.LastTerminationState.Terminated; t != nil {
+					why += fmt.Sprintf(" (exit %d, %s)", t.ExitCode, t.Reason)
+				}
+				return why
+			}
+		}
+	}
+	return ""
+}
+
 // SetTokenHash puts the hash of user's new bearer token on their claim,
 // where the account lives (a NATS loss rebuilds the record from it).
 func (c *Cluster) SetTokenHash(ctx context.Context, user, hash string) error {

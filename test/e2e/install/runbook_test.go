@@ -52,7 +52,22 @@ func TestRunbookQuestions(t *testing.T) {
 		return nil
 	})
 	// The user, after the upgrade rolled lifecycle: its log, which the
-	// runbook reads, starts with its pods.
+	// runbook reads, starts with its pods. A rollout is done for the
+	// Deployment while its old pods still terminate, and an old pod may
+	// yet take the user's claim into a log that goes with it; so the old
+	// pods are waited out too.
+	testutil.Eventually(t, 2*time.Minute, func() error {
+		pods, err := cluster.Client.CoreV1().Pods(controlNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=aaas-lifecycle"})
+		if err != nil {
+			return err
+		}
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp != nil {
+				return fmt.Errorf("lifecycle pod %s is still terminating", p.Name)
+			}
+		}
+		return nil
+	})
 	rue := client(t, front).WithTimeout(30 * time.Second)
 	rue.Signup(user, invite)
 	// Kept awake past this install's 20 s idle timeout, as a user whose
@@ -125,7 +140,7 @@ func TestRunbookQuestions(t *testing.T) {
 	}
 
 	out, _ := run("### Why is user X's sandbox not starting?", "U=ann\n", "U="+user+"\n")
-	must("why", out, `"user":"`+user+`"`, pod.Name, "operatingMode: Running", "Events:", `"kind":"signup"`)
+	must("why", out, `"user":"`+user+`"`, pod.Name, "operatingMode: Running", "Events:", `"kind":"signup"`, `"msg":"command done"`, `"verb":"claim"`)
 
 	out, dir := run("### Who is using the most?")
 	must("who", out, `"user":"`+user+`"`, `"user":"ops"`)
