@@ -22,6 +22,9 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
       ./cmd/edge ./cmd/lifecycle ./cmd/sweeper ./cmd/broker ./cmd/setup ./internal/dev/cmd/dshsim ./internal/dev/cmd/providersim
 
 FROM gcr.io/distroless/static-debian12:nonroot@sha256:afa5c872c891853ca7fcf1f12c3edb23f7eeef36189728842dd51042ff57f7ab AS dshsim
+ARG VERSION=dev
+# What the stand-in reports as its version (/api/echo), as hack/image sets it.
+ENV DSHSIM_VERSION=${VERSION}
 COPY --from=build /out/dshsim /out/providersim /usr/local/bin/
 USER 65532:65532
 EXPOSE 3080

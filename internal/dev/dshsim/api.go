@@ -511,6 +511,7 @@ func (s *Server) serveEcho(w http.ResponseWriter, r *http.Request) {
 		"host":        r.Host,
 		"remote_addr": r.RemoteAddr,
 		"headers":     headers,
+		"version":     s.opts.Version,
 	})
 }
 

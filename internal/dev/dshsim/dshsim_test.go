@@ -167,6 +167,7 @@ func TestOptionsFromEnv(t *testing.T) {
 		"DSHSIM_REFUSE_HANDSHAKE_AFTER": "9s",
 		"DSHSIM_REFUSE_COOKIES":         "1",
 		"DSHSIM_LOG_FLOOD":              "4096",
+		"DSHSIM_VERSION":                "1.0.1",
 	}
 	tests := []struct {
 		name string
@@ -184,7 +185,7 @@ func TestOptionsFromEnv(t *testing.T) {
 			Listen: ":9000", DSHHome: "/data/.dsh", Workspace: "/workspace",
 			TrustedHosts: []string{"a.example", "B.example"}, AuthTTL: 300 * time.Millisecond,
 			CrashAfter: 2 * time.Second, SlowStart: time.Second, NoToken: true, Noise: true,
-			RefuseHandshakeAfter: 9 * time.Second, RefuseCookies: true, LogFlood: 4096, Model: "deepseek-chat",
+			RefuseHandshakeAfter: 9 * time.Second, RefuseCookies: true, LogFlood: 4096, Model: "deepseek-chat", Version: "1.0.1",
 		},
 	}, {
 		name: "flags win and positional arguments are skipped",
@@ -194,7 +195,7 @@ func TestOptionsFromEnv(t *testing.T) {
 			Listen: "127.0.0.1:1", DSHHome: "/data/.dsh", Workspace: "/workspace",
 			TrustedHosts: []string{"a.example", "B.example"}, AuthTTL: 300 * time.Millisecond,
 			CrashAfter: 3 * time.Second, SlowStart: 5 * time.Millisecond, NoToken: false, Noise: true,
-			RefuseHandshakeAfter: 9 * time.Second, RefuseCookies: true, LogFlood: 4096, Model: "deepseek-chat",
+			RefuseHandshakeAfter: 9 * time.Second, RefuseCookies: true, LogFlood: 4096, Model: "deepseek-chat", Version: "1.0.1",
 		},
 	}, {
 		name: "DSH Web's own command line",
@@ -1009,9 +1010,11 @@ func TestFileContentTypes(t *testing.T) {
 }
 
 // Contract: /api/echo reports method, path, query, Host and every header,
-// hiding only the dsh-auth cookie value.
+// hiding only the dsh-auth cookie value, and the image's version.
 func TestEcho(t *testing.T) {
-	f := newFixture(t, testOptions(t))
+	o := testOptions(t)
+	o.Version = "1.0.1"
+	f := newFixture(t, o)
 	cookie := f.handshake()
 	req := f.request(http.MethodPost, "/api/echo?x=1&y=two", strings.NewReader("body"), nil)
 	req.Header.Set("Cookie", "theme=dark; "+cookieHeader(cookie)+"; dsh-auth-deadbeef=stale;other=1")
@@ -1033,12 +1036,13 @@ func TestEcho(t *testing.T) {
 		Host       string              `json:"host"`
 		RemoteAddr string              `json:"remote_addr"`
 		Headers    map[string][]string `json:"headers"`
+		Version    string              `json:"version"`
 	}
 	if err := json.Unmarshal([]byte(body), &echo); err != nil {
 		t.Fatalf("echo %q: %v", body, err)
 	}
 	host := strings.TrimPrefix(f.ts.URL, "http://")
-	if echo.Method != "POST" || echo.Path != "/api/echo" || echo.Query != "x=1&y=two" || echo.Host != host || !strings.HasPrefix(echo.RemoteAddr, "127.0.0.1:") {
+	if echo.Version != "1.0.1" || echo.Method != "POST" || echo.Path != "/api/echo" || echo.Query != "x=1&y=two" || echo.Host != host || !strings.HasPrefix(echo.RemoteAddr, "127.0.0.1:") {
 		t.Errorf("echo = %+v", echo)
 	}
 	want := map[string][]string{

@@ -52,6 +52,10 @@ type Options struct {
 	// Provider is the model provider POST /api/chat streams its replies
 	// from; the zero value (no base URL set) answers "You said: …" itself.
 	Provider Provider
+	// Version (DSHSIM_VERSION, which the image sets to its tag) is what
+	// /api/echo reports as "version": which image a pod runs, seen through
+	// the gateway, as a rollout's tests look for it.
+	Version string
 	// Model (DSHSIM_MODEL; default deepseek-chat) is the model asked for
 	// when a chat request names none.
 	Model string
@@ -77,6 +81,7 @@ func OptionsFromEnv(args []string, getenv func(string) string) (Options, error) 
 		DSHHome:      envOr(getenv, "DSH_HOME", "/home/node/.dsh"),
 		Workspace:    getenv("HOME"),
 		TrustedHosts: splitList(getenv("DSH_TRUSTED_HOSTS")),
+		Version:      getenv("DSHSIM_VERSION"),
 	}
 	if o.Workspace == "" {
 		home, err := os.UserHomeDir()

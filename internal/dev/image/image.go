@@ -99,9 +99,11 @@ func tagOf(ref string) string {
 // DSHSim is the DSH Web stand-in as the Dockerfile's dshsim target builds
 // it, with the model provider stand-in beside it: the SandboxTemplate's args (`web --host 0.0.0.0 --port 3080`) go
 // straight to it, as they would to DSH Web's own entrypoint.
+// Its tag is its DSHSIM_VERSION, which the stand-in reports, so a test
+// sees which image a sandbox's pod runs.
 func DSHSim(binDir, ref string) Spec {
 	return Spec{Ref: ref, Files: map[string]string{"/usr/local/bin/dshsim": filepath.Join(binDir, "dshsim"), "/usr/local/bin/providersim": filepath.Join(binDir, "providersim")},
-		Entrypoint: []string{"/usr/local/bin/dshsim"}, User: NonRoot}
+		Entrypoint: []string{"/usr/local/bin/dshsim"}, User: NonRoot, Env: []string{"PATH=/usr/local/bin", "DSHSIM_VERSION=" + tagOf(ref)}}
 }
 
 // BuildBinaries compiles into dir what AAAS and DSHSim put in their
