@@ -93,8 +93,10 @@ type Worker struct {
 	userCache  *kv.Cache[state.User]
 	boxCache   *kv.Cache[state.Sandbox]
 	queueCache *kv.Cache[state.Queued]
-	// usage is the capacity caps' count, kept as boxCache changes.
+	// usage is the capacity caps' count, and revs the sandboxes per
+	// revision (aaas_sandboxes), kept as boxCache changes.
 	usage capacity.Tally
+	revs  revisions
 
 	locks  keyedMutex
 	mirror *mirror
@@ -147,7 +149,7 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 	if w.userCache, err = kv.NewCache(ctx, w.users, ">", o.Log, requeue[state.User](w.mirror)); err != nil {
 		return nil, err
 	}
-	if w.boxCache, err = kv.NewCache(ctx, w.sandboxes, ">", o.Log, requeue[state.Sandbox](w.mirror), kv.OnReplace(w.usage.Observe)); err != nil {
+	if w.boxCache, err = kv.NewCache(ctx, w.sandboxes, ">", o.Log, requeue[state.Sandbox](w.mirror), kv.OnReplace(w.usage.Observe), kv.OnReplace(w.revs.Observe)); err != nil {
 		return nil, err
 	}
 	if w.queue, err = kv.Open[state.Queued](ctx, o.JS, state.BucketQueue); err != nil {
@@ -162,7 +164,7 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 	o.Metrics.MustRegister(scrapeGauge{
 		desc: prometheus.NewDesc("aaas_lifecycle_command_backlog", "Commands waiting for a worker (the consumer's pending count; absent while NATS cannot say).", nil, nil),
 		read: func() (float64, bool) { return w.backlog(ctx) },
-	}, revisions{w.boxCache}, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	}, &w.revs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "aaas_lifecycle_warm_pool_ready", Help: "Ready spare sandboxes in the warm pool: what the next signups adopt at once.",
 	}, func() float64 { return float64(o.Cluster.Spares()) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "aaas_lifecycle_wake_queue", Help: "Wakes waiting for a free place (MAX_RUNNING_SANDBOXES, MAX_CONCURRENT_STARTS).",

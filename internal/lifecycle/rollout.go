@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"hash/fnv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -110,19 +111,37 @@ func inCanary(key string, percent int) bool {
 // revisionsDesc is aaas_sandboxes: how far a rollout has come.
 var revisionsDesc = prometheus.NewDesc("aaas_sandboxes", "Sandboxes by the SandboxTemplate revision their pod template is of (\"\": not known yet).", []string{"revision"}, nil)
 
-// revisions counts the sandboxes of each revision at scrape time, from
-// the records this replica holds.
-type revisions struct{ boxes *kv.Cache[state.Sandbox] }
+// revisions counts the sandboxes of each revision as their records change
+// (kv.OnReplace on the sandboxes cache): a scrape reads the counts, never
+// the records, at any number of sandboxes.
+type revisions struct {
+	mu sync.Mutex
+	n  map[string]int
+}
 
-func (revisions) Describe(ch chan<- *prometheus.Desc) { ch <- revisionsDesc }
+// Observe takes in one change of a sandbox record.
+func (r *revisions) Observe(_ string, was kv.Entry[state.Sandbox], had bool, e kv.Entry[state.Sandbox], deleted bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n == nil {
+		r.n = map[string]int{}
+	}
+	if had {
+		if r.n[was.Value.Revision]--; r.n[was.Value.Revision] == 0 {
+			delete(r.n, was.Value.Revision) // a revision no sandbox is of any more leaves the gauge
+		}
+	}
+	if !deleted {
+		r.n[e.Value.Revision]++
+	}
+}
 
-func (r revisions) Collect(ch chan<- prometheus.Metric) {
-	n := map[string]int{}
-	r.boxes.Range(func(e kv.Entry[state.Sandbox]) bool {
-		n[e.Value.Revision]++
-		return true
-	})
-	for rev, count := range n {
+func (*revisions) Describe(ch chan<- *prometheus.Desc) { ch <- revisionsDesc }
+
+func (r *revisions) Collect(ch chan<- prometheus.Metric) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for rev, count := range r.n {
 		ch <- prometheus.MustNewConstMetric(revisionsDesc, prometheus.GaugeValue, float64(count), rev)
 	}
 }
