@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -166,17 +167,18 @@ type Row struct {
 const dormantFilter = "Dormant"
 
 // Query selects a page of the list: users after After, whose name
-// starts with Prefix, whose phase is Phase and whose sandbox is of
-// Profile (each optional), by name or, with Sort "spend", by this month's
-// model spend, most first.
+// starts with Prefix, whose phase is Phase, whose sandbox is of Profile
+// and whose pod template is of Revision, or was rolled back from it (each
+// optional), by name or, with Sort "spend", by this month's model spend,
+// most first.
 type Query struct {
-	After, Prefix, Phase, Profile, Sort string
-	Limit                               int
+	After, Prefix, Phase, Profile, Revision, Sort string
+	Limit                                         int
 }
 
 // values are q's filters and order as a link's query, with more.
 func (q Query) values(more url.Values) string {
-	v := url.Values{"q": {q.Prefix}, "phase": {q.Phase}, "profile": {q.Profile}}
+	v := url.Values{"q": {q.Prefix}, "phase": {q.Phase}, "profile": {q.Profile}, "revision": {q.Revision}}
 	for k, x := range more {
 		v[k] = x
 	}
@@ -193,7 +195,7 @@ type Page struct {
 
 // parseQuery reads a Query from the request, refusing what it cannot use.
 func (s *Service) parseQuery(c *fiber.Ctx) (Query, error) {
-	q := Query{After: c.Query("after"), Prefix: c.Query("q"), Phase: c.Query("phase"), Profile: c.Query("profile"), Sort: c.Query("sort"), Limit: DefaultLimit}
+	q := Query{After: c.Query("after"), Prefix: c.Query("q"), Phase: c.Query("phase"), Profile: c.Query("profile"), Revision: c.Query("revision"), Sort: c.Query("sort"), Limit: DefaultLimit}
 	if q.Sort != "" && (q.Sort != "spend" || s.o.Spend == nil) {
 		return q, errors.New(`sort is "spend" (most first) or absent (by name)`)
 	}
@@ -210,11 +212,17 @@ func (s *Service) parseQuery(c *fiber.Ctx) (Query, error) {
 	if _, ok := s.o.Profiles.Find(q.Profile); !ok {
 		return q, fmt.Errorf("profile must be one of %s", s.o.Profiles.Names())
 	}
+	if q.Revision != "" && !revisionSyntax.MatchString(q.Revision) {
+		return q, errors.New("revision is 8 hex digits, as the Revision column shows")
+	}
 	if len(q.After) > ident.MaxUserLen || len(q.Prefix) > ident.MaxUserLen {
 		return q, errors.New("after and q are user names or their beginnings")
 	}
 	return q, nil
 }
+
+// revisionSyntax is a revision's (sandbox.Revision).
+var revisionSyntax = regexp.MustCompile(`^[0-9a-f]{8}$`)
 
 // maxScanned bounds the rows one page looks at per row it may show: a
 // filter that matches few users ends its page early, with Next where it
@@ -265,7 +273,7 @@ func (s *Service) Page(ctx context.Context, q Query, now time.Time) (Page, error
 			return Page{}, err
 		}
 		if q.Phase == dormantFilter && !r.Dormant || q.Phase != "" && q.Phase != dormantFilter && r.Phase != q.Phase ||
-			q.Profile != "" && r.Profile != q.Profile {
+			q.Profile != "" && r.Profile != q.Profile || q.Revision != "" && r.Revision != q.Revision && r.Halted != q.Revision {
 			continue
 		}
 		if len(page.Users) == q.Limit {
@@ -408,7 +416,7 @@ func (s *Service) page(c *fiber.Ctx) error {
 		return web.Fail(c, web.Unavailable(err))
 	}
 	d := web.Admin{Admin: id.User, Query: q.Prefix, Phase: q.Phase, Phases: phaseNames(), Total: p.Total, Actions: actions,
-		Spend: s.o.Spend != nil, Sort: q.Sort, Month: state.Month(time.Now()), Profile: q.Profile}
+		Spend: s.o.Spend != nil, Sort: q.Sort, Month: state.Month(time.Now()), Profile: q.Profile, Revision: q.Revision}
 	if len(s.o.Profiles) > 1 {
 		for _, p := range s.o.Profiles {
 			d.Profiles = append(d.Profiles, p.Name)

@@ -78,7 +78,16 @@ func fixtureJS(t testing.TB, n int, where Options) (*Service, string, jetstream.
 		if i%7 == 3 {
 			profile = "gpu"
 		}
-		if _, err := boxes.Put(ctx, name, state.Sandbox{User: name, Phase: phase, Managed: true, PodName: "dsh-" + name, Profile: profile}); err != nil {
+		// A fifth are on a rollout's new revision, and one was rolled
+		// back from a third.
+		b := state.Sandbox{User: name, Phase: phase, Managed: true, PodName: "dsh-" + name, Profile: profile, Revision: "aaaaaaaa"}
+		if i%5 == 1 {
+			b.Revision = "bbbbbbbb"
+		}
+		if i == 21 {
+			b.Halted = "cccccccc"
+		}
+		if _, err := boxes.Put(ctx, name, b); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -136,6 +145,8 @@ func TestPagesCoverEveryUserOnce(t *testing.T) {
 		{"by prefix", Query{Limit: 3, Prefix: "u012"}, 34, "u01200"},
 		{"by profile", Query{Limit: 9, Profile: "gpu"}, 176, "u00003"},
 		{"by the default profile, which a record without one is", Query{Limit: 40, Profile: "small"}, 1235 - 176, "u00000"},
+		{"by revision", Query{Limit: 11, Revision: "bbbbbbbb"}, 247, "u00001"},
+		{"by a revision rolled back from", Query{Limit: 100, Revision: "cccccccc"}, 1, "u00021"},
 		{"after a name", Query{Limit: 50, After: "u01199"}, 35, "u01200"},
 		{"after the last", Query{Limit: 50, After: "zed"}, 0, ""},
 		{"prefix that matches nothing", Query{Limit: 50, Prefix: "nobody"}, 0, ""},
@@ -162,6 +173,9 @@ func TestPagesCoverEveryUserOnce(t *testing.T) {
 					}
 					if tc.q.Profile != "" && r.Profile != tc.q.Profile {
 						t.Fatalf("%s is of profile %s", r.User, r.Profile)
+					}
+					if tc.q.Revision != "" && r.Revision != tc.q.Revision && r.Halted != tc.q.Revision {
+						t.Fatalf("%s is of revision %s (halted %q)", r.User, r.Revision, r.Halted)
 					}
 					prev = r.User
 					seen++

@@ -225,6 +225,16 @@ func TestSpendListAndExport(t *testing.T) {
 			t.Fatalf("%s: %d %s, want 400 naming the profiles", q, status, body)
 		}
 	}
+	for _, q := range []string{"revision=AAAAAAAA", "revision=aaaa", "revision=%3Cb%3E"} {
+		if status, _, body := send(t, s, "GET", "/_/admin/users?"+q, "", token, false); status != 400 || !strings.Contains(body, "8 hex digits") {
+			t.Fatalf("%s: %d %s, want 400 saying what a revision is", q, status, body)
+		}
+	}
+	// The page links each revision to the list of its sandboxes.
+	if status, _, page := send(t, s, "GET", "/_/admin?revision=bbbbbbbb&limit=3", "", token, true); status != 200 ||
+		!strings.Contains(page, `<a href="/_/admin?revision=bbbbbbbb">bbbbbbbb</a>`) || strings.Contains(page, `id="user-u00000"`) || !strings.Contains(page, `value="bbbbbbbb"`) {
+		t.Fatalf("page by revision: %d %s", status, page)
+	}
 	// The page shows each sandbox's profile, and filters by it.
 	status, _, page := send(t, s, "GET", "/_/admin?profile=gpu&limit=3", "", token, true)
 	if status != 200 || !strings.Contains(page, `id="profile-u00003">gpu<`) || strings.Contains(page, `id="user-u00000"`) || !strings.Contains(page, `<option selected>gpu</option>`) {

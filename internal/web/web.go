@@ -225,15 +225,15 @@ type Admin struct {
 	// Admin is who is looking.
 	Admin string
 	Rows  []AdminRow
-	// Query, Phase and Profile are the filters shown; Next links the next
-	// page. Profiles are the profiles to filter by (none: one profile,
-	// and no column for it).
-	Query, Phase, Profile string
-	Phases, Profiles      []string
-	Actions               []string
-	Total                 int
-	Next                  string
-	Notice                string
+	// Query, Phase, Profile and Revision are the filters shown; Next
+	// links the next page. Profiles are the profiles to filter by (none:
+	// one profile, and no column for it).
+	Query, Phase, Profile, Revision string
+	Phases, Profiles                []string
+	Actions                         []string
+	Total                           int
+	Next                            string
+	Notice                          string
 	// Spend shows the spend and budget columns (Month's), the list in
 	// Sort's order ("spend" or by name), linked by SortLink and NameLink.
 	Spend              bool
