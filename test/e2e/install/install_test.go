@@ -287,6 +287,12 @@ func buildImages(dir string, objs []*unstructured.Unstructured) ([]string, error
 		return nil, err
 	}
 	tars = append(tars, next)
+	// DSH's next image, which a rollout takes existing sandboxes to.
+	dshNext := filepath.Join(dir, "images", "dsh-web-next.tar")
+	if err := image.DSHSim(bin, dshRef[:strings.LastIndex(dshRef, ":")+1]+dshNextTag).Write(dshNext); err != nil {
+		return nil, err
+	}
+	tars = append(tars, dshNext)
 	probe, err := image.Program(filepath.Join(dir, "images"), "github.com/aaas-project/aaas/test/e2e/install/netprobe", probeRef, image.NonRoot)
 	if err != nil {
 		return nil, err
@@ -437,7 +443,7 @@ func install(ctx context.Context, dir, values string, commands []string) error {
 		return err
 	}
 	invite = string(s.Data["invite-code"])
-	return waitPool(ctx, 3*time.Minute)
+	return waitPool(ctx, 3*time.Minute, "dsh-pool")
 }
 
 // helmUpgrade changes the install's values as an operator does after
@@ -472,23 +478,26 @@ func helmTest(ctx context.Context, dir string) (string, error) {
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
-// waitPool waits until the warm pool has its spares ready.
-func waitPool(ctx context.Context, timeout time.Duration) error {
+// waitPool waits until each warm pool has its spares ready.
+func waitPool(ctx context.Context, timeout time.Duration, pools ...string) error {
 	_, ext, err := cluster.SandboxClients()
 	if err != nil {
 		return err
 	}
 	deadline := time.Now().Add(timeout)
-	for {
-		p, err := ext.ExtensionsV1beta1().SandboxWarmPools(sandboxNS).Get(ctx, "dsh-pool", metav1.GetOptions{})
-		if err == nil && p.Spec.Replicas != nil && p.Status.ReadyReplicas >= *p.Spec.Replicas {
-			return nil
+	for _, name := range pools {
+		for {
+			p, err := ext.ExtensionsV1beta1().SandboxWarmPools(sandboxNS).Get(ctx, name, metav1.GetOptions{})
+			if err == nil && p.Spec.Replicas != nil && p.Status.ReadyReplicas >= *p.Spec.Replicas {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("warm pool %s not ready: %v %+v", name, err, p)
+			}
+			time.Sleep(500 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("warm pool not ready: %v %+v", err, p)
-		}
-		time.Sleep(500 * time.Millisecond)
 	}
+	return nil
 }
 
 // dumpPods prints every pod's state and its containers' last log lines, for

@@ -56,28 +56,12 @@ func TestRunbookQuestions(t *testing.T) {
 	// Deployment while its old pods still terminate, and an old pod may
 	// yet take the user's claim into a log that goes with it; so the old
 	// pods are waited out too.
-	testutil.Eventually(t, 2*time.Minute, func() error {
-		pods, err := cluster.Client.CoreV1().Pods(controlNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=aaas-lifecycle"})
-		if err != nil {
-			return err
-		}
-		for _, p := range pods.Items {
-			if p.DeletionTimestamp != nil {
-				return fmt.Errorf("lifecycle pod %s is still terminating", p.Name)
-			}
-		}
-		return nil
-	})
+	oldPodsGone(t, "aaas-lifecycle")
 	rue := client(t, front).WithTimeout(30 * time.Second)
 	rue.Signup(user, invite)
 	// Kept awake past this install's 20 s idle timeout, as a user whose
 	// sandbox will not start would be waiting on it.
-	testutil.Eventually(t, 3*time.Minute, func() error {
-		if r := rue.Form("/_/keepawake", "for", "30m"); r.StatusCode != http.StatusOK {
-			return fmt.Errorf("keep-awake: %d %s", r.StatusCode, r.Body)
-		}
-		return nil
-	})
+	keepAwake(t, rue)
 
 	var pod corev1.Pod
 	testutil.Eventually(t, 5*time.Minute, func() error {
