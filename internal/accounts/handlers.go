@@ -465,6 +465,12 @@ func (s *Service) statusStream(c *fiber.Ctx) error {
 	if err != nil {
 		return s.refuse(c, err)
 	}
+	return s.streamStatus(c, id, id.User)
+}
+
+// streamStatus streams the state of id's sandbox of key, in one of the
+// account's in-flight slots.
+func (s *Service) streamStatus(c *fiber.Ctx, id auth.Identity, key string) error {
 	if !s.o.InFlight.Acquire(id.User) {
 		c.Set(fiber.HeaderRetryAfter, "1")
 		return s.refuse(c, web.Refuse(fiber.StatusServiceUnavailable, "too many requests to your sandbox are in flight; retry shortly"))
@@ -472,7 +478,7 @@ func (s *Service) statusStream(c *fiber.Ctx) error {
 	c.Set(fiber.HeaderContentType, "text/event-stream")
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	c.Set("X-Accel-Buffering", "no")
-	user, url := id.User, s.sites.SandboxURL(c, id.User)
+	user, url := id.User, s.sites.SandboxURL(c, key)
 	conn := c.Context().Conn()
 	// The stream outlives the handler: it ends the request's context.
 	ctx, end := httpguard.Detach(c)
@@ -494,16 +500,16 @@ func (s *Service) statusStream(c *fiber.Ctx) error {
 		// said changes with the sandbox's record or the user's place in
 		// the queue.
 		for s.o.Auth.Valid(id) && !httpguard.Gone(conn) {
-			e, _ := s.o.Sandboxes.Load(ctx, user)
+			e, _ := s.o.Sandboxes.Load(ctx, key)
 			last = e.Revision
-			if b, _ := json.Marshal(s.statusOf(ctx, user, url)); string(b) != said {
+			if b, _ := json.Marshal(s.statusOf(ctx, key, url)); string(b) != said {
 				if !send("event: state\ndata: " + string(b) + "\n\n") {
 					return
 				}
 				said, quiet = string(b), time.Now()
 			}
 			wctx, cancel := context.WithTimeout(ctx, s.o.Revalidate)
-			_, _, _ = s.o.Sandboxes.Wait(wctx, user, func(e kv.Entry[state.Sandbox], _ bool) bool { return e.Revision != last })
+			_, _, _ = s.o.Sandboxes.Wait(wctx, key, func(e kv.Entry[state.Sandbox], _ bool) bool { return e.Revision != last })
 			cancel()
 			if time.Since(quiet) >= keepAlive {
 				// Quiet for a while: a comment keeps proxies from closing the

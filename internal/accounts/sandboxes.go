@@ -72,10 +72,26 @@ func (s *Service) listSandboxes(c *fiber.Ctx) error {
 // are off, 400 for what is no sandbox name, 404 for one the account does
 // not have. ok=false means the refusal has been written.
 func (s *Service) namedChange(c *fiber.Ctx) (id auth.Identity, key string, ok bool, err error) {
+	return s.named(c, s.mutation)
+}
+
+// namedRead is namedChange for a request that reads: any of the caller's
+// credentials will do, from anywhere.
+func (s *Service) namedRead(c *fiber.Ctx) (id auth.Identity, key string, ok bool, err error) {
+	return s.named(c, func(c *fiber.Ctx) (auth.Identity, bool, error) {
+		id, err := s.identity(c)
+		if err != nil {
+			return id, false, s.refuse(c, err)
+		}
+		return id, true, nil
+	})
+}
+
+func (s *Service) named(c *fiber.Ctx, authenticate func(*fiber.Ctx) (auth.Identity, bool, error)) (id auth.Identity, key string, ok bool, err error) {
 	if err := s.namedOn(c); err != nil {
 		return id, "", false, err
 	}
-	if id, ok, err = s.mutation(c); !ok {
+	if id, ok, err = authenticate(c); !ok {
 		return id, "", false, err
 	}
 	name := c.Params("name")
@@ -241,4 +257,38 @@ func (s *Service) routeSandboxes(app *fiber.App) {
 	app.Post("/_/sandboxes/:name/delete", s.deleteSandbox)
 	app.Post("/_/sandboxes/:name/recreate", s.recreateSandbox)
 	app.Post("/_/sandboxes/:name/suspend", s.suspendSandbox)
+	app.Post("/_/sandboxes/:name/keepawake", s.keepAwakeSandbox)
+	app.Get("/_/sandboxes/:name/status", s.sandboxStatus)
+	app.Get("/_/sandboxes/:name/status/stream", s.sandboxStatusStream)
+}
+
+// keepAwakeSandbox is POST /_/sandboxes/<name>/keepawake: /_/keepawake
+// for a named sandbox; the user's others are not kept awake.
+func (s *Service) keepAwakeSandbox(c *fiber.Ctx) error {
+	id, key, ok, err := s.namedChange(c)
+	if !ok {
+		return err
+	}
+	return s.keepAwakeKey(c, id, key)
+}
+
+// sandboxStatus is GET /_/sandboxes/<name>/status: /_/status of a named
+// sandbox.
+func (s *Service) sandboxStatus(c *fiber.Ctx) error {
+	_, key, ok, err := s.namedRead(c)
+	if !ok {
+		return err
+	}
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	return c.JSON(s.statusOf(httpguard.Context(c), key, s.sites.SandboxURL(c, key)))
+}
+
+// sandboxStatusStream is GET /_/sandboxes/<name>/status/stream: the
+// status stream of a named sandbox.
+func (s *Service) sandboxStatusStream(c *fiber.Ctx) error {
+	id, key, ok, err := s.namedRead(c)
+	if !ok {
+		return err
+	}
+	return s.streamStatus(c, id, key)
 }

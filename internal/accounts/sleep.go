@@ -105,6 +105,12 @@ func (s *Service) keepAwake(c *fiber.Ctx) error {
 	if !ok {
 		return err
 	}
+	return s.keepAwakeKey(c, id, id.User)
+}
+
+// keepAwakeKey keeps id's sandbox of key awake as the request's "for"
+// says.
+func (s *Service) keepAwakeKey(c *fiber.Ctx, id auth.Identity, key string) error {
 	f, err := web.ReadForm(c, "for")
 	if err != nil {
 		return s.refuse(c, err)
@@ -116,7 +122,7 @@ func (s *Service) keepAwake(c *fiber.Ctx) error {
 	if err != nil || d < 0 || d > s.o.MaxKeepAwake || d > 0 && d < time.Second {
 		return s.refuse(c, web.Refuse(fiber.StatusBadRequest, "for: give a duration from 1s to "+s.o.MaxKeepAwake.String()+" (e.g. 2h), or 0 to end the keep-awake"))
 	}
-	if st := s.state(httpguard.Context(c), id.User); d > 0 && st.Phase != state.PhaseReady {
+	if st := s.state(httpguard.Context(c), key); d > 0 && st.Phase != state.PhaseReady {
 		return s.refuse(c, web.Refuse(fiber.StatusConflict, "your sandbox is "+string(st.Phase)+", not running: open it first, then keep it awake"))
 	}
 	ctx, cancel := context.WithTimeout(httpguard.Context(c), 10*time.Second)
@@ -124,20 +130,23 @@ func (s *Service) keepAwake(c *fiber.Ctx) error {
 	now := time.Now().UTC()
 	detail := "ended"
 	if d == 0 {
-		if err := s.o.KeepAwake.Delete(ctx, id.User, 0); err != nil && !errors.Is(err, kv.ErrNotFound) {
+		if err := s.o.KeepAwake.Delete(ctx, key, 0); err != nil && !errors.Is(err, kv.ErrNotFound) {
 			return s.refuse(c, web.Unavailable(fmt.Errorf("keep-awake not ended: %w", err)))
 		}
 	} else {
 		until := now.Add(d)
-		if _, err := s.o.KeepAwake.Put(ctx, id.User, state.KeepAwake{Until: until, At: now}); err != nil {
+		if _, err := s.o.KeepAwake.Put(ctx, key, state.KeepAwake{Until: until, At: now}); err != nil {
 			return s.refuse(c, web.Unavailable(fmt.Errorf("keep-awake not stored: %w", err)))
 		}
 		detail = "until " + until.Format(time.RFC3339) + " (" + d.String() + ")"
 		// This edge shows it at once; the others when their caches hear.
-		_, _, _ = s.o.KeepAwakes.Wait(ctx, id.User, func(e kv.Entry[state.KeepAwake], ok bool) bool { return ok && e.Value.Until.Equal(until) })
+		_, _, _ = s.o.KeepAwakes.Wait(ctx, key, func(e kv.Entry[state.KeepAwake], ok bool) bool { return ok && e.Value.Until.Equal(until) })
+	}
+	if _, name, _ := ident.SplitSandboxKey(key); name != "" {
+		detail = "sandbox " + name + ", " + detail
 	}
 	s.audit(c, events.AuditEvent{Kind: events.AuditKeepAwake, User: id.User, Outcome: "ok", Detail: detail + ", by " + id.Method})
-	return s.done(c, id.User)
+	return s.done(c, key)
 }
 
 // suspendNow is POST /_/suspend: the user puts their own sandbox to sleep

@@ -370,7 +370,8 @@ func RouteOf(path string, onSandboxDomain bool) string {
 		return RouteProbe
 	case path == "/_/admin" || strings.HasPrefix(path, "/_/admin/"):
 		return RouteAdmin
-	case strings.HasPrefix(path, "/_/status"):
+	case strings.HasPrefix(path, "/_/status"),
+		strings.HasPrefix(path, "/_/sandboxes/") && (strings.HasSuffix(path, "/status") || strings.HasSuffix(path, "/status/stream")):
 		return RouteStatus
 	case strings.HasPrefix(path, "/_/static/"):
 		return RouteStatic

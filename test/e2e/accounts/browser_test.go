@@ -14,6 +14,7 @@ import (
 	"github.com/aaas-project/aaas/internal/dev/testenv"
 	"github.com/aaas-project/aaas/internal/dev/testutil"
 	"github.com/aaas-project/aaas/internal/sandbox"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // TestBrowserAccountJourney drives headless Chromium through the landing
@@ -209,6 +210,19 @@ func TestBrowserHasTwoSandboxesOfTwoProfiles(t *testing.T) {
 		got := testenv.Get(t, ctx, "the list", chromedp.Evaluate[string](`[...document.querySelectorAll("#sandbox-list tr")].map(r => r.dataset.sandbox + ":" + r.querySelector(".profile").textContent + ":" + r.querySelector(".phase").textContent).join(" ") + (document.getElementById("new-sandbox") ? " +form" : "")`))
 		if got != ":small:Ready big:large:Ready" {
 			return fmt.Errorf("the list says %q", got)
+		}
+		return nil
+	})
+	// big is kept awake from its row, for the first choice offered; the
+	// first sandbox is not.
+	testenv.Do(t, ctx, "keep big awake",
+		chromedp.Click(chromedp.CSS(row("big")+` .keep-awake-sandbox`)),
+		chromedp.WaitVisible(id("sandbox-list")),
+	)
+	awake := testutil.Open[state.KeepAwake](t, w.JS, state.BucketKeepAwake)
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if keys, err := awake.Keys(testenv.Context(t, time.Minute), ">"); err != nil || strings.Join(keys, " ") != "pia--big" {
+			return fmt.Errorf("kept awake: %v %v, want big alone", keys, err)
 		}
 		return nil
 	})

@@ -54,7 +54,7 @@ func TestSignInSendsEachBrowserToItsSandbox(t *testing.T) {
 	r = ann.Do(http.MethodGet, "/_/status", nil, "Accept", "application/json")
 	expect(t, r, http.StatusOK, "the status")
 	url(r, "http://ann.sbx.test/", "the status")
-	if ev := firstEvent(t, ann); !strings.Contains(ev, `"url":"http://ann.sbx.test/"`) {
+	if ev := firstEvent(t, ann, "/_/status/stream"); !strings.Contains(ev, `"url":"http://ann.sbx.test/"`) {
 		t.Fatalf("the status stream's first event: %q", ev)
 	}
 
@@ -79,12 +79,12 @@ func TestSignInSendsEachBrowserToItsSandbox(t *testing.T) {
 	redirect(testenv.NewClient(t, public.URL).Do(http.MethodPost, "/login", strings.NewReader("token="+boToken), form...), "/u/bo/", "the administrator's sign-in on the public host")
 }
 
-// firstEvent is the first event of c's status stream.
-func firstEvent(t *testing.T, c *testenv.Client) string {
+// firstEvent is the first event of c's status stream at path.
+func firstEvent(t *testing.T, c *testenv.Client, path string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Base+"/_/status/stream", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Base+path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
