@@ -64,7 +64,7 @@ func run(p *process.Process, cfg config.Lifecycle) error {
 		Cluster: cluster, JS: p.JS, Publisher: events.NewPublisher(p.JS, cfg.InstanceID, p.Log), Sealer: sealer,
 		LogTailLines: cfg.LogTailLines, LogLimitBytes: cfg.LogLimitBytes, HandshakeTTL: cfg.Buckets.HandshakeTTL,
 		HandshakeTimeout: cfg.HandshakeTimeout, HandshakeWorkers: cfg.HandshakeWorkers, RecreateTimeout: cfg.RecreateTimeout, PruneInterval: cfg.PruneInterval,
-		Profiles: cfg.Profiles, MaxSandboxes: cfg.MaxSandboxes, Rollout: cfg.Rollout, RolloutPercent: cfg.RolloutPercent, RolloutProbation: cfg.RolloutProbation,
+		Profiles: cfg.Profiles, MaxSandboxes: cfg.MaxSandboxes, Rollout: cfg.Rollout, RolloutPercent: cfg.RolloutPercent, RolloutGroups: cfg.RolloutGroups, RolloutProbation: cfg.RolloutProbation,
 		Limits: capacity.Limits{MaxRunning: cfg.MaxRunning, MaxStarts: cfg.MaxStarts, Profiles: cfg.Profiles.Caps()}, Notify: n,
 		Log: p.Log, Metrics: p.Metrics,
 	})

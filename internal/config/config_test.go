@@ -72,6 +72,22 @@ func TestDefaults(t *testing.T) {
 	}
 }
 
+// ROLLOUT_GROUPS are read as the edges keep a user's groups (trimmed,
+// lower case), so they compare equal; what is no group name is refused.
+func TestRolloutGroups(t *testing.T) {
+	env := map[string]string{"HANDSHAKE_KEYS": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", "NATS_ALLOW_ANONYMOUS": "true", "ROLLOUT_PERCENT": "0", "ROLLOUT_GROUPS": " Early-Adopters ,acme:ML"}
+	c, err := config.LoadLifecycle(config.FromMap(env))
+	if err != nil || strings.Join(c.RolloutGroups, " ") != "early-adopters acme:ml" || c.RolloutPercent != 0 {
+		t.Fatalf("ROLLOUT_GROUPS %q: %v %v (percent %d)", env["ROLLOUT_GROUPS"], c.RolloutGroups, err, c.RolloutPercent)
+	}
+	for _, bad := range []string{"ops,\x01bell", strings.Repeat("g", 300)} {
+		env["ROLLOUT_GROUPS"] = bad
+		if _, err := config.LoadLifecycle(config.FromMap(env)); err == nil || !strings.Contains(err.Error(), "ROLLOUT_GROUPS:") {
+			t.Errorf("ROLLOUT_GROUPS %q: %v", bad, err)
+		}
+	}
+}
+
 func TestLifecycleRequiresAHandshakeKeyAndAValidLabel(t *testing.T) {
 	_, err := config.LoadLifecycle(config.FromMap(map[string]string{"MANAGED_BY_LABEL": "no-value", "HANDSHAKE_KEYS": "c2hvcnQ="}))
 	if err == nil || !strings.Contains(err.Error(), "HANDSHAKE_KEYS:") || !strings.Contains(err.Error(), "MANAGED_BY_LABEL:") {

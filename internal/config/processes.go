@@ -12,6 +12,7 @@ import (
 	"github.com/aaas-project/aaas/internal/handshake"
 	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/idle"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // Edge is the configuration of cmd/edge.
@@ -386,9 +387,12 @@ type Lifecycle struct {
 	// was made with) or "next-wake" (a sleeping sandbox whose profile's
 	// SandboxTemplate changed takes the new pod template as it wakes).
 	// RolloutPercent is ROLLOUT_PERCENT, the share of sandboxes (by a hash
-	// of their key) next-wake updates: a canary below 100.
+	// of their key) next-wake updates: a canary below 100. RolloutGroups
+	// is ROLLOUT_GROUPS: the SSO groups whose members' sandboxes it
+	// updates besides (state.GroupName each), a canary of people.
 	Rollout        string
 	RolloutPercent int
+	RolloutGroups  []string
 	// RolloutProbation is ROLLOUT_PROBATION: a rolled sandbox whose pod of
 	// the new revision fails (ends, or as sandbox.PodFailing says) within
 	// it is rolled back, and the revision halted for all.
@@ -430,6 +434,21 @@ type Lifecycle struct {
 	PruneInterval time.Duration
 }
 
+// rolloutGroups is ROLLOUT_GROUPS, each as the edges keep a user's groups
+// (state.GroupName), so that they compare equal.
+func rolloutGroups(e *Env) []string {
+	var out []string
+	for _, g := range e.List("ROLLOUT_GROUPS", nil) {
+		n := state.GroupName(g)
+		if n == "" {
+			e.Fail("ROLLOUT_GROUPS", "%q is no group name (at most %d bytes, no control characters)", g, state.MaxGroupLen)
+			continue
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
 // LoadLifecycle reads and validates the lifecycle worker's variables.
 func LoadLifecycle(e *Env) (Lifecycle, error) {
 	c := Lifecycle{
@@ -439,7 +458,8 @@ func LoadLifecycle(e *Env) (Lifecycle, error) {
 		Profiles:         loadProfiles(e, true),
 		MaxSandboxes:     maxSandboxes(e),
 		Rollout:          e.OneOf("ROLLOUT", "manual", "manual", "next-wake"),
-		RolloutPercent:   e.Int("ROLLOUT_PERCENT", 100, 1, 100),
+		RolloutPercent:   e.Int("ROLLOUT_PERCENT", 100, 0, 100),
+		RolloutGroups:    rolloutGroups(e),
 		RolloutProbation: e.Duration("ROLLOUT_PROBATION", 10*time.Minute, time.Minute, 24*time.Hour),
 		LogTailLines:     e.Int("DSH_LOG_TAIL_LINES", 1000, 1, 100000),
 		Container:        e.String("DSH_CONTAINER", ""),

@@ -53,10 +53,12 @@ type Options struct {
 	// MaxSandboxes is MAX_SANDBOXES_PER_USER: an account's sandboxes, its
 	// first included (0 reads as 1).
 	MaxSandboxes int
-	// Rollout is ROLLOUT, RolloutPercent ROLLOUT_PERCENT (rollForward)
-	// and RolloutProbation ROLLOUT_PROBATION (rollBack).
+	// Rollout is ROLLOUT, RolloutPercent ROLLOUT_PERCENT, RolloutGroups
+	// ROLLOUT_GROUPS (rollForward) and RolloutProbation
+	// ROLLOUT_PROBATION (rollBack).
 	Rollout          string
 	RolloutPercent   int
+	RolloutGroups    []string
 	RolloutProbation time.Duration
 	// Limits cap running sandboxes and concurrent starts; wakes beyond
 	// them wait in the queue, which the lease holder admits from.
@@ -90,6 +92,8 @@ type Worker struct {
 	requests   *kv.Bucket[state.Result]
 	queue      *kv.Bucket[state.Queued]
 	keepAwake  *kv.Bucket[state.KeepAwake]
+	// userGroups is read for ROLLOUT_GROUPS (nil without).
+	userGroups *kv.Bucket[state.UserGroups]
 	userCache  *kv.Cache[state.User]
 	boxCache   *kv.Cache[state.Sandbox]
 	queueCache *kv.Cache[state.Queued]
@@ -136,6 +140,11 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 	}
 	if w.keepAwake, err = kv.Open[state.KeepAwake](ctx, o.JS, state.BucketKeepAwake); err != nil {
 		return nil, err
+	}
+	if len(o.RolloutGroups) > 0 {
+		if w.userGroups, err = kv.Open[state.UserGroups](ctx, o.JS, state.BucketUserGroups); err != nil {
+			return nil, err
+		}
 	}
 	if w.activity, err = o.JS.Stream(ctx, events.StreamActivity); err != nil {
 		return nil, fmt.Errorf("activity stream: %w", err)

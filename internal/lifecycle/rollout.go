@@ -2,7 +2,9 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"hash/fnv"
+	"slices"
 	"sync"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/aaas-project/aaas/internal/events"
+	"github.com/aaas-project/aaas/internal/ident"
 	"github.com/aaas-project/aaas/internal/kv"
 	"github.com/aaas-project/aaas/internal/sandbox"
 	"github.com/aaas-project/aaas/internal/state"
@@ -24,8 +27,11 @@ import (
 // Sandbox the cache had, so one woken or rolled meanwhile makes the wake
 // fail and be redelivered, to decide afresh.
 func (w *Worker) rollForward(ctx context.Context, key string, sb *sandboxv1beta1.Sandbox) error {
-	if w.o.Rollout != "next-wake" || sb.Spec.OperatingMode == sandboxv1beta1.SandboxOperatingModeRunning || !inCanary(key, w.o.RolloutPercent) {
+	if w.o.Rollout != "next-wake" || sb.Spec.OperatingMode == sandboxv1beta1.SandboxOperatingModeRunning {
 		return nil
+	}
+	if in, err := w.inRollout(ctx, key); err != nil || !in {
+		return err
 	}
 	st := w.k8s.Lookup(key)
 	if st.Claim == nil {
@@ -93,6 +99,26 @@ func (m *mirror) rollBack(ctx context.Context, key string, sb *sandboxv1beta1.Sa
 	w.pub.Audit(events.AuditEvent{Kind: events.AuditRollout, User: key, Outcome: "rolled_back",
 		Detail: clip("sandbox " + sb.Name + ": revision " + rev + " halted, back to " + back + ": its pod failed " + time.Since(at).Round(time.Second).String() + " after the rollout (" + why + ")")})
 	return true, nil
+}
+
+// inRollout reports whether the sandbox of key is among those a rollout
+// reaches: in ROLLOUT_PERCENT's share, or its owner in one of
+// ROLLOUT_GROUPS as an edge last saw them sign in.
+func (w *Worker) inRollout(ctx context.Context, key string) (bool, error) {
+	if inCanary(key, w.o.RolloutPercent) {
+		return true, nil
+	}
+	if w.userGroups == nil {
+		return false, nil
+	}
+	g, err := w.userGroups.Get(ctx, ident.OwnerOf(key))
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return slices.ContainsFunc(g.Value.Groups, func(n string) bool { return slices.Contains(w.o.RolloutGroups, n) }), nil
 }
 
 // inCanary reports whether the sandbox of key is among the percent of

@@ -115,6 +115,37 @@ func TestARolloutWaitsForTheWake(t *testing.T) {
 	})
 }
 
+// TestARolloutReachesAGroupsMembers: with ROLLOUT_PERCENT=0 and
+// ROLLOUT_GROUPS, a rollout reaches the sandboxes of the groups' members
+// alone (their groups as an edge last saw them sign in, matched as the
+// edges spell them): ann, in the group, wakes on the new revision; bob,
+// in another group only, wakes in the same window on the old one.
+func TestARolloutReachesAGroupsMembers(t *testing.T) {
+	st := pkg.NewStack(t, testenv.StackOptions{Env: map[string]string{"ROLLOUT": "next-wake", "ROLLOUT_PERCENT": "0", "ROLLOUT_GROUPS": " Early-Adopters "}})
+	f := setup(t, nil, st)
+	f.lifecycle("lc-a")
+	groups := testutil.Open[state.UserGroups](t, st.JS, state.BucketUserGroups)
+	for user, in := range map[string][]string{"ann": {"early-adopters", "staff"}, "bob": {"staff"}} {
+		if _, err := groups.Put(ctx(t), user, state.UserGroups{User: user, Groups: in, Seen: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.signup("ann")
+	f.signup("bob")
+	first := f.waitPhase("ann", state.PhaseReady).Revision
+	f.waitPhase("bob", state.PhaseReady)
+	f.markTemplate("v2")
+	for _, user := range []string{"ann", "bob"} {
+		st.Suspend(user)
+		asleep, _ := f.boxes.Get(user)
+		f.command(events.NewWake(user, asleep.Revision))
+	}
+	ann, bob := f.waitPhase("ann", state.PhaseReady), f.waitPhase("bob", state.PhaseReady)
+	if ann.Revision == first || bob.Revision != first {
+		t.Fatalf("after the wakes: ann on %s, bob on %s (was %s); want ann alone rolled", ann.Revision, bob.Revision, first)
+	}
+}
+
 // TestAFailingRevisionHaltsTheRollout: a sandbox rolled to a new
 // revision that then fails within ROLLOUT_PROBATION (its pod ends, or its
 // container keeps exiting, which the kubelet would go on restarting for

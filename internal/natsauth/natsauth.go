@@ -116,10 +116,11 @@ var grants = map[Role]grant{
 	},
 	// The commands' durable consumer (pull and acknowledge only), every
 	// record (pruning the sessions of deleted accounts too), and the newest
-	// beacon and the keep-awake of a user for compare-and-suspend.
+	// beacon and the keep-awake of a user for compare-and-suspend, and a
+	// user's SSO groups for a rollout's canary (ROLLOUT_GROUPS).
 	Lifecycle: {
 		writes:    []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketSessions, state.BucketLocks, state.BucketQueue, state.BucketAPITokens},
-		reads:     []string{state.BucketKeepAwake},
+		reads:     []string{state.BucketKeepAwake, state.BucketUserGroups},
 		publishes: []string{events.AuditSubjectsAll},
 		gets:      []string{events.StreamActivity},
 		durable:   &durable{events.StreamCommands, events.CommandConsumer},

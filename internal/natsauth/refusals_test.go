@@ -205,6 +205,10 @@ func TestEachIdentityIsRefusedWhatIsNotItsJob(t *testing.T) {
 
 	lc := b.as(natsauth.Lifecycle)
 	lc.allowed(t, "lifecycle writes sandboxes", put(lc.js, state.BucketSandboxes, "ann"))
+	// A rollout's canary by SSO group (ROLLOUT_GROUPS) reads them; the
+	// edges write them.
+	lc.allowed(t, "lifecycle reads a user's groups", get(lc.js, state.BucketUserGroups, "ann"))
+	lc.refused(t, "lifecycle writes a user's groups", regexp.QuoteMeta("$KV."+state.BucketUserGroups+".ann"), put(lc.js, state.BucketUserGroups, "ann"))
 	lc.refused(t, "lifecycle publishes a command", regexp.QuoteMeta(events.CommandSubject(events.VerbDelete, "ann")), publish(lc.js, events.CommandSubject(events.VerbDelete, "ann"), map[string]string{}))
 	lc.refused(t, "lifecycle changes a stream", regexp.QuoteMeta("$JS.API.STREAM.UPDATE."+events.StreamCommands), func(ctx context.Context) error {
 		_, err := lc.js.UpdateStream(ctx, jetstream.StreamConfig{Name: events.StreamCommands, Subjects: []string{"aaas.cmd.>"}, Retention: jetstream.WorkQueuePolicy})
