@@ -38,7 +38,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "aaas_lifecycle_commands_dead_lettered_total", Help: "Commands given up after COMMAND_MAX_DELIVER deliveries.",
 		}),
 		rollouts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "aaas_lifecycle_rollouts_total", Help: "Sleeping sandboxes given their profile's new pod template as they woke (ROLLOUT=next-wake), by outcome: rolled; failed (the template could not be applied; the sandbox woke as it was); halted (not rolled: its revision failed another sandbox); rolled_back (its pod of the new revision ended within ROLLOUT_PROBATION).",
+			Name: "aaas_lifecycle_rollouts_total", Help: "Sleeping sandboxes given their profile's new pod template as they woke (ROLLOUT=next-wake), by outcome: rolled; failed (the template could not be applied; the sandbox woke as it was); halted (not rolled: its revision failed another sandbox); rolled_back (its pod of the new revision failed within ROLLOUT_PROBATION).",
 		}, []string{"outcome"}),
 		logBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "aaas_lifecycle_handshake_log_bytes", Help: "Bytes of pod log one handshake read (at most DSH_LOG_LIMIT_BYTES).",
@@ -57,6 +57,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.redelivered = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "aaas_lifecycle_commands_redelivered_total", Help: "Commands taken up again after an earlier delivery ended without an acknowledgement (its worker died or asked for a retry), by verb.",
 	}, []string{"verb"})
+	// Every outcome is there from the start at 0: an alert on the first
+	// rolled_back (AaasRolloutHalted) needs the series before it moves.
+	for _, o := range []string{"rolled", "failed", "halted", "rolled_back"} {
+		m.rollouts.WithLabelValues(o)
+	}
 	reg.MustRegister(m.commands, m.kubeErrors, m.handshakeFailures, m.mirrorWrites, m.podRestarts, m.deadLettered, m.rollouts, m.redelivered, m.logBytes, m.leading, m.running)
 	return m
 }
