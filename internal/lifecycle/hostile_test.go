@@ -98,12 +98,21 @@ func TestCommandNotOnItsOwnSubjectIsRefused(t *testing.T) {
 	f.waitPhase("victim", state.PhaseSuspended) // the control
 	f.drained(t)
 
+	// The audit is published as the command ends: it may still be on its
+	// way when the commands are drained.
 	var refused []events.AuditEvent
-	for _, e := range f.auditEvents(events.AuditCommandFailed) {
-		if strings.Contains(e.Detail, subject) {
-			refused = append(refused, e)
+	testutil.Eventually(t, 10*time.Second, func() error {
+		refused = nil
+		for _, e := range f.auditEvents(events.AuditCommandFailed) {
+			if strings.Contains(e.Detail, subject) {
+				refused = append(refused, e)
+			}
 		}
-	}
+		if len(refused) == 0 {
+			return errors.New("the forged command's refusal is not audited yet")
+		}
+		return nil
+	})
 	if len(refused) != 1 || refused[0].Outcome != "refused" || refused[0].User != "" || refused[0].RequestID != "" ||
 		!strings.Contains(refused[0].Detail, "1 deliveries") || !strings.Contains(refused[0].Detail, `delete command for "victim"`) {
 		t.Fatalf("audit of the forged command: %+v", refused)

@@ -745,15 +745,20 @@ func TestSuspendReasonsAndKeepAwake(t *testing.T) {
 			t.Fatalf("%s after a cancelled suspend: %+v", u, b.Value)
 		}
 	}
-	cancelled := map[string]string{}
-	for _, a := range f.auditEvents(events.AuditSuspend) {
-		if a.Outcome == "cancelled" {
-			cancelled[a.User] = a.Detail
+	// The audit is published as the command ends: the last one may still
+	// be on its way when the commands are drained.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		cancelled := map[string]string{}
+		for _, a := range f.auditEvents(events.AuditSuspend) {
+			if a.Outcome == "cancelled" {
+				cancelled[a.User] = a.Detail
+			}
 		}
-	}
-	if !strings.Contains(cancelled["kai"], "kept awake until") || !strings.Contains(cancelled["fay"], "newer") {
-		t.Fatalf("cancellations %v", cancelled)
-	}
+		if !strings.Contains(cancelled["kai"], "kept awake until") || !strings.Contains(cancelled["fay"], "newer") {
+			return fmt.Errorf("cancellations %v", cancelled)
+		}
+		return nil
+	})
 
 	// The ceiling, with activity newer than its decision: carried out.
 	f.beacon("kai")
