@@ -152,6 +152,9 @@ func TestNamedSandboxOrigins(t *testing.T) {
 	bob := testenv.NewClient(t, a.URL)
 	bobToken := bob.Signup("bob", "")
 
+	// The create answers once the claim is made; its pod's log is read
+	// once there is a pod.
+	w.WaitPhase(t, "ann--work", state.PhaseReady, time.Minute)
 	before := strings.Count(w.PodLog("ann--work"), "/api/echo")
 	for _, h := range []string{host, "ANN--WORK." + sandboxDomain, host + ".", host + ":80", "5173-" + host} {
 		r := at(t, a, "GET", h, "/api/echo", nil, "Authorization", "Bearer "+bobToken, "Accept", "application/json")
