@@ -22,7 +22,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -212,7 +211,7 @@ func (s *Service) parseQuery(c *fiber.Ctx) (Query, error) {
 	if _, ok := s.o.Profiles.Find(q.Profile); !ok {
 		return q, fmt.Errorf("profile must be one of %s", s.o.Profiles.Names())
 	}
-	if q.Revision != "" && !revisionSyntax.MatchString(q.Revision) {
+	if q.Revision != "" && !state.ValidRevision(q.Revision) {
 		return q, errors.New("revision is 8 hex digits, as the Revision column shows")
 	}
 	if len(q.After) > ident.MaxUserLen || len(q.Prefix) > ident.MaxUserLen {
@@ -220,9 +219,6 @@ func (s *Service) parseQuery(c *fiber.Ctx) (Query, error) {
 	}
 	return q, nil
 }
-
-// revisionSyntax is a revision's (sandbox.Revision).
-var revisionSyntax = regexp.MustCompile(`^[0-9a-f]{8}$`)
 
 // maxScanned bounds the rows one page looks at per row it may show: a
 // filter that matches few users ends its page early, with Next where it

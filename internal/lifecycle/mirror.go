@@ -74,7 +74,7 @@ func (m *mirror) recover(ctx context.Context, user string, pod *corev1.Pod, why 
 		}
 		m.restarts[user] = restart{count: r.count + 1, at: time.Now()}
 		m.w.m.podRestarts.Inc()
-		m.w.log.Info("pod deleted for a new one", "user", user, "pod", pod.Name, "phase", pod.Status.Phase, "reason", pod.Status.Reason, "restarts", r.count+1)
+		m.w.log.Info("pod deleted for a new one", "user", user, "pod", pod.Name, "why", why, "restarts", r.count+1)
 		m.w.pub.Audit(events.AuditEvent{Kind: events.AuditStateChange, User: user, Outcome: "restarting",
 			Detail: "pod " + pod.Name + " " + why})
 	}

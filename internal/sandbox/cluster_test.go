@@ -5,8 +5,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/aaas-project/aaas/internal/sandbox"
+	"github.com/aaas-project/aaas/internal/state"
 )
 
 // TestPodFailing: the states of a pod the kubelet keeps that a rollout's
@@ -50,5 +52,21 @@ func TestPodFailing(t *testing.T) {
 	}
 	if got := sandbox.PodFailing(nil); got != "" {
 		t.Errorf("PodFailing(nil) = %q", got)
+	}
+}
+
+// A revision has the shape the admin view's filter accepts, and the same
+// for the same pod spec.
+func TestRevisionShape(t *testing.T) {
+	sb := &sandboxv1beta1.Sandbox{}
+	sb.Spec.PodTemplate.Spec.Containers = []corev1.Container{{Name: "dsh", Image: "dsh-web:1.0.0"}}
+	rev := sandbox.Revision(sb)
+	if !state.ValidRevision(rev) || sandbox.Revision(sb.DeepCopy()) != rev {
+		t.Fatalf("revision %q", rev)
+	}
+	for _, r := range []string{"", "abc", "ABCDEF01", "abcdef012", "abcdefg0", "<b>12345"} {
+		if state.ValidRevision(r) {
+			t.Errorf("ValidRevision(%q)", r)
+		}
 	}
 }

@@ -45,7 +45,8 @@ const (
 	PreviousRevisionAnnotation = "aaas.example.com/previous-revision"
 )
 
-// Revision is the revision of sb's pod template: what its next pod runs.
+// Revision is the revision of sb's pod template: what its next pod runs,
+// in state.ValidRevision's shape.
 func Revision(sb *sandboxv1beta1.Sandbox) string { return revision(sb.Spec.PodTemplate.Spec) }
 
 func revision(spec corev1.PodSpec) string {

@@ -500,3 +500,17 @@ type Attempts struct {
 	// milliseconds): at most one audit event per client per window.
 	Refused int64 `json:"refused,omitempty"`
 }
+
+// ValidRevision reports whether r has a revision's shape (sandbox.Revision):
+// eight lower-case hex digits.
+func ValidRevision(r string) bool {
+	if len(r) != 8 {
+		return false
+	}
+	for _, c := range r {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
