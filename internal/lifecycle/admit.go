@@ -105,7 +105,7 @@ func (w *Worker) admitOnce(ctx context.Context, pending admitted, now time.Time)
 	profileOf := func(user string) string { return waiting[user].profile }
 	for _, user := range capacity.Admit(queue, profileOf, use, w.o.Limits) {
 		wt := waiting[user]
-		if err := w.start(ctx, user, wt.sb, fmt.Sprintf("after %s in the queue", now.Sub(wt.since).Round(time.Second))); err != nil {
+		if _, err := w.start(ctx, user, wt.sb, fmt.Sprintf("after %s in the queue", now.Sub(wt.since).Round(time.Second))); err != nil {
 			return fmt.Errorf("start %s: %w", user, err)
 		}
 		pending[user] = admission{now, wt.profile}

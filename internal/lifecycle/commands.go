@@ -138,23 +138,26 @@ func (w *Worker) wake(ctx context.Context, c events.Command) (string, error) {
 		}
 		return "queued", nil
 	}
-	return "woken", w.start(ctx, c.User, st.Sandbox, "")
+	return w.start(ctx, c.User, st.Sandbox, "")
 }
 
-// start sets a sandbox Running, rolled forward first (rollForward). The
-// patch is idempotent, so it is sent even when the cache already says
-// Running: the cache may lag a suspend.
-func (w *Worker) start(ctx context.Context, user string, sb *sandboxv1beta1.Sandbox, detail string) error {
+// start sets a sandbox Running, rolled forward first (rollForward), and
+// audits the wake when it was this call that changed the mode: a wake
+// that finds it running already (woken by a command before it, which the
+// cache may not show yet) reports "running".
+func (w *Worker) start(ctx context.Context, user string, sb *sandboxv1beta1.Sandbox, detail string) (string, error) {
 	if err := w.rollForward(ctx, user, sb); err != nil {
-		return err
+		return "", err
 	}
-	if err := w.k8s.SetMode(ctx, sb.Name, sandboxv1beta1.SandboxOperatingModeRunning); err != nil {
-		return w.kubeFail(ctx, "wake", err)
+	woken, err := w.k8s.Resume(ctx, sb.Name)
+	if err != nil {
+		return "", w.kubeFail(ctx, "wake", err)
 	}
-	if sb.Spec.OperatingMode != sandboxv1beta1.SandboxOperatingModeRunning {
-		w.audit(ctx, events.AuditEvent{Kind: events.AuditWake, User: user, Outcome: "woken", Detail: strings.TrimSpace("sandbox " + sb.Name + " " + detail)})
+	if !woken {
+		return "running", nil
 	}
-	return nil
+	w.audit(ctx, events.AuditEvent{Kind: events.AuditWake, User: user, Outcome: "woken", Detail: strings.TrimSpace("sandbox " + sb.Name + " " + detail)})
+	return "woken", nil
 }
 
 // suspend is compare-and-suspend: unless its reason is forced (a ceiling,

@@ -45,6 +45,17 @@ func (f *fixture) auditEvents(kind events.AuditKind) []events.AuditEvent {
 	return out
 }
 
+// of are the events of evs about user.
+func of(evs []events.AuditEvent, user string) []events.AuditEvent {
+	var out []events.AuditEvent
+	for _, e := range evs {
+		if e.User == user {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 // drained waits until the commands consumer has nothing left to deliver
 // and nothing delivered but unacknowledged: every command published so far
 // was acknowledged or terminated.

@@ -773,12 +773,29 @@ func TestSuspendReasonsAndKeepAwake(t *testing.T) {
 	if err != nil || !strings.Contains(sb.Annotations["aaas.example.com/last-suspend"], `"reason":"max_runtime"`) {
 		t.Fatalf("the Sandbox's annotations %v (%v)", sb.Annotations, err)
 	}
-	// It wakes, and the record still says why it last slept.
+	// It wakes, and the record still says why it last slept. Two wakes of
+	// one sleep (an edge that saw it Suspending, then Suspended, asks for
+	// each revision) wake it once: the second finds it running, however
+	// far the cache lags, and one wake is audited.
 	asleep, _ := f.boxes.Get("kai")
+	woken := `aaas_lifecycle_command_duration_seconds_count{outcome="woken",verb="wake"}`
+	running := `aaas_lifecycle_command_duration_seconds_count{outcome="running",verb="wake"}`
+	wokenBefore, runningBefore := metric(lc, woken), metric(lc, running)
 	f.command(events.NewWake("kai", asleep.Revision))
+	f.command(events.NewWake("kai", asleep.Revision+1))
 	testutil.Eventually(t, time.Minute, func() error {
 		if b, _ := f.boxes.Get("kai"); b.Value.Phase != state.PhaseReady || b.Value.LastSuspend == nil {
 			return fmt.Errorf("after the wake: %+v", b.Value)
+		}
+		return nil
+	})
+	f.drained(t)
+	if w, r := metric(lc, woken), metric(lc, running); w != wokenBefore+1 || r != runningBefore+1 {
+		t.Fatalf("two wakes of one sleep: woken %v -> %v, running %v -> %v; want one of each", wokenBefore, w, runningBefore, r)
+	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if n := len(of(f.auditEvents(events.AuditWake), "kai")); n != 1 {
+			return fmt.Errorf("%d wake audits of kai, want 1", n)
 		}
 		return nil
 	})
@@ -786,12 +803,13 @@ func TestSuspendReasonsAndKeepAwake(t *testing.T) {
 	// that keeps a suspend, which each rewrite would enqueue again. The
 	// positive control: a wake taken and answered in the same window.
 	settled, _ := f.boxes.Get("kai")
-	woken := `aaas_lifecycle_command_duration_seconds_count{outcome="woken",verb="wake"}`
-	before := metric(lc, woken)
 	f.command(events.NewWake("kai", settled.Revision))
 	f.drained(t)
-	if v := metric(lc, woken); v != before+1 {
-		t.Fatalf("%s went from %v to %v, want one more", woken, before, v)
+	if v := metric(lc, running); v != runningBefore+2 {
+		t.Fatalf("%s went from %v to %v, want two more", running, runningBefore, v)
+	}
+	if n := len(of(f.auditEvents(events.AuditWake), "kai")); n != 1 {
+		t.Fatalf("a wake of a running sandbox was audited: %d wake audits of kai", n)
 	}
 	if now, _ := f.boxes.Get("kai"); now.Revision != settled.Revision {
 		t.Fatalf("kai's record rewritten with nothing changed: revision %d, then %d", settled.Revision, now.Revision)

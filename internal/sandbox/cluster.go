@@ -537,16 +537,29 @@ func (c *Cluster) SetTokenHash(ctx context.Context, user, hash string) error {
 	return err
 }
 
-// SetMode switches a sandbox to Running or Suspended.
-func (c *Cluster) SetMode(ctx context.Context, sandbox string, mode sandboxv1beta1.SandboxOperatingMode) error {
-	patch := []byte(`{"spec":{"operatingMode":"` + string(mode) + `"}}`)
+// Resume sets a suspended sandbox Running and reports whether it was
+// suspended. The patch tests the mode the API server has, not the cache's
+// (which may lag a suspend, or a wake of a moment ago): of two wakes
+// racing, or one edge's wakes of two revisions of one sleep, exactly one
+// changes it, and so is audited.
+func (c *Cluster) Resume(ctx context.Context, sandbox string) (bool, error) {
+	patch, err := json.Marshal([]map[string]any{
+		{"op": "test", "path": "/spec/operatingMode", "value": sandboxv1beta1.SandboxOperatingModeSuspended},
+		{"op": "replace", "path": "/spec/operatingMode", "value": sandboxv1beta1.SandboxOperatingModeRunning},
+	})
+	if err != nil {
+		return false, err
+	}
 	ctx, cancel := c.call(ctx)
 	defer cancel()
-	_, err := c.sandbox.AgentsV1beta1().Sandboxes(c.cfg.Namespace).Patch(ctx, sandbox, types.MergePatchType, patch, metav1.PatchOptions{})
-	if err != nil {
-		return fmt.Errorf("set sandbox %s %s: %w", sandbox, mode, err)
+	_, err = c.sandbox.AgentsV1beta1().Sandboxes(c.cfg.Namespace).Patch(ctx, sandbox, types.JSONPatchType, patch, metav1.PatchOptions{})
+	switch {
+	case apierrors.IsInvalid(err):
+		return false, nil // not suspended: running already
+	case err != nil:
+		return false, fmt.Errorf("resume sandbox %s: %w", sandbox, err)
 	}
-	return nil
+	return true, nil
 }
 
 // Suspend sets a sandbox Suspended and records why on it
