@@ -8,11 +8,15 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -255,29 +259,60 @@ func (c *Cluster) Shutdown() {
 	}
 }
 
-// FreePort asks the kernel for an unused TCP port on loopback. A port is
-// handed out once per process: an address reserved for a listener that
-// starts later (a front, a child process) is not given to another caller
-// meanwhile, which the kernel, once the probe closes, may well do.
+// FreePort returns a TCP port on loopback that nothing listens on, for a
+// listener that starts later (a front, a child process). Two things could
+// take it in between, and neither can:
+//   - it lies below the kernel's ephemeral range (ip_local_port_range
+//     starts at 32768), which is where a port 0 listener or an outgoing
+//     connection's source port comes from;
+//   - it is held for the life of this process by a lock file other test
+//     processes (go test runs packages in parallel) honour, and once per
+//     process by handed.
 func FreePort() (int, error) {
 	handedMu.Lock()
 	defer handedMu.Unlock()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, fmt.Errorf("free port: %w", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if !handed[port] {
-			handed[port] = true
-			return port, nil
-		}
+	dir := filepath.Join(os.TempDir(), "aaas-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return 0, fmt.Errorf("free port: %w", err)
 	}
-	return 0, errors.New("free port: the kernel keeps offering ports already handed out")
+	const first, n = 20000, 10000
+	start := rand.IntN(n)
+	for i := range n {
+		port := first + (start+i)%n
+		if handed[port] != nil {
+			continue
+		}
+		lock, ok := reserve(dir, port)
+		if !ok {
+			continue
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			lock.Close() // someone else's listener: try another
+			continue
+		}
+		l.Close()
+		handed[port] = lock
+		return port, nil
+	}
+	return 0, errors.New("free port: every port from 20000 to 29999 is taken")
+}
+
+// reserve takes port's lock file without waiting; the lock lasts as long
+// as the file stays open, which is until this process ends.
+func reserve(dir string, port int) (*os.File, bool) {
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return nil, false
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, false
+	}
+	return f, true
 }
 
 var (
 	handedMu sync.Mutex
-	handed   = map[int]bool{}
+	handed   = map[int]*os.File{}
 )
