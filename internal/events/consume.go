@@ -50,6 +50,9 @@ func (e laterError) Unwrap() error { return e.err }
 // newer replica understands. It still counts as a delivery.
 func Later(err error, delay time.Duration) error { return laterError{err, delay} }
 
+// IsLater reports whether err was made by Later.
+func IsLater(err error) bool { return errors.As(err, new(laterError)) }
+
 // ConsumerConfig describes a durable, explicitly acknowledged consumer.
 type ConsumerConfig struct {
 	Stream         string
@@ -287,7 +290,7 @@ func handleOne(ctx context.Context, c ConsumerConfig, msg jetstream.Msg, handler
 	case IsPermanent(err) || d.Last:
 		exhausted(d, err)
 		_ = msg.TermWithReason(truncate(err.Error(), 200))
-	case errors.As(err, new(laterError)):
+	case IsLater(err):
 		var later laterError
 		errors.As(err, &later)
 		log.Debug("command handed back", "subject", d.Subject, "delivered", d.Delivered, "retry_in", later.delay, "why", err)

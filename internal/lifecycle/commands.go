@@ -493,7 +493,7 @@ func (w *Worker) replace(ctx context.Context, user string, uid types.UID) error 
 // for again soon after the last waits its turn (LifecycleRefreshes): a pod
 // that refuses every cookie costs a handshake now and then, not one per
 // request.
-func (w *Worker) handshake(ctx context.Context, c events.Command) (string, error) {
+func (w *Worker) handshake(ctx context.Context, c events.Command, d events.Delivery) (string, error) {
 	a := c.Handshake
 	key := state.HandshakeKey(c.User, a.PodUID, a.Host)
 	cur, err := w.handshakes.Get(ctx, key)
@@ -510,9 +510,18 @@ func (w *Worker) handshake(ctx context.Context, c events.Command) (string, error
 			return w.refreshRefused(ctx, key, cur, wait)
 		}
 	}
+	st, ok := w.podFor(c.User, a.PodUID)
+	switch {
+	case !ok && !d.Last && d.Delivered < podWaits:
+		// Not in this replica's cache yet: back to the queue, not a
+		// worker held waiting for it.
+		return "", events.Later(errPodNotSeen, podWaitDelay(d.Delivered))
+	case !ok:
+		return w.handshakeFailed(ctx, c, key, errPodChanged)
+	}
 	hctx, cancel := context.WithTimeout(ctx, w.o.HandshakeTimeout)
 	defer cancel()
-	cookie, failure, err := w.exchange(hctx, c.User, a)
+	cookie, failure, err := w.exchange(hctx, st, a)
 	if (failure != nil || err != nil) && hctx.Err() != nil && ctx.Err() == nil {
 		failure, err = fmt.Errorf("%w (HANDSHAKE_TIMEOUT %s)", errHandshakeDeadline, w.o.HandshakeTimeout), nil
 	}
@@ -533,11 +542,7 @@ func (w *Worker) handshake(ctx context.Context, c events.Command) (string, error
 // exchange finds the pod, reads its log and trades the newest token DSH
 // accepts for its cookie. failure is the pod's answer, to be recorded; err
 // is a passing fault worth a redelivery.
-func (w *Worker) exchange(ctx context.Context, user string, a *events.HandshakeArgs) (cookie string, failure, err error) {
-	st, ok := w.podFor(ctx, user, a.PodUID)
-	if !ok {
-		return "", errPodChanged, nil
-	}
+func (w *Worker) exchange(ctx context.Context, st sandbox.State, a *events.HandshakeArgs) (cookie string, failure, err error) {
 	req := handshake.Request{Address: w.k8s.Address(st), Host: a.Host, Proto: a.Proto, Prefix: a.Prefix}
 	for attempt := 0; ; attempt++ {
 		log, err := w.k8s.LogTail(ctx, st.Pod, w.o.LogTailLines)
@@ -598,23 +603,23 @@ func (w *Worker) refreshRefused(ctx context.Context, key string, cur kv.Entry[st
 	return "backoff", nil
 }
 
-// podFor waits briefly for this replica's cache to show the pod the edge
-// asked about, with its address: the edge learnt its UID from the mirror,
-// which may run on a replica whose informer is a little ahead of ours,
-// and an older copy of the same pod may not have its IP yet (the fault
-// suite caught a handshake dialling ":3080" after an API server restart).
-func (w *Worker) podFor(ctx context.Context, user, podUID string) (sandbox.State, bool) {
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		st := w.k8s.Lookup(user)
-		if st.Pod != nil && string(st.Pod.UID) == podUID && st.Pod.DeletionTimestamp == nil && st.Pod.Status.PodIP != "" {
-			return st, true
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return st, false
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
+// podFor is the pod the edge asked about, with its address, once this
+// replica's cache shows it: the edge learnt its UID from the mirror, which
+// may run on a replica whose informer is a little ahead of ours, and an
+// older copy of the same pod may not have its IP yet (the fault suite
+// caught a handshake dialling ":3080" after an API server restart).
+func (w *Worker) podFor(user, podUID string) (sandbox.State, bool) {
+	st := w.k8s.Lookup(user)
+	return st, st.Pod != nil && string(st.Pod.UID) == podUID && st.Pod.DeletionTimestamp == nil && st.Pod.Status.PodIP != ""
+}
+
+// podWaits is how many deliveries of a handshake may find its pod missing
+// from the cache before it is taken as gone; podWaitDelay spaces them
+// (250 ms, 500 ms, 1 s: nearly 2 s for an informer to catch up).
+const podWaits = 4
+
+func podWaitDelay(delivered uint64) time.Duration {
+	return 250 * time.Millisecond << min(delivered-1, 2)
 }
 
 // failedHandshakeTTL keeps a failure long enough for the waiting edge to
@@ -623,6 +628,7 @@ const failedHandshakeTTL = time.Minute
 
 var (
 	errPodChanged        = errors.New("the sandbox's pod changed or stopped before the handshake")
+	errPodNotSeen        = errors.New("the sandbox's pod is not in this replica's cache yet")
 	errHandshakeDeadline = errors.New("the sandbox's DSH did not complete the handshake in time")
 	errHandshakesBusy    = errors.New("too many handshakes under way; try again in a moment")
 )

@@ -316,16 +316,18 @@ func (w *Worker) Handle(ctx context.Context, d events.Delivery) error {
 			return nil
 		}
 	}
-	outcome, err := w.dispatch(ctx, c)
+	outcome, err := w.dispatch(ctx, c, d)
 	switch {
 	case err == nil:
 	case events.IsPermanent(err):
 		outcome = "failed"
+	case events.IsLater(err):
+		outcome = "later"
 	default:
 		outcome = "retry"
 	}
 	w.m.commands.WithLabelValues(string(c.Verb), outcome).Observe(time.Since(start).Seconds())
-	if err != nil {
+	if err != nil && outcome != "later" { // the consumer logs a hand-back
 		log.Warn("command failed", "verb", c.Verb, "user", c.User, "seq", d.StreamSeq, "delivered", d.Delivered, "err", err)
 	} else {
 		log.Info("command done", "verb", c.Verb, "user", c.User, "outcome", outcome, "seq", d.StreamSeq, "delivered", d.Delivered, "took", time.Since(start).Round(time.Millisecond).String())
@@ -333,7 +335,7 @@ func (w *Worker) Handle(ctx context.Context, d events.Delivery) error {
 	return err
 }
 
-func (w *Worker) dispatch(ctx context.Context, c events.Command) (string, error) {
+func (w *Worker) dispatch(ctx context.Context, c events.Command, d events.Delivery) (string, error) {
 	switch c.Verb {
 	case events.VerbClaim:
 		return w.claim(ctx, c)
@@ -346,7 +348,7 @@ func (w *Worker) dispatch(ctx context.Context, c events.Command) (string, error)
 	case events.VerbRecreate:
 		return w.recreate(ctx, c)
 	case events.VerbHandshake:
-		return w.handshake(ctx, c)
+		return w.handshake(ctx, c, d)
 	case events.VerbToken:
 		return w.token(ctx, c)
 	}

@@ -71,6 +71,50 @@ func TestSilentDSHFailsTheHandshakeAndFreesTheWorker(t *testing.T) {
 	f.signup("cid")
 }
 
+// A handshake for a pod this replica's cache does not show goes back to
+// the queue instead of holding a worker while it waits (architecture
+// review: it slept up to 3 s in the handler): with one worker, another
+// user's signup is answered between its deliveries, and after its last
+// wait it is recorded as a changed pod.
+func TestAHandshakeForAnUnseenPodDoesNotHoldAWorker(t *testing.T) {
+	f := setup(t, nil)
+	f.Env["COMMAND_WORKERS"] = "1"
+	lc := f.lifecycle("lc-a")
+	f.signup("ann")
+	const ghost = "00000000-0000-0000-0000-000000000001"
+	if _, err := f.pub.Command(ctx(t), events.NewHandshake("ann", events.HandshakeArgs{PodUID: ghost, Host: "localhost", Proto: "http"})); err != nil {
+		t.Fatal(err)
+	}
+	later := `aaas_lifecycle_command_duration_seconds_count{outcome="later",verb="handshake"}`
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if metric(lc, later) == 0 {
+			return errors.New("the handshake was not handed back")
+		}
+		return nil
+	})
+	if res := f.command(events.NewClaim("dan", "req-dan", tokenHash(), "")); res.Outcome != state.OutcomeCreated {
+		t.Fatalf("dan's signup: %+v", res)
+	}
+	answered, err := f.requests.Get(ctx(t), "req-dan")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failed kv.Entry[state.Handshake]
+	testutil.Eventually(t, 30*time.Second, func() error {
+		failed, err = f.handshakes.Get(ctx(t), state.HandshakeKey("ann", ghost, "localhost"))
+		return err
+	})
+	if !strings.Contains(failed.Value.Error, "changed or stopped") {
+		t.Fatalf("the handshake for a pod that never came ended with %q", failed.Value.Error)
+	}
+	if !answered.Value.At.Before(failed.Value.At) {
+		t.Fatalf("dan was answered at %s, after the handshake gave up (%s): it held the worker", answered.Value.At, failed.Value.At)
+	}
+	if v := metric(lc, later); v != 3 {
+		t.Fatalf("%s = %v, want 3 hand-backs before giving up", later, v)
+	}
+}
+
 // One user's commands hold at most one worker: while a long command of
 // ann's runs, her next ones go back to the queue (counted as busy), and
 // another user's command is done at once.
