@@ -68,6 +68,9 @@ type Options struct {
 	// Profiles are PROFILES: the list shows each sandbox's and filters by
 	// them.
 	Profiles config.Profiles
+	// Rollouts are each profile's rollout as lifecycle last counted it
+	// (state.Rollout), for the view's summary and GET /_/admin/rollouts.
+	Rollouts *kv.Cache[state.Rollout]
 	// Names are every account's and sandbox's name, for the list.
 	Names    *kv.Names
 	Activity *idle.Views
@@ -113,6 +116,7 @@ func (s *Service) Register(app *fiber.App) {
 	app.Get("/_/admin", s.page)
 	app.Get("/_/admin/users", s.list)
 	app.Post("/_/admin/users/:user/:action", s.act)
+	app.Get("/_/admin/rollouts", s.rollouts)
 	if s.o.Spend != nil {
 		s.budgetRoutes(app)
 	}
@@ -417,6 +421,9 @@ func (s *Service) page(c *fiber.Ctx) error {
 		for _, p := range s.o.Profiles {
 			d.Profiles = append(d.Profiles, p.Name)
 		}
+	}
+	for _, ro := range s.Rollouts() {
+		d.Rollouts = append(d.Rollouts, rolloutRows(ro))
 	}
 	if d.Spend {
 		d.SortLink = q.values(url.Values{"sort": {"spend"}})

@@ -118,7 +118,8 @@ func fixtureJS(t testing.TB, n int, where Options) (*Service, string, jetstream.
 		Groups: cache(t, testutil.Open[state.UserGroups](t, js, state.BucketUserGroups)), DefaultMicros: 20_000_000}
 	return New(Options{Auth: a, Users: uc, Sandboxes: bc, Names: kv.NewNames(context.Background(), quiet, users.KeySource(), boxes.KeySource()), Activity: &idle.Views{NC: js.Conn()}, Log: quiet, Publisher: events.NewPublisher(js, "edge-test", quiet),
 		Hosts: where.Hosts, SandboxDomain: where.SandboxDomain, PublicHosts: where.PublicHosts, Spend: book, Budgets: budgets, JS: js,
-		Profiles: config.Profiles{{Name: "small", WarmPool: "dsh-pool"}, {Name: "gpu", WarmPool: "dsh-gpu"}}}), token, js
+		Profiles: config.Profiles{{Name: "small", WarmPool: "dsh-pool"}, {Name: "gpu", WarmPool: "dsh-gpu"}},
+		Rollouts: cache(t, testutil.Open[state.Rollout](t, js, state.BucketRollouts))}), token, js
 }
 
 func cache[T any](t testing.TB, b *kv.Bucket[T]) *kv.Cache[T] {

@@ -70,7 +70,7 @@ func New(p *process.Process, cfg config.Edge) (*Edge, error) {
 	adm := admin.New(admin.Options{
 		Auth: authn, Accounts: acct, Users: st.users, Sandboxes: st.boxes, Names: st.names, Activity: clocks, Publisher: pub, Log: p.Log,
 		Hosts: cfg.AdminHosts, PublicHosts: cfg.PublicHosts, SandboxDomain: cfg.SandboxDomain,
-		Spend: st.book, Budgets: st.budgets, JS: p.JS, Idle: cfg.Idle, Profiles: cfg.Profiles,
+		Spend: st.book, Budgets: st.budgets, JS: p.JS, Idle: cfg.Idle, Profiles: cfg.Profiles, Rollouts: st.rollouts,
 	})
 	e := &Edge{p: p, cfg: cfg, proxy: prx, clients: clients, authn: authn}
 	e.ready = func() bool {

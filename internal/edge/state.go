@@ -29,11 +29,13 @@ type edgeState struct {
 	requests     *kv.Cache[state.Result]
 	queued       *kv.Cache[state.Queued]
 	queue        capacity.Queue
-	book         *spend.Book
-	recorder     *spend.Recorder
-	budgets      *kv.Bucket[state.Budget]
-	keepAwake    *kv.Bucket[state.KeepAwake]
-	keepAwakes   *kv.Cache[state.KeepAwake]
+	// rollouts is a record per profile, for the admin view.
+	rollouts   *kv.Cache[state.Rollout]
+	book       *spend.Book
+	recorder   *spend.Recorder
+	budgets    *kv.Bucket[state.Budget]
+	keepAwake  *kv.Bucket[state.KeepAwake]
+	keepAwakes *kv.Cache[state.KeepAwake]
 	// codes is the sign-in codes of sandbox origins (SANDBOX_DOMAIN set).
 	codes *kv.Bucket[state.SigninCode]
 	// credentials is users' own provider keys (BYOK set).
@@ -96,6 +98,9 @@ func openState(ctx context.Context, p *process.Process, cfg config.Edge) (*edgeS
 		return nil, err
 	}
 	s.queue = capacity.NewQueue(s.queued)
+	if s.rollouts, err = cache[state.Rollout](ctx, p, state.BucketRollouts); err != nil {
+		return nil, err
+	}
 	if err := s.openSpending(ctx, p, cfg); err != nil {
 		return nil, err
 	}

@@ -91,6 +91,7 @@ type Worker struct {
 	apiTokens  *kv.Bucket[state.APIToken]
 	requests   *kv.Bucket[state.Result]
 	queue      *kv.Bucket[state.Queued]
+	rollouts   *kv.Bucket[state.Rollout]
 	keepAwake  *kv.Bucket[state.KeepAwake]
 	// userGroups is read for ROLLOUT_GROUPS (nil without).
 	userGroups *kv.Bucket[state.UserGroups]
@@ -139,6 +140,9 @@ func New(ctx context.Context, o Options) (*Worker, error) {
 		return nil, err
 	}
 	if w.keepAwake, err = kv.Open[state.KeepAwake](ctx, o.JS, state.BucketKeepAwake); err != nil {
+		return nil, err
+	}
+	if w.rollouts, err = kv.Open[state.Rollout](ctx, o.JS, state.BucketRollouts); err != nil {
 		return nil, err
 	}
 	if len(o.RolloutGroups) > 0 {

@@ -88,9 +88,9 @@ func (m *mirror) enqueue(user string) { m.queue.Add(user) }
 
 // Lead mirrors until ctx ends: first every user Kubernetes or KV knows,
 // then whatever changes. The lease runs it. It returns only once the
-// term's admission and pruning have stopped too: the lease may start the
-// next term the moment it returns, and two terms never run at once, not
-// even in one process.
+// term's admission, pruning and rollout reports have stopped too: the
+// lease may start the next term the moment it returns, and two terms
+// never run at once, not even in one process.
 func (w *Worker) Lead(ctx context.Context) {
 	m := w.mirror
 	w.m.leading.Set(1)
@@ -104,6 +104,7 @@ func (w *Worker) Lead(ctx context.Context) {
 		term.Go(func() { w.admit(ctx) })
 	}
 	term.Go(func() { w.pruner.run(ctx) })
+	term.Go(func() { w.reportRollouts(ctx) })
 	for _, u := range w.k8s.Users() {
 		m.enqueue(u)
 	}

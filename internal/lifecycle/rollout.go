@@ -137,37 +137,160 @@ func inCanary(key string, percent int) bool {
 // revisionsDesc is aaas_sandboxes: how far a rollout has come.
 var revisionsDesc = prometheus.NewDesc("aaas_sandboxes", "Sandboxes by the SandboxTemplate revision their pod template is of (\"\": not known yet).", []string{"revision"}, nil)
 
-// revisions counts the sandboxes of each revision as their records change
-// (kv.OnReplace on the sandboxes cache): a scrape reads the counts, never
-// the records, at any number of sandboxes.
+// revisions counts the sandboxes of each profile and revision, and those
+// rolled back from each revision, as their records change (kv.OnReplace
+// on the sandboxes cache): a scrape, or a report of the rollouts, reads
+// the counts, never the records, at any number of sandboxes.
 type revisions struct {
 	mu sync.Mutex
-	n  map[string]int
+	// n counts by revision, halted by the revision rolled back from;
+	// the profile is the record's ("": the default).
+	n, halted map[revisionOf]int
 }
+
+type revisionOf struct{ profile, revision string }
 
 // Observe takes in one change of a sandbox record.
 func (r *revisions) Observe(_ string, was kv.Entry[state.Sandbox], had bool, e kv.Entry[state.Sandbox], deleted bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.n == nil {
-		r.n = map[string]int{}
+		r.n, r.halted = map[revisionOf]int{}, map[revisionOf]int{}
 	}
 	if had {
-		if r.n[was.Value.Revision]--; r.n[was.Value.Revision] == 0 {
-			delete(r.n, was.Value.Revision) // a revision no sandbox is of any more leaves the gauge
+		count(r.n, revisionOf{was.Value.Profile, was.Value.Revision}, -1)
+		if was.Value.Halted != "" {
+			count(r.halted, revisionOf{was.Value.Profile, was.Value.Halted}, -1)
 		}
 	}
 	if !deleted {
-		r.n[e.Value.Revision]++
+		count(r.n, revisionOf{e.Value.Profile, e.Value.Revision}, 1)
+		if e.Value.Halted != "" {
+			count(r.halted, revisionOf{e.Value.Profile, e.Value.Halted}, 1)
+		}
 	}
+}
+
+// count adds d to m[k]; a key counted down to nothing leaves m (a
+// revision no sandbox is of any more leaves the gauge and the report).
+func count(m map[revisionOf]int, k revisionOf, d int) {
+	if m[k] += d; m[k] == 0 {
+		delete(m, k)
+	}
+}
+
+// Rollouts are the counts of each profile's sandboxes, by its name
+// (nameOf: a record's profile as PROFILES names it).
+func (r *revisions) Rollouts(nameOf func(string) string) map[string]state.Rollout {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]state.Rollout{}
+	add := func(m map[revisionOf]int, halted bool) {
+		for k, v := range m {
+			name := nameOf(k.profile)
+			ro, ok := out[name]
+			if !ok {
+				ro = state.Rollout{Profile: name, Sandboxes: map[string]int{}}
+			}
+			if !halted {
+				ro.Sandboxes[k.revision] += v
+			} else {
+				if ro.Halted == nil {
+					ro.Halted = map[string]int{}
+				}
+				ro.Halted[k.revision] += v
+			}
+			out[name] = ro
+		}
+	}
+	add(r.n, false)
+	add(r.halted, true)
+	return out
 }
 
 func (*revisions) Describe(ch chan<- *prometheus.Desc) { ch <- revisionsDesc }
 
 func (r *revisions) Collect(ch chan<- prometheus.Metric) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	for rev, count := range r.n {
-		ch <- prometheus.MustNewConstMetric(revisionsDesc, prometheus.GaugeValue, float64(count), rev)
+	byRevision := map[string]int{}
+	for k, v := range r.n {
+		byRevision[k.revision] += v
 	}
+	r.mu.Unlock()
+	for rev, n := range byRevision {
+		ch <- prometheus.MustNewConstMetric(revisionsDesc, prometheus.GaugeValue, float64(n), rev)
+	}
+}
+
+// reportRollouts writes each profile's rollout (state.Rollout) to the
+// rollouts bucket, for the admin view, every rolloutReportEvery until ctx
+// ends (the end of a term of leadership): a record when what it says has
+// changed, and none for a profile PROFILES no longer names.
+func (w *Worker) reportRollouts(ctx context.Context) {
+	written, pruned := map[string]state.Rollout{}, false
+	tick := time.NewTicker(rolloutReportEvery)
+	defer tick.Stop()
+	for {
+		if w.boxCache.IsSynced() {
+			err := w.reportRolloutsOnce(ctx, written)
+			if err == nil && !pruned {
+				err = w.pruneRollouts(ctx)
+				pruned = err == nil
+			}
+			if err != nil && ctx.Err() == nil {
+				w.log.Warn("rollout report failed; trying again", "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// pruneRollouts removes the records of profiles PROFILES no longer names.
+func (w *Worker) pruneRollouts(ctx context.Context) error {
+	keys, err := w.rollouts.Keys(ctx, ">")
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if _, ok := w.o.Profiles.Find(k); !ok {
+			if err := w.rollouts.Purge(ctx, k); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// rolloutReportEvery is how often the lease holder looks at the counts
+// and the templates' revisions: the admin view's rollouts lag by as much.
+const rolloutReportEvery = 5 * time.Second
+
+// reportRolloutsOnce writes what differs from written (this term's
+// writes, so the first pass of a term writes every profile's).
+func (w *Worker) reportRolloutsOnce(ctx context.Context, written map[string]state.Rollout) error {
+	counted := w.revs.Rollouts(w.o.Profiles.NameOf)
+	for _, p := range w.o.Profiles {
+		ro, ok := counted[p.Name]
+		if !ok {
+			ro = state.Rollout{Profile: p.Name, Sandboxes: map[string]int{}}
+		}
+		if _, rev, err := w.k8s.Template(ctx, p.WarmPool); err == nil {
+			ro.Target = rev
+		} else {
+			w.log.Debug("rollout report: template not read", "profile", p.Name, "err", err)
+		}
+		if last, ok := written[p.Name]; ok && last.Same(ro) {
+			continue
+		}
+		ro.At = time.Now().UTC()
+		if _, err := w.rollouts.Put(ctx, p.Name, ro); err != nil {
+			return err
+		}
+		written[p.Name] = ro
+	}
+	return nil
 }

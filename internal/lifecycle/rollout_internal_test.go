@@ -32,29 +32,58 @@ func TestInCanary(t *testing.T) {
 	}
 }
 
-// The revision gauge follows each record's changes: a sandbox counts under
-// its revision, moves when it is rolled, and leaves when deleted; a
-// revision no sandbox is of leaves the gauge.
+// The revision gauge and the rollouts' counts follow each record's
+// changes: a sandbox counts under its profile and revision, moves when it
+// is rolled or rolled back (counted then under the revision it left,
+// halted), and leaves when deleted; a revision no sandbox is of leaves
+// the gauge and the counts.
 func TestRevisionsCountAsRecordsChange(t *testing.T) {
 	var r revisions
-	rec := func(rev string) kv.Entry[state.Sandbox] {
-		return kv.Entry[state.Sandbox]{Value: state.Sandbox{Revision: rev}}
+	rec := func(profile, rev, halted string) kv.Entry[state.Sandbox] {
+		return kv.Entry[state.Sandbox]{Value: state.Sandbox{Profile: profile, Revision: rev, Halted: halted}}
 	}
 	none := kv.Entry[state.Sandbox]{}
-	r.Observe("ann", none, false, rec(""), false)       // signed up, revision not known yet
-	r.Observe("ann", rec(""), true, rec("aaaa"), false) // Ready
-	r.Observe("bob", none, false, rec("aaaa"), false)
-	r.Observe("ann", rec("aaaa"), true, rec("bbbb"), false) // rolled
-	r.Observe("cid", none, false, rec("bbbb"), false)
-	r.Observe("cid", rec("bbbb"), true, rec("bbbb"), true) // deleted
-	want := map[string]int{"aaaa": 1, "bbbb": 1}
-	if !maps.Equal(r.n, want) {
-		t.Fatalf("counts %v, want %v", r.n, want)
+	r.Observe("ann", none, false, rec("", "", ""), false)                   // signed up, revision not known yet
+	r.Observe("ann", rec("", "", ""), true, rec("", "aaaa", ""), false)     // Ready
+	r.Observe("bob", none, false, rec("small", "aaaa", ""), false)          // the default, named
+	r.Observe("ann", rec("", "aaaa", ""), true, rec("", "bbbb", ""), false) // rolled
+	r.Observe("cid", none, false, rec("", "bbbb", ""), false)
+	r.Observe("cid", rec("", "bbbb", ""), true, rec("", "bbbb", ""), true) // deleted
+	r.Observe("dan", none, false, rec("large", "cccc", ""), false)
+	r.Observe("dan", rec("large", "cccc", ""), true, rec("large", "dddd", ""), false)     // rolled
+	r.Observe("dan", rec("large", "dddd", ""), true, rec("large", "cccc", "dddd"), false) // rolled back
+	r.Observe("eve", none, false, rec("large", "eeee", "ffff"), false)                    // rolled back, then deleted
+	r.Observe("eve", rec("large", "eeee", "ffff"), true, rec("large", "eeee", "ffff"), true)
+	nameOf := func(p string) string {
+		if p == "" {
+			return "small"
+		}
+		return p
+	}
+	got := r.Rollouts(nameOf)
+	want := map[string]state.Rollout{
+		"small": {Profile: "small", Sandboxes: map[string]int{"aaaa": 1, "bbbb": 1}},
+		"large": {Profile: "large", Sandboxes: map[string]int{"cccc": 1}, Halted: map[string]int{"dddd": 1}},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("rollouts %v, want %v", got, want)
+	}
+	for name, w := range want {
+		if !got[name].Same(w) {
+			t.Errorf("%s: %+v, want %+v", name, got[name], w)
+		}
 	}
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(&r)
-	got, err := reg.Gather()
-	if err != nil || len(got) != 1 || len(got[0].Metric) != 2 {
-		t.Fatalf("gathered %v, %v", got, err)
+	gathered, err := reg.Gather()
+	if err != nil || len(gathered) != 1 || len(gathered[0].Metric) != 3 {
+		t.Fatalf("gathered %v, %v", gathered, err)
+	}
+	byRevision := map[string]float64{}
+	for _, m := range gathered[0].Metric {
+		byRevision[m.Label[0].GetValue()] = m.Gauge.GetValue()
+	}
+	if wantGauge := map[string]float64{"aaaa": 1, "bbbb": 1, "cccc": 1}; !maps.Equal(byRevision, wantGauge) {
+		t.Fatalf("aaas_sandboxes %v, want %v", byRevision, wantGauge)
 	}
 }

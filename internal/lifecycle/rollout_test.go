@@ -2,6 +2,7 @@ package lifecycle_test
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -58,6 +59,8 @@ func TestARolloutWaitsForTheWake(t *testing.T) {
 		return b
 	}
 
+	f.rolloutReport(first, map[string]int{first: 2}, nil)
+
 	// Unchanged template: a wake rolls nothing.
 	st.Suspend("ann")
 	if got := wake("ann").Revision; got != first || len(f.auditEvents(events.AuditRollout)) != 0 {
@@ -97,6 +100,7 @@ func TestARolloutWaitsForTheWake(t *testing.T) {
 	}
 
 	gauge(map[string]float64{first: 1, ann.Revision: 1})
+	f.rolloutReport(ann.Revision, map[string]int{first: 1, ann.Revision: 1}, nil)
 
 	// bob ran all the while: same pod, old template.
 	if b := f.waitPhase("bob", state.PhaseReady); b.PodUID != bobPod || b.Revision != first || marked(sandboxOf("bob")) {
@@ -107,6 +111,7 @@ func TestARolloutWaitsForTheWake(t *testing.T) {
 		t.Fatalf("bob after his sleep: revision %q", b.Revision)
 	}
 	gauge(map[string]float64{first: 0, ann.Revision: 2})
+	f.rolloutReport(ann.Revision, map[string]int{ann.Revision: 2}, nil)
 	testutil.Eventually(t, 10*time.Second, func() error {
 		if n := len(f.auditEvents(events.AuditRollout)); n != 2 {
 			return fmt.Errorf("%d rollouts audited", n)
@@ -242,6 +247,9 @@ func haltsTheRollout(t *testing.T, env []corev1.EnvVar, fail func(*testenv.Stack
 	if b := f.waitPhase("bob", state.PhaseReady); b.Revision != first {
 		t.Fatalf("bob was rolled to the halted revision: %q", b.Revision)
 	}
+	// The admin view's count: the template is at the halted revision, no
+	// sandbox is on it, and one was rolled back from it.
+	f.rolloutReport(rolled.Revision, map[string]int{first: 2}, map[string]int{rolled.Revision: 1})
 	for outcome, want := range map[string]float64{"rolled": 1, "rolled_back": 1, "halted": 1} {
 		if n, err := lc.MetricSum("aaas_lifecycle_rollouts_total", "outcome", outcome); err != nil || n != want {
 			t.Errorf("rollouts %s: %v (%v), want %v", outcome, n, err, want)
@@ -270,4 +278,26 @@ func (f *fixture) markTemplate(marker string, env ...corev1.EnvVar) sandboxclien
 		f.t.Fatal(err)
 	}
 	return sbc
+}
+
+// rolloutReport waits for the one profile's rollout record (the admin
+// view's) to say target is its template's revision, with its sandboxes
+// by revision and those rolled back from each as want and halted.
+func (f *fixture) rolloutReport(target string, want, halted map[string]int) {
+	f.t.Helper()
+	b := testutil.Open[state.Rollout](f.t, f.JS, state.BucketRollouts)
+	testutil.Eventually(f.t, 30*time.Second, func() error {
+		keys, err := b.Keys(ctx(f.t), ">")
+		if err != nil || len(keys) != 1 {
+			return fmt.Errorf("rollout records %v (%v), want one", keys, err)
+		}
+		e, err := b.Get(ctx(f.t), keys[0])
+		if err != nil {
+			return err
+		}
+		if r := e.Value; r.Profile != keys[0] || r.Target != target || !maps.Equal(r.Sandboxes, want) || !maps.Equal(r.Halted, halted) {
+			return fmt.Errorf("rollout %+v, want target %s, sandboxes %v, halted %v", r, target, want, halted)
+		}
+		return nil
+	})
 }

@@ -94,8 +94,8 @@ var grants = map[Role]grant{
 	// Signup, login and logout write sessions and the shared rate limit's
 	// log; sign-in on sandbox origins writes and takes the single-use
 	// codes, which no other identity may touch (a code is a session to
-	// whoever can write one). Accounts, sandboxes and DSH cookies are read only: lifecycle
-	// alone writes them. Every command (suspend for the admin view), beacons
+	// whoever can write one). Accounts, sandboxes, DSH cookies and the
+	// rollouts' counts are read only: lifecycle alone writes them. Every command (suspend for the admin view), beacons
 	// and audit events; the newest beacons of the users an edge shows (a
 	// direct get: the admin view, the user's page). Model
 	// spend is read (usage, and the usage stream for the admin's
@@ -105,7 +105,7 @@ var grants = map[Role]grant{
 	// written.
 	Edge: {
 		writes: []string{state.BucketSessions, state.BucketRateLimit, state.BucketSigninCodes, state.BucketBudgets, state.BucketCredentials, state.BucketUserGroups, state.BucketKeepAwake, state.BucketAPITokens},
-		reads:  []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketQueue, state.BucketUsage},
+		reads:  []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketQueue, state.BucketUsage, state.BucketRollouts},
 		publishes: append(commandSubjects(events.VerbClaim, events.VerbWake, events.VerbHandshake, events.VerbSuspend, events.VerbDelete, events.VerbRecreate, events.VerbToken),
 			events.ActivitySubject("*", "*"), events.AuditSubjectsAll),
 		gets: []string{events.StreamActivity},
@@ -115,11 +115,12 @@ var grants = map[Role]grant{
 		consumes: []string{events.StreamActivity, events.StreamUsage, events.StreamAudit},
 	},
 	// The commands' durable consumer (pull and acknowledge only), every
-	// record (pruning the sessions of deleted accounts too), and the newest
+	// record (pruning the sessions of deleted accounts too; the rollouts'
+	// counts, which only it can take), and the newest
 	// beacon and the keep-awake of a user for compare-and-suspend, and a
 	// user's SSO groups for a rollout's canary (ROLLOUT_GROUPS).
 	Lifecycle: {
-		writes:    []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketSessions, state.BucketLocks, state.BucketQueue, state.BucketAPITokens},
+		writes:    []string{state.BucketUsers, state.BucketSandboxes, state.BucketHandshakes, state.BucketRequests, state.BucketSessions, state.BucketLocks, state.BucketQueue, state.BucketAPITokens, state.BucketRollouts},
 		reads:     []string{state.BucketKeepAwake, state.BucketUserGroups},
 		publishes: []string{events.AuditSubjectsAll},
 		gets:      []string{events.StreamActivity},

@@ -114,6 +114,8 @@ var capacities = map[string]capacity{
 	BucketAPITokens:  {record: 512, perMille: 1000, floor: 64 << 20},
 	// Every account waiting at once (a Monday morning under a tight cap).
 	BucketQueue: {record: 256, perMille: 1000, floor: 16 << 20},
+	// A record per profile, rewritten as its counts change.
+	BucketRollouts: {floor: 8 << 20},
 }
 
 // MaxBytes is bucket's cap under c: its floor, or what c.Accounts
@@ -165,6 +167,7 @@ func BucketConfigs(c BucketsConfig) []jetstream.KeyValueConfig {
 		{Bucket: BucketKeepAwake, Description: "users' keep-awakes, written by the edges, honoured by the sweeper and lifecycle", TTL: 31 * 24 * time.Hour, LimitMarkerTTL: markerTTL, MaxBytes: c.MaxBytes(BucketKeepAwake), Replicas: c.Replicas, Storage: jetstream.FileStorage},
 		{Bucket: BucketAPITokens, Description: "users' named API tokens (hashes), by user and name", LimitMarkerTTL: markerTTL, MaxBytes: c.MaxBytes(BucketAPITokens), Replicas: c.Replicas, Storage: jetstream.FileStorage},
 		{Bucket: BucketQueue, Description: "wakes waiting for a free place (MAX_RUNNING_SANDBOXES, MAX_CONCURRENT_STARTS), admitted oldest first", MaxBytes: c.MaxBytes(BucketQueue), Replicas: c.Replicas, Storage: jetstream.FileStorage},
+		{Bucket: BucketRollouts, Description: "each profile's rollout: its template's revision and its sandboxes per revision, written by lifecycle", MaxBytes: c.MaxBytes(BucketRollouts), Replicas: c.Replicas, Storage: jetstream.FileStorage},
 	}
 }
 

@@ -239,6 +239,25 @@ type Admin struct {
 	Spend              bool
 	Sort, Month        string
 	SortLink, NameLink string
+	// Rollouts are each profile's rollout (ROLLOUT).
+	Rollouts []AdminRollout
+}
+
+// AdminRollout is how far a profile's sandboxes have come to its
+// template's revision (Target, "" when lifecycle could not read it):
+// Done of Total are on it.
+type AdminRollout struct {
+	Profile, Target string
+	Done, Total     int
+	Revisions       []AdminRevision
+}
+
+// AdminRevision is one revision of a profile's sandboxes: how many are of
+// it, and how many were rolled back from it (it is then halted).
+type AdminRevision struct {
+	Revision          string
+	Sandboxes, Halted int
+	Target            bool
 }
 
 // AdminRow is one user on the admin page.

@@ -1,6 +1,7 @@
 package accounts_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -121,6 +122,23 @@ func TestAdminAPIAcrossTwoEdges(t *testing.T) {
 		return nil
 	})
 	ws.Close()
+
+	// The rollout's state, as lifecycle counted every sandbox: the
+	// default profile's template revision, which ann's is of.
+	annRev := w.Sandboxes()
+	testutil.Eventually(t, 30*time.Second, func() error {
+		box, _ := annRev.Get("ann")
+		r := bearer(http.MethodGet, "/_/admin/rollouts", "")
+		var got struct{ Rollouts []state.Rollout }
+		if err := json.Unmarshal(r.Body, &got); r.StatusCode != http.StatusOK || err != nil {
+			return fmt.Errorf("rollouts: %d %s", r.StatusCode, r.Body)
+		}
+		if rev := box.Value.Revision; len(got.Rollouts) != 1 || rev == "" || got.Rollouts[0].Target != rev || got.Rollouts[0].Sandboxes[rev] < 2 {
+			return fmt.Errorf("rollouts %+v, ann's revision %q", got.Rollouts, rev)
+		}
+		return nil
+	})
+	expect(t, ann.At(b.URL).Do(http.MethodGet, "/_/admin/rollouts", nil, "Accept", "application/json"), http.StatusNotFound, "ann's rollouts")
 	for _, bad := range []string{"limit=0", "limit=501", "limit=x", "phase=Sleeping", "after=" + strings.Repeat("a", 40)} {
 		expect(t, bearer(http.MethodGet, "/_/admin/users?"+bad, ""), http.StatusBadRequest, "list with "+bad)
 	}
