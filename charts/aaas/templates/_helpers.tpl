@@ -132,11 +132,18 @@ checksum/config: {{ include (print .Template.BasePath "/config.yaml") . | sha256
 {{- fail (printf "sandboxNamespace.name (%s) must differ from the release's namespace: tenants never share the control plane's namespace" .Values.sandboxNamespace.name) -}}
 {{- end -}}
 {{- $seen := dict -}}
+{{- $objects := dict -}}
 {{- range $i, $p := .Values.sandbox.profiles -}}
 {{- if hasKey $seen $p.name -}}
 {{- fail (printf "sandbox.profiles names %q twice: each profile is one warm pool and template" $p.name) -}}
 {{- end -}}
 {{- $_ := set $seen $p.name true -}}
+{{- range $kind, $name := dict "warm pool" (include "aaas.profilePool" $p) "template" (include "aaas.profileTemplate" $p) -}}
+{{- if hasKey $objects (printf "%s %s" $kind $name) -}}
+{{- fail (printf "sandbox.profiles: two profiles are of %s %s: each profile is one warm pool and template of its own" $kind $name) -}}
+{{- end -}}
+{{- $_ := set $objects (printf "%s %s" $kind $name) true -}}
+{{- end -}}
 {{- if and (eq $i 0) $p.groups -}}
 {{- fail (printf "sandbox.profiles[0] (%s) is the default every user may get: it names no groups (put a profile open to all first)" $p.name) -}}
 {{- end -}}
@@ -166,4 +173,15 @@ remove it, fails the schema on every later --reuse-values upgrade). */}}
 {{- end -}}
 {{- define "aaas.gatewayPodLabels" -}}
 {{ toYaml (.Values.gatewaySSO.gateway.podLabels | default (dict "gateway.networking.k8s.io/gateway-name" "aaas")) }}
+{{- end -}}
+
+{{/* A profile's warm pool and SandboxTemplate: dsh-<name> and
+dsh-web-<name>, unless it names its own (warmPool, template), as the
+first profile of an install that had none does to keep its dsh-pool and
+dsh-web, and the sandboxes and spares made of them. */}}
+{{- define "aaas.profilePool" -}}
+{{- .warmPool | default (printf "dsh-%s" .name) -}}
+{{- end -}}
+{{- define "aaas.profileTemplate" -}}
+{{- .template | default (printf "dsh-web-%s" .name) -}}
 {{- end -}}

@@ -283,6 +283,9 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"a profile's groups without SSO", []string{"--set", "sandbox.profiles[0].name=small", "--set", "sandbox.profiles[1].name=gpu", "--set", "sandbox.profiles[1].groups={ml}"}, `"gpu" names groups, which need gatewaySSO.enabled`},
 		{"a default profile with groups", []string{"--set", "ingress.enabled=false", "--set", "gatewaySSO.enabled=true", "--set", "gatewaySSO.gatewayClassName=x", "--set", "gatewaySSO.allow={*}", "--set", "sandbox.profiles[0].name=gpu", "--set", "sandbox.profiles[0].groups={ml}"}, "sandbox.profiles[0] (gpu) is the default"},
 		{"a profile named twice", []string{"--set", "sandbox.profiles[0].name=small", "--set", "sandbox.profiles[1].name=small"}, `names "small" twice`},
+		{"two profiles of one warm pool", []string{"--set", "sandbox.profiles[0].name=small", "--set", "sandbox.profiles[0].warmPool=dsh-large", "--set", "sandbox.profiles[1].name=large"}, "of warm pool dsh-large"},
+		{"two profiles of one template", []string{"--set", "sandbox.profiles[0].name=small", "--set", "sandbox.profiles[0].template=dsh-web", "--set", "sandbox.profiles[1].name=large", "--set", "sandbox.profiles[1].template=dsh-web"}, "of template dsh-web"},
+		{"a warm pool name Kubernetes refuses", []string{"--set", "sandbox.profiles[0].name=small", "--set", "sandbox.profiles[0].warmPool=Dsh_Pool"}, "/sandbox/profiles/0/warmPool"},
 		{"a provider name that is no variable", []string{"--set", "broker.providers[0].name=deep-seek", "--set", "broker.providers[0].api=openai", "--set", "broker.providers[0].base_url=https://x", "--set", "broker.providers[0].models={m}"}, "/broker/providers/0/name"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -57,6 +57,24 @@ func TestChartMakesAWarmPoolAndTemplatePerProfile(t *testing.T) {
 		t.Fatalf("%d warm pools for two profiles", n)
 	}
 
+	// Profiles turned on in an install that had none: the first keeps the
+	// warm pool and template its sandboxes and spares were made of.
+	objs = renderChart(t, "--set", "sandbox.profiles[0].name=small", "--set", "sandbox.profiles[0].warmPool=dsh-pool", "--set", "sandbox.profiles[0].template=dsh-web",
+		"--set", "sandbox.profiles[1].name=large")
+	data = get(t, objs, "ConfigMap", "aaas-config").Object["data"].(map[string]any)
+	if !strings.Contains(data["PROFILES"].(string), `{"name":"small","warm_pool":"dsh-pool"}`) {
+		t.Fatalf("PROFILES %s", data["PROFILES"])
+	}
+	for pool, template := range map[string]string{"dsh-pool": "dsh-web", "dsh-large": "dsh-web-large"} {
+		if ref, _, _ := unstructured.NestedString(get(t, objs, "SandboxWarmPool", pool).Object, "spec", "sandboxTemplateRef", "name"); ref != template {
+			t.Errorf("warm pool %s is of template %q, want %s", pool, ref, template)
+		}
+		get(t, objs, "SandboxTemplate", template)
+	}
+	if n := len(manifests.Pick(objs, "SandboxWarmPool")); n != 2 {
+		t.Fatalf("%d warm pools for two profiles", n)
+	}
+
 	objs = renderChart(t)
 	data = get(t, objs, "ConfigMap", "aaas-config").Object["data"].(map[string]any)
 	if _, ok := data["PROFILES"]; ok || data["WARM_POOL"] != "dsh-pool" || len(manifests.Pick(objs, "SandboxWarmPool")) != 1 {
