@@ -28,6 +28,7 @@ func (Budget) SchemaVersion() int     { return 1 }
 func (ModelCalls) SchemaVersion() int { return 1 }
 func (Credential) SchemaVersion() int { return 1 }
 func (UserGroups) SchemaVersion() int { return 1 }
+func (Rollout) SchemaVersion() int    { return 1 }
 
 // A summary reads the records Sandbox reads: the same version (and, the
 // day Sandbox migrates, the same migrations; a test holds them together).

@@ -31,7 +31,8 @@ const (
 // TestProfilesSandboxesAndRollouts takes the install from one kind of
 // sandbox to what README's Profiles, Named sandboxes and Rollouts
 // describe, by helm upgrade as an operator would: two profiles of the
-// chart's values, two sandboxes per user, ROLLOUT=next-wake. A user has
+// chart's values (the first keeping the install's warm pool and
+// template), two sandboxes per user, ROLLOUT=next-wake. A user has
 // one sandbox of each profile, each at its own origin; a new DSH image
 // reaches the sleeping one at its next wake, on the same volume (the new
 // image's version is seen through the edge) and the running one only
@@ -48,10 +49,16 @@ func TestProfilesSandboxesAndRollouts(t *testing.T) {
 		}
 		return cluster.WaitRollout(ctx, controlNS, 5*time.Minute)
 	}
-	const profiles = `[{"name":"small","description":"the usual","replicas":1},` +
+	// The first profile keeps the install's warm pool and template (README,
+	// Profiles): what was made of them stays.
+	const profiles = `[{"name":"small","description":"the usual","replicas":1,"warmPool":"dsh-pool","template":"dsh-web"},` +
 		`{"name":"large","description":"more memory","replicas":1,"resources":{"requests":{"cpu":"100m","memory":"512Mi","ephemeral-storage":"256Mi"},"limits":{"memory":"3Gi","ephemeral-storage":"2Gi"}}}]`
+	kept := defaultObjects(t)
 	if err := upgrade(ctx, "--set-json", "sandbox.profiles="+profiles, "--set", "config.MAX_SANDBOXES_PER_USER=2", "--set", "config.ROLLOUT=next-wake"); err != nil {
 		t.Fatal(err)
+	}
+	if now := defaultObjects(t); now != kept {
+		t.Fatalf("turning profiles on replaced the install's warm pool and template: %v, then %v", kept, now)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
@@ -64,7 +71,7 @@ func TestProfilesSandboxesAndRollouts(t *testing.T) {
 			t.Errorf("putting the install back: %v", err)
 		}
 	})
-	if err := waitPool(ctx, 3*time.Minute, "dsh-small", "dsh-large"); err != nil {
+	if err := waitPool(ctx, 3*time.Minute, "dsh-pool", "dsh-large"); err != nil {
 		t.Fatal(err)
 	}
 	oldPodsGone(t, "aaas-lifecycle")
@@ -202,6 +209,25 @@ func TestProfilesSandboxesAndRollouts(t *testing.T) {
 	if r := gw.Do("DELETE", "/users/"+user, nil, "Accept", "application/json"); r.StatusCode/100 != 2 {
 		t.Fatalf("delete %s: %d %s", user, r.StatusCode, r.Body)
 	}
+}
+
+// defaultObjects are the UIDs of the install's own warm pool and template
+// (dsh-pool, dsh-web): the same UIDs, the same objects.
+func defaultObjects(t *testing.T) [2]string {
+	t.Helper()
+	_, ext, err := cluster.SandboxClients()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := ext.ExtensionsV1beta1().SandboxWarmPools(sandboxNS).Get(context.Background(), "dsh-pool", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := ext.ExtensionsV1beta1().SandboxTemplates(sandboxNS).Get(context.Background(), "dsh-web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return [2]string{string(pool.UID), string(tmpl.UID)}
 }
 
 // podOf is the running pod of the sandbox of key.
