@@ -615,11 +615,12 @@ func (w *Worker) podFor(user, podUID string) (sandbox.State, bool) {
 
 // podWaits is how many deliveries of a handshake may find its pod missing
 // from the cache before it is taken as gone; podWaitDelay spaces them
-// (250 ms, 500 ms, 1 s: nearly 2 s for an informer to catch up).
+// (250 ms, 750 ms, 2 s: the 3 s an informer had when the handler waited).
 const podWaits = 4
 
 func podWaitDelay(delivered uint64) time.Duration {
-	return 250 * time.Millisecond << min(delivered-1, 2)
+	delays := [podWaits - 1]time.Duration{250 * time.Millisecond, 750 * time.Millisecond, 2 * time.Second}
+	return delays[min(max(delivered, 1), uint64(len(delays)))-1]
 }
 
 // failedHandshakeTTL keeps a failure long enough for the waiting edge to
