@@ -142,12 +142,13 @@ func TestAFullSandboxQuotaAdmitsTheControlPlane(t *testing.T) {
 // fill lowers quota name's pod limit in ns to what ns uses now less below,
 // once the quota controller's count agrees with the pods that count (not
 // finished ones, such as helm test's: the count lags them), and waits
-// until the limit is in force.
+// until admission enforces the limit. A pod that ends meanwhile frees a
+// place, so each try counts again.
 func fill(t *testing.T, ctx context.Context, ns, name string, below int64) int64 {
 	t.Helper()
 	quotas := cluster.Client.CoreV1().ResourceQuotas(ns)
 	var used int64
-	testutil.Eventually(t, time.Minute, func() error {
+	testutil.Eventually(t, 2*time.Minute, func() error {
 		q, err := quotas.Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -166,25 +167,27 @@ func fill(t *testing.T, ctx context.Context, ns, name string, below int64) int64
 				counted++
 			}
 		}
-		if used = u.Value(); used != counted {
-			return fmt.Errorf("quota %s/%s counts %d pods, %d count", ns, name, used, counted)
+		if u.Value() != counted {
+			return fmt.Errorf("quota %s/%s counts %d pods, %d count", ns, name, u.Value(), counted)
 		}
-		return nil
-	})
-	used = max(used-below, 0)
-	patch := fmt.Appendf(nil, `{"spec":{"hard":{"pods":"%d"}}}`, used)
-	if _, err := quotas.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	testutil.Eventually(t, time.Minute, func() error {
-		q, err := quotas.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return err
+		used = max(counted-below, 0)
+		if h := q.Spec.Hard[corev1.ResourcePods]; h.Value() != used {
+			if _, err := quotas.Patch(ctx, name, types.MergePatchType, fmt.Appendf(nil, `{"spec":{"hard":{"pods":"%d"}}}`, used), metav1.PatchOptions{}); err != nil {
+				return err
+			}
 		}
 		if h := q.Status.Hard[corev1.ResourcePods]; h.Value() != used {
 			return fmt.Errorf("quota %s/%s enforces %s pods, not yet %d", ns, name, h.String(), used)
 		}
-		return nil
+		// In force is what admission enforces: the API server's quota
+		// admission reads its own informer's copy, which may lag the read
+		// above by a moment. A pod asked for without being made (a dry
+		// run) says when it has caught up.
+		_, err = cluster.Client.CoreV1().Pods(ns).Create(ctx, restrictedPod("probe-"+randomHex(3)), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota") {
+			return nil
+		}
+		return fmt.Errorf("quota %s/%s at %d pods, yet admission let a pod in: %v", ns, name, used, err)
 	})
 	return used
 }
