@@ -49,7 +49,7 @@ func rolloutRows(ro state.Rollout) web.AdminRollout {
 				continue
 			}
 			seen[rev] = true
-			out.Revisions = append(out.Revisions, web.AdminRevision{Revision: rev, Sandboxes: ro.Sandboxes[rev], Halted: ro.Halted[rev], Target: rev == ro.Target})
+			out.Revisions = append(out.Revisions, web.AdminRevision{Revision: rev, Sandboxes: ro.Sandboxes[rev], Halted: ro.Halted[rev], Target: ro.Target != "" && rev == ro.Target})
 		}
 	}
 	for _, r := range out.Revisions {

@@ -28,6 +28,7 @@ func TestRolloutRows(t *testing.T) {
 		{"halted: its sandboxes are back, counted under the revision left", state.Rollout{Target: "dddddddd", Sandboxes: map[string]int{"aaaaaaaa": 4}, Halted: map[string]int{"dddddddd": 1}},
 			0, 4, []string{"dddddddd", "aaaaaaaa"}, map[string]int{"dddddddd": 1}},
 		{"a template not read", state.Rollout{Sandboxes: map[string]int{"aaaaaaaa": 1, "bbbbbbbb": 2}}, 0, 3, []string{"bbbbbbbb", "aaaaaaaa"}, nil},
+		{"a template not read, a revision not known yet", state.Rollout{Sandboxes: map[string]int{"aaaaaaaa": 1, "": 2}}, 0, 3, []string{"", "aaaaaaaa"}, nil},
 		{"a revision of another shape is not shown", state.Rollout{Target: "aaaaaaaa", Sandboxes: map[string]int{"aaaaaaaa": 1, "<b>x</b>": 9}}, 1, 1, []string{"aaaaaaaa"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
